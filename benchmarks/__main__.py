@@ -1,0 +1,17 @@
+import importlib
+import pkgutil
+import sys
+
+import benchmarks
+
+
+def main(argv: list[str]) -> int:
+    names = sorted(m.name for m in pkgutil.iter_modules(benchmarks.__path__) if not m.name.startswith("_"))
+    if not argv or argv[0] not in names:
+        print(f"usage: python -m benchmarks NAME [--quick]   (NAME: {', '.join(names)})", file=sys.stderr)
+        return 2
+    return importlib.import_module(f"benchmarks.{argv[0]}").main(argv[1:]) or 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

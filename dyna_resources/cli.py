@@ -1,0 +1,85 @@
+"""`dyna`: the engines from the shell, without Dagster.
+
+    dyna generate OUT_DIR [--episodes N] [--width W --height H] [--faults truncated=1,corrupt_jpeg=1]
+    dyna transcode SRC.h5 DST.mcap [--gop-frames N] [--crf X] [--preset P]
+    dyna inspect EPISODE.mcap
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .episodes.codec import VideoSettings
+from .episodes.errors import EpisodeError
+
+
+def _generate(args) -> int:
+    from .episodes.sim import generate_fleet
+
+    faults = dict((k, int(v)) for k, v in (f.split("=") for f in args.faults.split(",") if f)) if args.faults else None
+    eps = generate_fleet(Path(args.out), args.episodes, seed=args.seed, width=args.width, height=args.height,
+                         faults=faults, workers=args.workers)
+    for e in eps:
+        print(f"{e.path}  {e.spec.task:<12} {e.spec.duration_s:5.1f} s  {e.fault or ''}")
+    return 0
+
+
+def _transcode(args) -> int:
+    from .episodes.transcode import TranscodeSettings, transcode_episode
+
+    settings = TranscodeSettings(video=VideoSettings(gop_frames=args.gop_frames, crf=args.crf, preset=args.preset))
+    r = transcode_episode(args.src, args.dst, settings)
+    print(f"{r.episode_id}: {r.bytes_in / 1e6:.2f} MB -> {r.bytes_out / 1e6:.2f} MB "
+          f"({r.bytes_out / r.bytes_in:.3f}) in {r.total_s:.1f} s; chunks {r.chunks}")
+    return 0
+
+
+def _inspect(args) -> int:
+    from .episodes.mcap_reader import EpisodeReader
+
+    with EpisodeReader(args.mcap) as r:
+        md = r.metadata()
+        print(json.dumps({k: v for k, v in md.items() if k != "transcode_settings"}, indent=2))
+        print(f"cameras: {', '.join(r.cameras)}; streams: {', '.join(r.streams)}")
+        print(f"{'chunk offset':>14} {'bytes':>10} {'compression':>11}  topics")
+        for ci in r.summary.chunk_indexes:
+            topics = sorted(r.channels[c].topic for c in ci.message_index_offsets)
+            print(f"{ci.chunk_start_offset:>14} {ci.chunk_length:>10} {ci.compression or 'none':>11}  {' '.join(topics)}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="dyna", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    g = sub.add_parser("generate", help="write a sample fleet of legacy HDF5 episodes")
+    g.add_argument("out")
+    g.add_argument("--episodes", type=int, default=8)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--width", type=int, default=640)
+    g.add_argument("--height", type=int, default=480)
+    g.add_argument("--faults", default="", help="name=count,... e.g. truncated=1,corrupt_jpeg=1")
+    g.add_argument("--workers", type=int, default=1)
+    g.set_defaults(fn=_generate)
+    t = sub.add_parser("transcode", help="legacy HDF5 episode -> MCAP")
+    t.add_argument("src")
+    t.add_argument("dst")
+    t.add_argument("--gop-frames", type=int, default=VideoSettings.gop_frames)
+    t.add_argument("--crf", type=float, default=VideoSettings.crf)
+    t.add_argument("--preset", default=VideoSettings.preset)
+    t.set_defaults(fn=_transcode)
+    i = sub.add_parser("inspect", help="print an MCAP episode's stamps and chunk layout")
+    i.add_argument("mcap")
+    i.set_defaults(fn=_inspect)
+    args = ap.parse_args(argv)
+    try:
+        return args.fn(args)
+    except EpisodeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

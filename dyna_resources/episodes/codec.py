@@ -1,0 +1,242 @@
+"""H.264 through PyAV/libx264: encoder settings, one-GOP encoding, decoding, NAL inspection.
+
+Colour path. Legacy JPEGs are already YUV 4:2:0 (full range, BT.601). We hand the
+JPEG's own planes to x264 (no RGB round trip) and flag the stream as full-range
+BT.601 with centred chroma, and the reader converts back to RGB with the same
+triangle chroma filter libjpeg uses. Going through RGB with swscale instead costs
+~1.5 dB PSNR before any compression, and time on the ingest hot path.
+
+Every GOP is encoded by a fresh encoder. A GOP therefore always starts with an IDR
+frame that carries SPS and PPS (what Foxglove needs to start playback anywhere),
+GOP boundaries sit at fixed times for every camera even when a camera drops frames,
+encoders hold at most one GOP of frames, and GOPs could be encoded in parallel.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from fractions import Fraction
+
+import av
+import numpy as np
+import simplejpeg
+
+NAL_IDR = 5
+NAL_SPS = 7
+NAL_PPS = 8
+NAL_NON_IDR = 1
+_START_CODE = re.compile(b"\x00\x00\x01")
+
+
+@dataclass(frozen=True)
+class VideoSettings:
+    """libx264 settings. Output bytes depend only on these and the input frames."""
+
+    gop_frames: int = 150  # frames per GOP at the nominal rate (5 s at 30 Hz)
+    # 18 keeps decoded frames within 1 dB PSNR of JPEG q90 against the raw frames on the
+    # benchmark scenes; each +1 trades ~0.15 dB for ~20 % fewer bytes (benchmarks/storage.py).
+    crf: float = 18.0
+    preset: str = "medium"
+    tune: str = ""
+    pix_fmt: str = "yuv420p"
+    # Pinned: libx264's default (frame/slice threads = cores) makes bytes depend on the machine.
+    threads: int = 1
+
+    def x264_params(self) -> str:
+        # No B-frames (Foxglove refuses them), no scene-cut keyframes: keyframes only
+        # where a GOP starts; SPS/PPS repeated on every keyframe.
+        return (
+            f"keyint={self.gop_frames * 2}:min-keyint={self.gop_frames * 2}:scenecut=0:"
+            f"bframes=0:repeat-headers=1:threads={self.threads}:sliced-threads=0:lookahead-threads=1:"
+            "colormatrix=bt470bg:colorprim=bt470bg:transfer=bt470bg:range=pc:chromaloc=1"
+        )
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["codec"] = "libx264"
+        d["x264_params"] = self.x264_params()
+        return d
+
+
+def encode_gop(frames: Iterable[av.VideoFrame | np.ndarray], settings: VideoSettings,
+               rate_hz: float = 30.0) -> list[bytes]:
+    """Encode frames as one closed GOP; one Annex B access unit per frame.
+
+    Frames are full-range YUV 4:2:0 ``av.VideoFrame``s (see :func:`jpeg_to_yuv`) or RGB
+    (H, W, 3) uint8 arrays. The first frame is an IDR frame with SPS and PPS in front.
+    """
+    enc: av.VideoCodecContext | None = None
+    out: list[bytes] = []
+    for i, frame in enumerate(frames):
+        frame = to_yuv(frame)
+        if enc is None:
+            enc = _open_encoder(frame.width, frame.height, settings, rate_hz)
+        frame.pts = i
+        # A decoded JPEG is flagged as an I picture and libx264 honours the flag: without this
+        # reset every frame would be intra-coded.
+        frame.pict_type = av.video.frame.PictureType.NONE
+        out.extend(bytes(p) for p in enc.encode(frame))
+    if enc is not None:
+        out.extend(bytes(p) for p in enc.encode(None))
+    return out
+
+
+def _open_encoder(width: int, height: int, settings: VideoSettings, rate_hz: float) -> av.VideoCodecContext:
+    if width % 2 or height % 2:
+        raise ValueError(f"{settings.pix_fmt} needs even frame sizes, got {width}x{height}")
+    enc = av.CodecContext.create("libx264", "w")
+    enc.width, enc.height = width, height
+    enc.pix_fmt = settings.pix_fmt
+    enc.color_range = FULL_RANGE
+    # x264's rate control works in frame durations: a time base that does not match the
+    # frame rate (e.g. 1 ms ticks with pts = frame index) silently changes what a CRF means.
+    fps = Fraction(rate_hz).limit_denominator(1000)
+    enc.framerate = fps
+    enc.time_base = 1 / fps
+    enc.thread_count = settings.threads
+    enc.thread_type = "NONE" if settings.threads == 1 else "FRAME"
+    options = {"crf": f"{settings.crf:g}", "preset": settings.preset, "x264-params": settings.x264_params()}
+    if settings.tune:
+        options["tune"] = settings.tune
+    enc.options = options
+    enc.open()
+    return enc
+
+
+FULL_RANGE = 2  # AVCOL_RANGE_JPEG
+
+
+def jpeg_to_yuv(data: bytes) -> av.VideoFrame:
+    """Decode a JPEG to its own YUV 4:2:0 planes (full range), strictly.
+
+    Raises ValueError for anything libjpeg-turbo or FFmpeg's MJPEG decoder flags:
+    missing markers, truncation, bad headers or scan data. (JPEG has no checksum, so
+    corruption that still parses as valid entropy-coded data cannot be detected.)
+    """
+    if len(data) < 4 or data[:2] != b"\xff\xd8":
+        raise ValueError("not a JPEG (missing SOI marker)")
+    if data[-2:] != b"\xff\xd9":
+        raise ValueError("truncated JPEG (missing EOI marker)")
+    height, width, _, _ = simplejpeg.decode_jpeg_header(data, strict=True)
+    ctx = av.CodecContext.create("mjpeg", "r")
+    ctx.options = {"err_detect": "explode+crccheck+bitstream+buffer"}
+    try:
+        frames = ctx.decode(av.Packet(data)) + ctx.decode(None)
+    except av.FFmpegError as e:
+        raise ValueError(f"MJPEG decoder: {e}") from None
+    if len(frames) != 1 or (frames[0].width, frames[0].height) != (width, height):
+        raise ValueError("JPEG decoded to no frame or to a size other than its header's")
+    return to_yuv(frames[0])
+
+
+def to_yuv(frame: av.VideoFrame | np.ndarray) -> av.VideoFrame:
+    """Full-range YUV 4:2:0: JPEG's 4:2:0 planes pass through; anything else is converted."""
+    if isinstance(frame, np.ndarray):
+        frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24")
+    if frame.format.name == "yuvj420p":
+        out = frame.reformat(format="yuv420p")  # same planes, modern name; range kept below
+    elif frame.format.name == "yuv420p" and frame.color_range == FULL_RANGE:
+        out = frame
+    else:
+        out = frame.reformat(format="yuv420p", dst_color_range=FULL_RANGE)
+    out.color_range = FULL_RANGE
+    return out
+
+
+def yuv420_to_rgb(planes: np.ndarray, full_range: bool = True) -> np.ndarray:
+    """(H*3/2, W) stacked I420 planes -> (H, W, 3) RGB, BT.601, centred chroma.
+
+    Chroma is upsampled with libjpeg's triangle ("fancy") filter, which swscale lacks.
+    """
+    h = planes.shape[0] * 2 // 3
+    w = planes.shape[1]
+    y = planes[:h].astype(np.float32)
+    u = _upsample2(planes[h : h + h // 4].reshape(h // 2, w // 2))
+    v = _upsample2(planes[h + h // 4 :].reshape(h // 2, w // 2))
+    if full_range:
+        u -= 128.0
+        v -= 128.0
+    else:
+        y = (y - 16.0) * (255.0 / 219.0)
+        u = (u - 128.0) * (255.0 / 224.0)
+        v = (v - 128.0) * (255.0 / 224.0)
+    rgb = np.empty((h, w, 3), np.float32)
+    rgb[..., 0] = y + 1.402 * v
+    rgb[..., 1] = y - 0.344136 * u - 0.714136 * v
+    rgb[..., 2] = y + 1.772 * u
+    rgb += 0.5
+    return np.clip(rgb, 0, 255, out=rgb).astype(np.uint8)
+
+
+def _upsample2(c: np.ndarray) -> np.ndarray:
+    c = c.astype(np.float32)
+    h, w = c.shape
+    p = np.pad(c, ((0, 0), (1, 1)), mode="edge")
+    wide = np.empty((h, 2 * w), np.float32)
+    wide[:, 0::2] = 0.75 * c + 0.25 * p[:, :-2]
+    wide[:, 1::2] = 0.75 * c + 0.25 * p[:, 2:]
+    p = np.pad(wide, ((1, 1), (0, 0)), mode="edge")
+    out = np.empty((2 * h, 2 * w), np.float32)
+    out[0::2] = 0.75 * wide + 0.25 * p[:-2]
+    out[1::2] = 0.75 * wide + 0.25 * p[2:]
+    return out
+
+
+class H264Decoder:
+    """Decodes a run of access units that starts at a keyframe, in order."""
+
+    def __init__(self):
+        self._ctx = av.CodecContext.create("h264", "r")
+        self._ctx.thread_type = "NONE"  # one frame out per packet in, no reordering delay
+
+    def decode(self, access_units: Sequence[bytes], want: Iterable[int]) -> dict[int, np.ndarray]:
+        """Decode all of ``access_units``; return RGB frames at the indices in ``want``."""
+        want = set(want)
+        last = max(want)
+        frames: dict[int, np.ndarray] = {}
+        produced = 0
+
+        def collect(decoded: Iterator[av.VideoFrame]) -> None:
+            nonlocal produced
+            for frame in decoded:
+                if produced in want:
+                    frames[produced] = decoded_to_rgb(frame)
+                produced += 1
+
+        for i, au in enumerate(access_units[: last + 1]):
+            packet = av.Packet(au)
+            packet.pts = i
+            collect(self._ctx.decode(packet))
+        collect(self._ctx.decode(None))
+        missing = want - frames.keys()
+        if missing:
+            raise ValueError(f"decoder produced {produced} frames, missing indices {sorted(missing)}")
+        return frames
+
+
+def decoded_to_rgb(frame: av.VideoFrame) -> np.ndarray:
+    if frame.format.name in ("yuv420p", "yuvj420p") and frame.width % 2 == 0 and frame.height % 2 == 0:
+        full = frame.format.name == "yuvj420p" or frame.color_range == FULL_RANGE
+        return yuv420_to_rgb(frame.to_ndarray(), full_range=full)
+    return frame.to_ndarray(format="rgb24")  # other layouts (foreign files): swscale
+
+
+def nal_unit_types(access_unit: bytes) -> list[int]:
+    """Types of the NAL units in an Annex B access unit, in order.
+
+    Emulation prevention guarantees 00 00 01 never occurs inside a NAL unit, so every
+    match is a real start code.
+    """
+    return [access_unit[m.end()] & 0x1F for m in _START_CODE.finditer(access_unit) if m.end() < len(access_unit)]
+
+
+def is_keyframe(access_unit: bytes) -> bool:
+    """True when the access unit's first slice is IDR; stops at that slice, not the payload's end."""
+    for m in _START_CODE.finditer(access_unit):
+        if m.end() < len(access_unit):
+            nal = access_unit[m.end()] & 0x1F
+            if 1 <= nal <= 5:
+                return nal == NAL_IDR
+    return False

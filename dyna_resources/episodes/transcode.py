@@ -1,0 +1,263 @@
+"""Legacy HDF5 episode → MCAP: H.264 video, proprio/action blocks, topic-group chunks.
+
+The episode is processed one GOP window at a time (all cameras' frames of the window,
+then the proprio blocks that start in it), so memory stays at one window however
+long the episode. The output is written under a temporary name and renamed when
+complete: a failure never leaves a partial MCAP behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+from foxglove_schemas_protobuf.CompressedVideo_pb2 import CompressedVideo
+from mcap_protobuf.schema import build_file_descriptor_set
+
+from .. import versions
+from . import blocks
+from .codec import VideoSettings, encode_gop
+from .errors import RawFormatError
+from .mcap_writer import GroupedChunkWriter
+from .raw_format import CameraStream, RawEpisode, file_sha256
+from .read_profile import TOPIC_GROUPS, ReadProfile
+from .topics import EPISODE_METADATA, STATS_METADATA, VIDEO_SCHEMA, camera_topic, stream_topic
+
+LIBRARY = f"dyna-pipeline/{versions.PIPELINE_VERSION}"
+
+
+@dataclass(frozen=True)
+class TranscodeSettings:
+    video: VideoSettings = field(default_factory=VideoSettings)
+    profile: ReadProfile = TOPIC_GROUPS
+    block_s: float = 1.0  # proprio/action samples per message: one block per block_s
+    dark_level: float = 4.0  # mean 8-bit level below which a frame counts as dark (dead camera)
+
+    def as_dict(self) -> dict:
+        return {"video": self.video.as_dict(), "read_profile": self.profile.as_dict(), "block_s": self.block_s}
+
+
+@dataclass
+class CameraReport:
+    frames: int
+    width: int
+    height: int
+    rate_hz: float
+    dropped_frames: int  # frames missing according to gaps in the timestamps
+    dark_frames: int
+    keyframes: int
+    video_bytes: int
+
+
+@dataclass
+class TranscodeReport:
+    episode_id: str
+    source: str
+    output: str
+    source_sha256: str
+    bytes_in: int
+    bytes_out: int
+    duration_s: float
+    start_ns: int
+    end_ns: int
+    cameras: dict[str, CameraReport]
+    streams: dict[str, int]  # samples per stream
+    chunks: dict[str, int]  # chunks per group
+    messages: int
+    jpeg_decode_s: float
+    video_encode_s: float
+    total_s: float
+    meta: dict
+    versions: dict
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def nominal_rate_hz(ts: np.ndarray) -> float:
+    if len(ts) < 2:
+        return 0.0
+    return 1e9 / float(np.median(np.diff(ts)))
+
+
+def dropped_frames(ts: np.ndarray) -> int:
+    """Frames missing from a regular stream: every gap longer than 1.5 periods."""
+    if len(ts) < 3:
+        return 0
+    d = np.diff(ts)
+    period = float(np.median(d))
+    gaps = d[d > 1.5 * period]
+    return int(np.sum(np.round(gaps / period) - 1))
+
+
+class _Timer:
+    def __init__(self):
+        self.s = 0.0
+
+    def __enter__(self):
+        self._t = time.perf_counter()
+
+    def __exit__(self, *exc):
+        self.s += time.perf_counter() - self._t
+
+
+def transcode_episode(src: str | Path, dst: str | Path, settings: TranscodeSettings | None = None) -> TranscodeReport:
+    """Transcode one legacy episode to ``dst`` atomically; raise a typed EpisodeError on bad input."""
+    settings = settings or TranscodeSettings()
+    src, dst = Path(src), Path(dst)
+    t_start = time.perf_counter()
+    with RawEpisode(src) as raw:
+        source_sha = file_sha256(src)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dst.parent / f".{dst.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+        try:
+            with open(tmp, "wb") as f:
+                report = _write_episode(raw, f, settings, source_sha)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, dst)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+    report.source, report.output = str(src), str(dst)
+    report.bytes_in, report.bytes_out = src.stat().st_size, dst.stat().st_size
+    report.total_s = time.perf_counter() - t_start
+    return report
+
+
+def _write_episode(raw: RawEpisode, f, settings: TranscodeSettings, source_sha: str) -> TranscodeReport:
+    cameras = [raw.cameras[c] for c in sorted(raw.cameras)]
+    streams = [raw.streams[s] for s in raw.streams]
+    t0 = raw.start_ns
+    rate = max(nominal_rate_hz(c.timestamps_ns) for c in cameras) or 30.0
+    gop_ns = int(round(settings.video.gop_frames / rate * 1e9))
+    block_ns = int(round(settings.block_s * 1e9))
+
+    w = GroupedChunkWriter(f, t0_ns=t0, library=LIBRARY)
+    topics = [camera_topic(c.name) for c in cameras] + [stream_topic(s.name) for s in streams]
+    for g in settings.profile.groups:
+        if g.window_s is not None and round(g.window_s * 1e9) % block_ns:
+            raise ValueError(f"group {g.name}: window_s {g.window_s} is not a multiple of block_s {settings.block_s}")
+        w.add_group(g.name, g.compression, gop_ns if g.window_s is None else int(round(g.window_s * 1e9)))
+    video_schema = w.register_schema(VIDEO_SCHEMA, "protobuf",
+                                     build_file_descriptor_set(CompressedVideo).SerializeToString())
+    block_schema = w.register_schema(blocks.SCHEMA_NAME, "protobuf", blocks.file_descriptor_set_bytes())
+    channels: dict[str, int] = {}
+    for cam in cameras:
+        t = camera_topic(cam.name)
+        channels[t] = w.register_channel(t, "protobuf", video_schema, settings.profile.group_of(t).name, {
+            "frame_id": cam.name, "rate_hz": f"{nominal_rate_hz(cam.timestamps_ns):.3f}",
+            "gop_frames": str(settings.video.gop_frames), "gop_ns": str(gop_ns)})
+    for s in streams:
+        t = stream_topic(s.name)
+        md = {"fields": ",".join(s.fields), "block_ns": str(block_ns),
+              "rate_hz": f"{nominal_rate_hz(s.timestamps_ns):.3f}"}
+        md.update({f"labels.{k}": ",".join(v) for k, v in s.labels.items()})
+        channels[t] = w.register_channel(t, "protobuf", block_schema, settings.profile.group_of(t).name, md)
+
+    meta = raw.meta.as_dict()
+    stamp = {"schema_version": versions.SCHEMA_VERSION, "pipeline_version": versions.PIPELINE_VERSION,
+             "robot_sw_version": raw.meta.robot_sw_version}
+    w.add_metadata(EPISODE_METADATA, {
+        **{k: "" if v is None else str(v) for k, v in meta.items()}, **stamp,
+        "source_sha256": source_sha, "source_name": Path(raw.path).name,
+        "start_ns": str(t0), "end_ns": str(raw.end_ns),
+        "transcode_settings": json.dumps(settings.as_dict(), sort_keys=True)})
+
+    decode_t, encode_t = _Timer(), _Timer()
+    frame_iters = {c.name: _frames(c, decode_t) for c in cameras}
+    cam_pos = {c.name: 0 for c in cameras}
+    dark = {c.name: 0 for c in cameras}
+    shapes: dict[str, tuple] = {}
+    keyframes = {c.name: 0 for c in cameras}
+    video_bytes = {c.name: 0 for c in cameras}
+    block_pos = {s.name: 0 for s in streams}
+    n_messages = 0
+    n_windows = (raw.end_ns - t0) // gop_ns + 1
+    for k in range(n_windows):
+        window_end = t0 + (k + 1) * gop_ns
+        pending: list[tuple[int, int, bytes]] = []
+        for cam in cameras:
+            hi = int(np.searchsorted(cam.timestamps_ns, window_end, side="left"))
+            lo, cam_pos[cam.name] = cam_pos[cam.name], hi
+            if hi == lo:
+                continue
+            frames = []
+            for i in range(lo, hi):
+                frame = next(frame_iters[cam.name])
+                shape = shapes.setdefault(cam.name, (frame.height, frame.width))
+                if (frame.height, frame.width) != shape:
+                    raise RawFormatError(raw.path, f"frame {i} is {frame.width}x{frame.height}, earlier frames "
+                                         f"{shape[1]}x{shape[0]}", f"images/{cam.name}")
+                if _mean_luma(frame) < settings.dark_level:
+                    dark[cam.name] += 1
+                frames.append(frame)
+            with encode_t:
+                units = encode_gop(frames, settings.video, rate)
+            keyframes[cam.name] += 1
+            cid = channels[camera_topic(cam.name)]
+            for i, au in zip(range(lo, hi), units, strict=True):
+                ts = int(cam.timestamps_ns[i])
+                msg = CompressedVideo(frame_id=cam.name, data=au, format="h264")
+                msg.timestamp.FromNanoseconds(ts)
+                video_bytes[cam.name] += len(au)
+                pending.append((ts, cid, msg.SerializeToString()))
+        for s in streams:
+            # blocks starting in this window, read from the file as one slab per field
+            first = block_pos[s.name]
+            last = max(first, -(-(window_end - t0) // block_ns))
+            block_pos[s.name] = last
+            edges = np.searchsorted(s.timestamps_ns, t0 + np.arange(first, last + 1) * block_ns)
+            if edges[-1] == edges[0]:
+                continue
+            slab = {n: a[edges[0] : edges[-1]] for n, a in s.fields.items()}
+            cid = channels[stream_topic(s.name)]
+            for lo, hi in zip(edges[:-1], edges[1:]):
+                if hi > lo:
+                    rows = slice(lo - edges[0], hi - edges[0])
+                    data = blocks.encode_block(s.timestamps_ns[lo:hi], {n: a[rows] for n, a in slab.items()})
+                    pending.append((int(s.timestamps_ns[lo]), cid, data))
+        pending.sort(key=lambda m: (m[0], m[1]))
+        for ts, cid, data in pending:
+            w.add_message(cid, ts, data)
+        n_messages += len(pending)
+
+    cam_reports = {c.name: CameraReport(
+        frames=len(c), width=shapes.get(c.name, (0, 0))[1], height=shapes.get(c.name, (0, 0))[0],
+        rate_hz=round(nominal_rate_hz(c.timestamps_ns), 3), dropped_frames=dropped_frames(c.timestamps_ns),
+        dark_frames=dark[c.name], keyframes=keyframes[c.name], video_bytes=video_bytes[c.name]) for c in cameras}
+    stream_counts = {s.name: len(s) for s in streams}
+    w.add_metadata(STATS_METADATA, {
+        "cameras": json.dumps({k: asdict(v) for k, v in cam_reports.items()}, sort_keys=True),
+        "streams": json.dumps(stream_counts, sort_keys=True), "messages": str(n_messages)})
+    w.finish()
+    topic_of = {c: t for t, c in channels.items()}
+    chunks: dict[str, int] = {}
+    for ci in w.chunk_indexes:
+        name = settings.profile.group_of(topic_of[next(iter(ci.message_index_offsets))]).name
+        chunks[name] = chunks.get(name, 0) + 1
+    return TranscodeReport(
+        episode_id=raw.meta.episode_id, source=raw.path, output="", source_sha256=source_sha, bytes_in=0,
+        bytes_out=0, duration_s=raw.duration_s, start_ns=t0, end_ns=raw.end_ns, cameras=cam_reports,
+        streams=stream_counts, chunks=chunks, messages=n_messages, jpeg_decode_s=decode_t.s,
+        video_encode_s=encode_t.s, total_s=0.0, meta=meta, versions=stamp)
+
+
+def _mean_luma(frame) -> float:
+    y = np.frombuffer(frame.planes[0], np.uint8).reshape(frame.height, frame.planes[0].line_size)
+    return float(y[::16, : frame.width : 16].mean())
+
+
+def _frames(cam: CameraStream, timer: _Timer):
+    it = cam.iter_yuv()
+    while True:
+        with timer:
+            frame = next(it, None)
+        if frame is None:
+            return
+        yield frame

@@ -1,0 +1,45 @@
+"""Where the embedded defaults keep their files: one local home folder.
+
+``DYNA_HOME`` (default ``.dyna`` in the current directory; ignored by git) holds::
+
+    landing/     raw episodes as they arrive (legacy HDF5)
+    mcap/        transcoded episodes, one MCAP file each
+    quarantine/  one JSON record per rejected episode, with the reason
+    dagster/     DAGSTER_HOME of the embedded Dagster instance (runs, event log, storage)
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class DynaHome:
+    root: Path
+
+    @classmethod
+    def from_env(cls) -> DynaHome:
+        return cls(Path(os.environ.get("DYNA_HOME", ".dyna")).resolve())
+
+    @property
+    def landing(self) -> Path:
+        return self.root / "landing"
+
+    @property
+    def mcap(self) -> Path:
+        return self.root / "mcap"
+
+    @property
+    def quarantine(self) -> Path:
+        return self.root / "quarantine"
+
+    @property
+    def dagster(self) -> Path:
+        return self.root / "dagster"
+
+    def ensure(self) -> DynaHome:
+        for p in (self.landing, self.mcap, self.quarantine, self.dagster):
+            p.mkdir(parents=True, exist_ok=True)
+        return self

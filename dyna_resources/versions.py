@@ -1,0 +1,9 @@
+"""Versions stamped on every episode and every materialization.
+
+Bump SCHEMA_VERSION when the MCAP layout or a message schema changes (readers care);
+bump PIPELINE_VERSION when transcode code or default settings change (so the episodes
+written by the old pipeline become stale and are reprocessed, and only those).
+"""
+
+SCHEMA_VERSION = "1.0"
+PIPELINE_VERSION = "1.0"

@@ -1,0 +1,37 @@
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from dyna_resources.episodes.sim import EpisodeSpec, write_episode
+
+
+def small_spec(episode_id: str = "ep-test-000001", **overrides) -> EpisodeSpec:
+    base = dict(
+        episode_id=episode_id, seed=1234, task="pick_place", robot_id="arm-07", robot_model="dyna-a1",
+        robot_sw_version="4.2.1", site="sfo-lab", operator="op-3", success=True,
+        started_at="2026-11-02T08:15:00Z", duration_s=4.0, width=160, height=120,
+    )
+    base.update(overrides)
+    return EpisodeSpec(**base)
+
+
+@pytest.fixture(scope="session")
+def episode_factory(tmp_path_factory):
+    """Writes (and caches per arguments) a generated legacy episode; returns the GeneratedEpisode."""
+    root = tmp_path_factory.mktemp("episodes")
+    cache = {}
+
+    def make(fault: str | None = None, **overrides):
+        key = (fault, tuple(sorted(overrides.items())))
+        if key not in cache:
+            spec = small_spec(**overrides)
+            name = f"{spec.episode_id}-{len(cache)}.h5"
+            cache[key] = write_episode(spec, Path(root) / name, fault=fault)
+        return cache[key]
+
+    return make
+
+
+def replace_spec(spec: EpisodeSpec, **changes) -> EpisodeSpec:
+    return dataclasses.replace(spec, **changes)

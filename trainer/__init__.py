@@ -1,0 +1,1 @@
+"""Training (PyTorch): dataset over manifests, model, optimizer, checkpoints. Not built yet (trainer issue)."""
