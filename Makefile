@@ -28,6 +28,7 @@ test: $(STAMP)
 
 ui: $(STAMP)
 	@mkdir -p $(DAGSTER_HOME)
+	@test -f $(DAGSTER_HOME)/dagster.yaml || cp infra/dagster/dagster.yaml $(DAGSTER_HOME)/
 	$(VENV)/bin/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
 
 bench-storage: $(STAMP)

@@ -26,6 +26,7 @@ is reported separately.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -55,6 +56,46 @@ def remote_cost(fetches) -> float:
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
     mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
     return float(10 * np.log10(255.0**2 / max(mse, 1e-12)))
+
+
+def quality(g, mcap_path: Path, every: int, sources: dict | None = None) -> tuple[list[float], list[float]]:
+    """PSNR against the raw frames of every ``every``-th frame: (ours, JPEG baseline).
+
+    ``sources`` caches the rendered raw frames between calls on the same episode.
+    """
+    sim = SimulatedEpisode(g.spec)
+    sources = {} if sources is None else sources
+    ours, jpeg = [], []
+    with RawEpisode(g.path) as raw, EpisodeReader(mcap_path) as r:
+        for cam, stream in raw.cameras.items():
+            idx = np.arange(every // 2, len(stream), every)
+            got = r.read_frames([cam], stream.timestamps_ns[idx])[cam]
+            for k, i in enumerate(idx):
+                if (cam, i) not in sources:
+                    raw_frame = sim.render_frame(cam, int(g.frame_indices[cam][i]))
+                    sources[cam, i] = (raw_frame, psnr(stream.frame(int(i)), raw_frame))
+                source, jpeg_psnr = sources[cam, i]
+                ours.append(psnr(got.images[k], source))
+                jpeg.append(jpeg_psnr)
+    return ours, jpeg
+
+
+def crf_frontier(tmp: Path, g, settings: TranscodeSettings, workers: int) -> list[dict]:
+    """Size and quality of one episode at several CRFs around the default: the trade-off."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    crfs = [settings.video.crf + d for d in (-1, 0, 1)]
+    variants = [dataclasses.replace(settings, video=dataclasses.replace(settings.video, crf=c)) for c in crfs]
+    outs = [tmp / "frontier" / f"crf{c:g}.mcap" for c in crfs]
+    with ProcessPoolExecutor(workers) as pool:
+        list(pool.map(transcode_episode, [g.path] * len(crfs), outs, variants))
+    h5 = g.path.stat().st_size
+    rows, sources = [], {}
+    for c, out in zip(crfs, outs):
+        o, j = quality(g, out, 10, sources)
+        rows.append({"crf": c, "size_ratio": out.stat().st_size / h5, "psnr_db": float(np.mean(o)),
+                     "psnr_jpeg_db": float(np.mean(j))})
+    return rows
 
 
 def main(argv: list[str]) -> int:
@@ -100,15 +141,10 @@ def main(argv: list[str]) -> int:
         # -- quality ----------------------------------------------------------------------
         ours, jpeg = [], []
         for g, out in zip(gens, layouts["grouped"]):
-            sim = SimulatedEpisode(g.spec)
-            with RawEpisode(g.path) as raw, EpisodeReader(out) as r:
-                for cam, stream in raw.cameras.items():
-                    idx = np.arange(every // 2, len(stream), every)
-                    got = r.read_frames([cam], stream.timestamps_ns[idx])[cam]
-                    for k, i in enumerate(idx):
-                        source = sim.render_frame(cam, int(g.frame_indices[cam][i]))
-                        ours.append(psnr(got.images[k], source))
-                        jpeg.append(psnr(stream.frame(int(i)), source))
+            o, j = quality(g, out, every)
+            ours += o
+            jpeg += j
+        frontier = [] if args.quick else crf_frontier(tmp, gens[0], settings, workers)
 
         # -- sample workload ----------------------------------------------------------------
         rng = random.Random(5)
@@ -160,13 +196,20 @@ def main(argv: list[str]) -> int:
         "remote_speedup_vs_interleaved": mean["interleaved"]["remote"] / g["remote"],
         "decode_s_per_sample": float(np.mean(decode_s)), "open_requests": open_requests["grouped"],
         "generate_s": gen_s, "transcode_s": transcode_s, "transcode_fps": frames_total / transcode_s,
-        "workers": workers, "cost_model": {"first_byte_s": FIRST_BYTE_S, "bandwidth_Bps": BANDWIDTH_BPS},
+        "crf": settings.video.crf, "gop_frames": settings.video.gop_frames, "preset": settings.video.preset,
+        "crf_frontier": frontier, "workers": workers, "cost_model": {"first_byte_s": FIRST_BYTE_S, "bandwidth_Bps": BANDWIDTH_BPS},
     }
-    print(f"storage benchmark: {n_eps} episodes x {dur:.0f} s, {w}x{h}, 3 cameras @30 Hz, 6 proprio/action streams")
+    print(f"storage benchmark: {n_eps} episodes x {dur:.0f} s, {w}x{h}, 3 cameras @30 Hz, 6 proprio/action streams; "
+          f"libx264 crf {settings.video.crf:g} preset {settings.video.preset} GOP {settings.video.gop_frames}")
     print(f"  bytes  HDF5+JPEG(q90) {h5_bytes / 1e6:9.1f} MB")
     for k in layouts:
         print(f"         MCAP {k:<12} {sizes[k] / 1e6:9.1f} MB   ratio {sizes[k] / h5_bytes:.3f}")
     print(f"  PSNR vs raw frames ({len(ours)} frames): ours {result['psnr_db']:.2f} dB, JPEG q90 {result['psnr_jpeg_db']:.2f} dB")
+    if frontier:
+        print(f"  size/quality trade-off on {gens[0].spec.episode_id} (default crf {settings.video.crf:g}):")
+        for row in frontier:
+            print(f"    crf {row['crf']:>4g}: ratio {row['size_ratio']:.3f}  PSNR {row['psnr_db']:.2f} dB "
+                  f"(JPEG {row['psnr_jpeg_db']:.2f}, {row['psnr_db'] - row['psnr_jpeg_db']:+.2f})")
     print(f"  transcode: {frames_total} frames in {transcode_s:.1f} s on {workers} workers ({result['transcode_fps']:.0f} frames/s)")
     print(f"\n  sample = {WINDOW_S:.0f} s of every stream + 2 frames per camera; {n_samples} samples, same for every layout")
     print(f"  {'layout':<12}{'fetches':>9}{'KB':>10}{'local ms':>10}{'remote ms':>11}")

@@ -7,7 +7,9 @@ afterwards shows the same runs and materializations.
 
 import argparse
 import os
+import shutil
 import sys
+from pathlib import Path
 
 from dagster import DagsterInstance, materialize
 
@@ -27,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
 
     home = DynaHome.from_env().ensure()
     os.environ.setdefault("DAGSTER_HOME", str(home.dagster))
-    home.dagster.mkdir(parents=True, exist_ok=True)
+    ensure_instance_config(Path(os.environ["DAGSTER_HOME"]))
 
     if not any(home.landing.glob("*.h5")):
         print(f"generating {args.episodes} sample episodes into {home.landing} ...", flush=True)
@@ -37,12 +39,22 @@ def main(argv: list[str] | None = None) -> int:
 
     instance = DagsterInstance.get()
     assets = [defs.get_assets_def(k) for k in ("raw_episodes", "mcap_episodes")]
-    result = materialize(assets, instance=instance, resources=defs.resources)
+    quiet = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
+    result = materialize(assets, instance=instance, resources=defs.resources, run_config=quiet)
     if not result.success:
         print("materialization failed", file=sys.stderr)
         return 1
     print_summary(home, result)
     return 0
+
+
+def ensure_instance_config(dagster_home: Path) -> None:
+    """Give a fresh DAGSTER_HOME the project's instance config (infra/dagster/dagster.yaml)."""
+    dagster_home.mkdir(parents=True, exist_ok=True)
+    target = dagster_home / "dagster.yaml"
+    template = Path(__file__).resolve().parent.parent / "infra" / "dagster" / "dagster.yaml"
+    if not target.exists() and template.exists():
+        shutil.copyfile(template, target)
 
 
 def print_summary(home: DynaHome, result) -> None:

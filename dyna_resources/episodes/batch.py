@@ -94,9 +94,9 @@ def is_up_to_date(mcap_path: Path, source_sha256: str) -> bool:
             and md.get("schema_version") == versions.SCHEMA_VERSION)
 
 
-def _transcode_one(src: str, dst: str, settings: TranscodeSettings) -> dict:
+def _transcode_one(src: str, dst: str, sha256: str, settings: TranscodeSettings) -> dict:
     try:
-        return {"ok": transcode_episode(src, dst, settings).as_dict()}
+        return {"ok": transcode_episode(src, dst, settings, source_sha256=sha256).as_dict()}
     except EpisodeError as e:
         return {"error": e.as_record()}
 
@@ -112,15 +112,16 @@ def transcode_batch(items: list[InventoryItem], out_dir: Path, quarantine_dir: P
             report.quarantined.append(item.error)
             continue
         dst = out_dir / f"{item.episode_id}.mcap"
-        if is_up_to_date(dst, file_sha256(item.path)):
+        sha256 = file_sha256(item.path)
+        if is_up_to_date(dst, sha256):
             report.up_to_date.append(item.episode_id)
         else:
-            todo.append((item.path, str(dst)))
+            todo.append((item.path, str(dst), sha256))
     workers = max(1, min(workers or os.cpu_count() or 1, len(todo)))
     # Largest first: with one worker per core, a long episode started last would idle the others.
     todo.sort(key=lambda t: -os.path.getsize(t[0]))
     if workers == 1:
-        results = [_transcode_one(s, d, settings) for s, d in todo]
+        results = [_transcode_one(*t, settings) for t in todo]
     else:
         with ProcessPoolExecutor(max_workers=workers) as pool:
             results = list(pool.map(_transcode_one, *zip(*todo), [settings] * len(todo)))

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, NamedTuple
 
+import av
 import numpy as np
 from foxglove_schemas_protobuf.CompressedVideo_pb2 import CompressedVideo
 import zstandard
@@ -36,7 +37,7 @@ from . import blocks
 from .codec import H264Decoder, is_keyframe
 from .errors import McapFormatError, WindowError
 from .raw_format import SampleStream
-from .topics import EPISODE_METADATA, camera_topic, is_camera_topic, stream_topic
+from .topics import CAMERA_PREFIX, EPISODE_METADATA, camera_topic, is_camera_topic, stream_topic
 
 FOOTER_RECORD_SIZE = 1 + 8 + 8 + 8 + 4
 TAIL_READ = 64 * 1024  # one request at open usually covers footer and summary
@@ -176,8 +177,7 @@ class EpisodeReader:
 
     @property
     def cameras(self) -> list[str]:
-        return sorted(self.channels[cid].metadata.get("frame_id", t) for t, cid in self.topic_ids.items()
-                      if is_camera_topic(t))
+        return sorted(t[len(CAMERA_PREFIX):] for t in self.topic_ids if is_camera_topic(t))
 
     @property
     def streams(self) -> list[str]:
@@ -296,7 +296,7 @@ class EpisodeReader:
             index = {p: i for i, p in enumerate(positions)}
             try:
                 frames = H264Decoder().decode(units, [index[p] for p in wanted])
-            except Exception as e:  # PyAV raises several error types for a bad bitstream
+            except (av.FFmpegError, ValueError) as e:
                 raise McapFormatError(self.path, f"H.264 decode failed: {e}", topic) from None
             for p in wanted:
                 decoded[p] = frames[index[p]]

@@ -24,7 +24,7 @@ from . import blocks
 from .codec import VideoSettings, encode_gop
 from .errors import RawFormatError
 from .mcap_writer import GroupedChunkWriter
-from .raw_format import CameraStream, RawEpisode, file_sha256
+from .raw_format import CameraStream, RawEpisode, SampleStream, file_sha256
 from .read_profile import TOPIC_GROUPS, ReadProfile
 from .topics import EPISODE_METADATA, STATS_METADATA, VIDEO_SCHEMA, camera_topic, stream_topic
 
@@ -106,13 +106,17 @@ class _Timer:
         self.s += time.perf_counter() - self._t
 
 
-def transcode_episode(src: str | Path, dst: str | Path, settings: TranscodeSettings | None = None) -> TranscodeReport:
-    """Transcode one legacy episode to ``dst`` atomically; raise a typed EpisodeError on bad input."""
+def transcode_episode(src: str | Path, dst: str | Path, settings: TranscodeSettings | None = None, *,
+                      source_sha256: str | None = None) -> TranscodeReport:
+    """Transcode one legacy episode to ``dst`` atomically; raise a typed EpisodeError on bad input.
+
+    ``source_sha256`` spares hashing the source again when the caller already did.
+    """
     settings = settings or TranscodeSettings()
     src, dst = Path(src), Path(dst)
     t_start = time.perf_counter()
     with RawEpisode(src) as raw:
-        source_sha = file_sha256(src)
+        source_sha = source_sha256 or file_sha256(src)
         dst.parent.mkdir(parents=True, exist_ok=True)
         tmp = dst.parent / f".{dst.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
         try:
@@ -139,7 +143,6 @@ def _write_episode(raw: RawEpisode, f, settings: TranscodeSettings, source_sha: 
     block_ns = int(round(settings.block_s * 1e9))
 
     w = GroupedChunkWriter(f, t0_ns=t0, library=LIBRARY)
-    topics = [camera_topic(c.name) for c in cameras] + [stream_topic(s.name) for s in streams]
     for g in settings.profile.groups:
         if g.window_s is not None and round(g.window_s * 1e9) % block_ns:
             raise ValueError(f"group {g.name}: window_s {g.window_s} is not a multiple of block_s {settings.block_s}")
@@ -169,68 +172,18 @@ def _write_episode(raw: RawEpisode, f, settings: TranscodeSettings, source_sha: 
         "start_ns": str(t0), "end_ns": str(raw.end_ns),
         "transcode_settings": json.dumps(settings.as_dict(), sort_keys=True)})
 
-    decode_t, encode_t = _Timer(), _Timer()
-    frame_iters = {c.name: _frames(c, decode_t) for c in cameras}
-    cam_pos = {c.name: 0 for c in cameras}
-    dark = {c.name: 0 for c in cameras}
-    shapes: dict[str, tuple] = {}
-    keyframes = {c.name: 0 for c in cameras}
-    video_bytes = {c.name: 0 for c in cameras}
-    block_pos = {s.name: 0 for s in streams}
+    video = _VideoWindows(raw.path, cameras, settings, rate, channels)
+    proprio = _BlockWindows(streams, t0, block_ns, channels)
     n_messages = 0
-    n_windows = (raw.end_ns - t0) // gop_ns + 1
-    for k in range(n_windows):
+    for k in range((raw.end_ns - t0) // gop_ns + 1):
         window_end = t0 + (k + 1) * gop_ns
-        pending: list[tuple[int, int, bytes]] = []
-        for cam in cameras:
-            hi = int(np.searchsorted(cam.timestamps_ns, window_end, side="left"))
-            lo, cam_pos[cam.name] = cam_pos[cam.name], hi
-            if hi == lo:
-                continue
-            frames = []
-            for i in range(lo, hi):
-                frame = next(frame_iters[cam.name])
-                shape = shapes.setdefault(cam.name, (frame.height, frame.width))
-                if (frame.height, frame.width) != shape:
-                    raise RawFormatError(raw.path, f"frame {i} is {frame.width}x{frame.height}, earlier frames "
-                                         f"{shape[1]}x{shape[0]}", f"images/{cam.name}")
-                if _mean_luma(frame) < settings.dark_level:
-                    dark[cam.name] += 1
-                frames.append(frame)
-            with encode_t:
-                units = encode_gop(frames, settings.video, rate)
-            keyframes[cam.name] += 1
-            cid = channels[camera_topic(cam.name)]
-            for i, au in zip(range(lo, hi), units, strict=True):
-                ts = int(cam.timestamps_ns[i])
-                msg = CompressedVideo(frame_id=cam.name, data=au, format="h264")
-                msg.timestamp.FromNanoseconds(ts)
-                video_bytes[cam.name] += len(au)
-                pending.append((ts, cid, msg.SerializeToString()))
-        for s in streams:
-            # blocks starting in this window, read from the file as one slab per field
-            first = block_pos[s.name]
-            last = max(first, -(-(window_end - t0) // block_ns))
-            block_pos[s.name] = last
-            edges = np.searchsorted(s.timestamps_ns, t0 + np.arange(first, last + 1) * block_ns)
-            if edges[-1] == edges[0]:
-                continue
-            slab = {n: a[edges[0] : edges[-1]] for n, a in s.fields.items()}
-            cid = channels[stream_topic(s.name)]
-            for lo, hi in zip(edges[:-1], edges[1:]):
-                if hi > lo:
-                    rows = slice(lo - edges[0], hi - edges[0])
-                    data = blocks.encode_block(s.timestamps_ns[lo:hi], {n: a[rows] for n, a in slab.items()})
-                    pending.append((int(s.timestamps_ns[lo]), cid, data))
-        pending.sort(key=lambda m: (m[0], m[1]))
+        pending = video.messages_until(window_end) + proprio.messages_until(window_end)
+        pending.sort(key=lambda m: (m[0], m[1]))  # time-major inside each chunk
         for ts, cid, data in pending:
             w.add_message(cid, ts, data)
         n_messages += len(pending)
 
-    cam_reports = {c.name: CameraReport(
-        frames=len(c), width=shapes.get(c.name, (0, 0))[1], height=shapes.get(c.name, (0, 0))[0],
-        rate_hz=round(nominal_rate_hz(c.timestamps_ns), 3), dropped_frames=dropped_frames(c.timestamps_ns),
-        dark_frames=dark[c.name], keyframes=keyframes[c.name], video_bytes=video_bytes[c.name]) for c in cameras}
+    cam_reports = video.reports()
     stream_counts = {s.name: len(s) for s in streams}
     w.add_metadata(STATS_METADATA, {
         "cameras": json.dumps({k: asdict(v) for k, v in cam_reports.items()}, sort_keys=True),
@@ -244,8 +197,89 @@ def _write_episode(raw: RawEpisode, f, settings: TranscodeSettings, source_sha: 
     return TranscodeReport(
         episode_id=raw.meta.episode_id, source=raw.path, output="", source_sha256=source_sha, bytes_in=0,
         bytes_out=0, duration_s=raw.duration_s, start_ns=t0, end_ns=raw.end_ns, cameras=cam_reports,
-        streams=stream_counts, chunks=chunks, messages=n_messages, jpeg_decode_s=decode_t.s,
-        video_encode_s=encode_t.s, total_s=0.0, meta=meta, versions=stamp)
+        streams=stream_counts, chunks=chunks, messages=n_messages, jpeg_decode_s=video.decode_t.s,
+        video_encode_s=video.encode_t.s, total_s=0.0, meta=meta, versions=stamp)
+
+
+class _VideoWindows:
+    """Encodes each camera one GOP window at a time (a fresh encoder per GOP)."""
+
+    def __init__(self, path: str, cameras: list[CameraStream], settings: TranscodeSettings, rate: float,
+                 channels: dict[str, int]):
+        self.path, self.cameras, self.settings, self.rate, self.channels = path, cameras, settings, rate, channels
+        self.decode_t, self.encode_t = _Timer(), _Timer()
+        self.frames = {c.name: _frames(c, self.decode_t) for c in cameras}
+        self.pos = {c.name: 0 for c in cameras}
+        self.shape: dict[str, tuple[int, int]] = {}
+        self.dark = dict.fromkeys(self.pos, 0)
+        self.keyframes = dict.fromkeys(self.pos, 0)
+        self.video_bytes = dict.fromkeys(self.pos, 0)
+
+    def messages_until(self, window_end: int) -> list[tuple[int, int, bytes]]:
+        out = []
+        for cam in self.cameras:
+            hi = int(np.searchsorted(cam.timestamps_ns, window_end, side="left"))
+            lo, self.pos[cam.name] = self.pos[cam.name], hi
+            if hi > lo:
+                out += self._encode(cam, lo, hi)
+        return out
+
+    def _encode(self, cam: CameraStream, lo: int, hi: int) -> list[tuple[int, int, bytes]]:
+        frames = []
+        for i in range(lo, hi):
+            frame = next(self.frames[cam.name])
+            shape = self.shape.setdefault(cam.name, (frame.height, frame.width))
+            if (frame.height, frame.width) != shape:
+                raise RawFormatError(self.path, f"frame {i} is {frame.width}x{frame.height}, earlier frames "
+                                     f"{shape[1]}x{shape[0]}", f"images/{cam.name}")
+            if _mean_luma(frame) < self.settings.dark_level:
+                self.dark[cam.name] += 1
+            frames.append(frame)
+        with self.encode_t:
+            units = encode_gop(frames, self.settings.video, self.rate)
+        self.keyframes[cam.name] += 1
+        cid = self.channels[camera_topic(cam.name)]
+        out = []
+        for i, au in zip(range(lo, hi), units, strict=True):
+            ts = int(cam.timestamps_ns[i])
+            msg = CompressedVideo(frame_id=cam.name, data=au, format="h264")
+            msg.timestamp.FromNanoseconds(ts)
+            self.video_bytes[cam.name] += len(au)
+            out.append((ts, cid, msg.SerializeToString()))
+        return out
+
+    def reports(self) -> dict[str, CameraReport]:
+        return {c.name: CameraReport(
+            frames=len(c), width=self.shape.get(c.name, (0, 0))[1], height=self.shape.get(c.name, (0, 0))[0],
+            rate_hz=round(nominal_rate_hz(c.timestamps_ns), 3), dropped_frames=dropped_frames(c.timestamps_ns),
+            dark_frames=self.dark[c.name], keyframes=self.keyframes[c.name], video_bytes=self.video_bytes[c.name])
+            for c in self.cameras}
+
+
+class _BlockWindows:
+    """Cuts numeric streams into blocks of block_ns, aligned to t0; one file read per field per window."""
+
+    def __init__(self, streams: list[SampleStream], t0: int, block_ns: int, channels: dict[str, int]):
+        self.streams, self.t0, self.block_ns, self.channels = streams, t0, block_ns, channels
+        self.next_block = {s.name: 0 for s in streams}
+
+    def messages_until(self, window_end: int) -> list[tuple[int, int, bytes]]:
+        out = []
+        for s in self.streams:
+            first = self.next_block[s.name]
+            last = max(first, -(-(window_end - self.t0) // self.block_ns))
+            self.next_block[s.name] = last
+            edges = np.searchsorted(s.timestamps_ns, self.t0 + np.arange(first, last + 1) * self.block_ns)
+            if edges[-1] == edges[0]:
+                continue
+            slab = {n: a[edges[0] : edges[-1]] for n, a in s.fields.items()}
+            cid = self.channels[stream_topic(s.name)]
+            for lo, hi in zip(edges[:-1], edges[1:]):
+                if hi > lo:
+                    rows = slice(lo - edges[0], hi - edges[0])
+                    data = blocks.encode_block(s.timestamps_ns[lo:hi], {n: a[rows] for n, a in slab.items()})
+                    out.append((int(s.timestamps_ns[lo]), cid, data))
+        return out
 
 
 def _mean_luma(frame) -> float:
