@@ -124,8 +124,8 @@ class HDF5Columns:
     (N, 1).
     """
 
-    def __init__(self, ds: h5py.Dataset):
-        self._ds = ds
+    def __init__(self, ds: h5py.Dataset, path: str = ""):
+        self._ds, self._path = ds, path
         self.shape = (ds.shape[0], ds.shape[1] if ds.ndim == 2 else 1)
         self.dtype = np.dtype(np.float64)
         self.ndim = 2
@@ -134,7 +134,10 @@ class HDF5Columns:
         return self.shape[0]
 
     def __getitem__(self, rows: slice) -> np.ndarray:
-        a = np.asarray(self._ds[rows])
+        try:
+            a = np.asarray(self._ds[rows])
+        except (OSError, ValueError) as e:  # data blocks missing from a cut file
+            raise RawFormatError(self._path, f"cannot read rows {rows}: {e}", stream=self._ds.name) from None
         return a.reshape(len(a), self.shape[1]).astype(np.float64, copy=False)
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
@@ -185,7 +188,11 @@ class CameraStream:
         """Frames' JPEG bytes in order, reading ``batch`` frames per HDF5 call."""
         n = len(self)
         for start in range(0, n, batch):
-            rows = self._dataset[start : min(n, start + batch)]
+            try:
+                rows = self._dataset[start : min(n, start + batch)]
+            except (OSError, ValueError) as e:  # data blocks missing from a cut file
+                raise RawFormatError(self._path, f"cannot read frames {start}..{min(n, start + batch) - 1}: {e}",
+                                     f"images/{self.name}") from None
             for j, row in enumerate(rows):
                 if self._lengths is not None:
                     row = row[: int(self._lengths[start + j])]
@@ -351,7 +358,7 @@ class RawEpisode:
                 ds = self._h5[key]
                 if ds.ndim not in (1, 2) or not np.issubdtype(ds.dtype, np.number):
                     raise RawFormatError(self.path, f"expected a 2-D numeric array, got {ds.dtype}{ds.shape}", key)
-                a = HDF5Columns(ds)
+                a = HDF5Columns(ds, self.path)
                 if arrays and len(a) != len(next(iter(arrays.values()))):
                     raise RawFormatError(self.path, f"{len(a)} rows, other fields of {name} have "
                                          f"{len(next(iter(arrays.values())))}", key)
