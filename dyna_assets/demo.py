@@ -6,6 +6,7 @@ afterwards shows the same runs and materializations.
 """
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -86,12 +87,14 @@ def print_summary(home: DynaHome, result) -> None:
         print(f"{m['episode_id']:<28}{m['task']:<14}{m['robot_id']:<10}{secs:>8.1f}{f.stat().st_size / 1e6:>8.2f}  "
               f"{groups.get('none', 0)}/{groups.get('zstd', 0)}")
     for q in sorted(home.quarantine.glob("*.json")):
-        print(f"quarantined: {q.name[:-5]}  -> {q}")
+        rec = json.loads(q.read_text())
+        where = f" [{rec['stream']}]" if rec.get("stream") else ""
+        print(f"quarantined: {q.name[:-5]}{where}: {rec['reason'][:90]}")
     print()
     print("Where things are:")
     print(f"  landing zone (HDF5):  {home.landing}")
     print(f"  MCAP episodes:        {home.mcap}")
-    print(f"  quarantine records:   {home.quarantine}")
+    print(f"  quarantine records:   {home.quarantine}  (one JSON per rejected file)")
     print("How to look at them:")
     print("  Dagster UI:   make ui    then open http://127.0.0.1:3000 (assets raw_episodes, mcap_episodes)")
     if files:
