@@ -126,6 +126,9 @@ class EpisodeReader:
         except (McapError, CRCValidationError, struct.error, ValueError, KeyError) as e:
             self.close()
             raise McapFormatError(self.path, f"unreadable MCAP summary: {e}") from None
+        except BaseException:
+            self.close()
+            raise
         self.open_log = FetchLog(list(self.log.fetches))
         self.log.clear()
         self._metadata_cache: dict[str, dict[str, str]] = {}
@@ -169,7 +172,8 @@ class EpisodeReader:
         self.topic_ids = {c.topic: cid for cid, c in summary.channels.items()}
         self._chunks_of: dict[int, list[ChunkIndex]] = {cid: [] for cid in summary.channels}
         for ci in summary.chunk_indexes:
-            for cid in ci.message_index_offsets:
+            # a writer that skipped message indexes leaves chunk membership unknown: any channel
+            for cid in ci.message_index_offsets or summary.channels:
                 self._chunks_of[cid].append(ci)
         for lst in self._chunks_of.values():
             lst.sort(key=lambda c: (c.message_start_time, c.chunk_start_offset))

@@ -273,3 +273,33 @@ def test_rerun_loads_the_file_as_video(transcoded, tmp_path):
     for cam in ("scene_left", "scene_right", "wrist"):
         assert any(f"/camera/{cam}" in line and "VideoStream:sample" in line for line in printed.splitlines()), cam
     assert "dyna.SampleBlock" in printed
+
+
+def test_reader_handles_files_without_message_indexes(transcoded, tmp_path):
+    """Other writers may skip message indexes: chunk membership is then unknown, reads still work."""
+    from mcap.writer import IndexType, Writer
+
+    _, out, _ = transcoded
+    bare = tmp_path / "bare.mcap"
+    with open(out, "rb") as fin, open(bare, "wb") as fout:
+        reader = make_reader(fin)
+        summary = reader.get_summary()
+        w = Writer(fout, index_types=IndexType.CHUNK | IndexType.METADATA)
+        w.start()
+        ids = {sid: w.register_schema(s.name, s.encoding, s.data) for sid, s in summary.schemas.items()}
+        chans = {cid: w.register_channel(c.topic, c.message_encoding, ids[c.schema_id], c.metadata)
+                 for cid, c in summary.channels.items()}
+        for m in reader.iter_metadata():
+            w.add_metadata(m.name, m.metadata)
+        for _, c, m in reader.iter_messages(log_time_order=True):
+            w.add_message(chans[c.id], m.log_time, m.data, m.publish_time)
+        w.finish()
+    with EpisodeReader(out) as a, EpisodeReader(bare) as b:
+        assert all(not ci.message_index_offsets for ci in b.summary.chunk_indexes)
+        t = a.start_ns + 3_000_000_000
+        fa, sa = a.read_window(t - 2_000_000_000, t, frame_times_ns=[t])
+        fb, sb = b.read_window(t - 2_000_000_000, t, frame_times_ns=[t])
+        for cam in fa:
+            assert np.array_equal(fa[cam].images, fb[cam].images)
+        for name in sa:
+            assert np.array_equal(sa[name].timestamps_ns, sb[name].timestamps_ns)
