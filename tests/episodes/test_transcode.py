@@ -1,3 +1,4 @@
+import os
 import shutil
 import subprocess
 import tracemalloc
@@ -263,13 +264,16 @@ def test_rerun_loads_the_file_as_video(transcoded, tmp_path):
     """Rerun's own MCAP importer must understand our cameras as video streams."""
     _, out, _ = transcoded
     rerun = shutil.which("rerun") or str(Path(__import__("sys").executable).parent / "rerun")
-    check = subprocess.run([rerun, "mcap", "check", str(out)], capture_output=True, text=True, timeout=120)
+    # CI set: Rerun sends no usage analytics (this machine reaches nothing outside anyway)
+    env = {**os.environ, "CI": "1"}
+    check = subprocess.run([rerun, "mcap", "check", str(out)], capture_output=True, text=True, timeout=120, env=env)
     assert check.returncode == 0, check.stdout + check.stderr
     rrd = tmp_path / "ep.rrd"
     conv = subprocess.run([rerun, "mcap", "convert", str(out), "-o", str(rrd)], capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, env=env)
     assert conv.returncode == 0, conv.stderr
-    printed = subprocess.run([rerun, "rrd", "print", str(rrd)], capture_output=True, text=True, timeout=120).stdout
+    printed = subprocess.run([rerun, "rrd", "print", str(rrd)], capture_output=True, text=True, timeout=120,
+                             env=env).stdout
     for cam in ("scene_left", "scene_right", "wrist"):
         assert any(f"/camera/{cam}" in line and "VideoStream:sample" in line for line in printed.splitlines()), cam
     assert "dyna.SampleBlock" in printed
