@@ -1,10 +1,12 @@
 from dagster import Definitions
 
-from dyna_resources.faces import HomeResource, TranscodeResource
+from dyna_resources.faces import GatesResource, IngestResource, TranscodeResource
 
-from .assets import mcap_episodes, raw_episodes
+from .ingest.assets import mcap_episodes, raw_episodes
+from .ingest.sensors import landing_sensor, version_drift_sensor
 
 defs = Definitions(
     assets=[raw_episodes, mcap_episodes],
-    resources={"home": HomeResource(), "transcode": TranscodeResource()},
+    sensors=[landing_sensor, version_drift_sensor],
+    resources={"ingest": IngestResource(), "gates": GatesResource(), "transcode": TranscodeResource()},
 )

@@ -1,28 +1,35 @@
-"""`make demo`: generate a small sample fleet, materialize the graph through Dagster, show what came out.
+"""`make demo`: land a sample fleet, ingest it through Dagster batch by batch, show what came out.
 
-Runs on the embedded defaults: everything lives under $DYNA_HOME (default ./.dyna) and
-the Dagster instance under $DAGSTER_HOME (default $DYNA_HOME/dagster), so `make ui`
-afterwards shows the same runs and materializations.
+Runs on the embedded defaults: everything lives under $DYNA_HOME (default ./.dyna), the
+registry is SQLite there, and the Dagster instance is under $DAGSTER_HOME (default
+$DYNA_HOME/dagster), so `make ui` afterwards shows the same partitions, runs and checks.
+The landing sensor's tick and the runs it requests are executed in-process here; under
+`make ui` the daemon does the same on its own.
 """
 
 import argparse
-import json
 import os
 import shutil
 import sys
 from pathlib import Path
 
-from dagster import DagsterInstance, materialize
+from dagster import DagsterInstance
 
 from dyna_resources.episodes.sim import generate_fleet
+from dyna_resources.faces import IngestResource
 from dyna_resources.home import DynaHome
+from dyna_resources.ingest.batches import batch_summary
 
 from .definitions import defs
+from .ingest.local import ingest_landed
+
+FAULTS = {"corrupt_jpeg": 1, "truncated": 1, "dead_camera": 1, "non_monotonic": 1}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--episodes", type=int, default=8)
+    ap.add_argument("--episodes", type=int, default=10)
+    ap.add_argument("--batches", type=int, default=3, help="aim for this many ingest batches")
     ap.add_argument("--width", type=int, default=640)
     ap.add_argument("--height", type=int, default=480)
     ap.add_argument("--seed", type=int, default=7)
@@ -32,20 +39,24 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("DAGSTER_HOME", str(home.dagster))
     ensure_instance_config(Path(os.environ["DAGSTER_HOME"]))
 
-    if not any(home.landing.glob("*.h5")):
-        print(f"generating {args.episodes} sample episodes into {home.landing} ...", flush=True)
+    if not any(home.landing.rglob("*.h5")):
+        print(f"landing {args.episodes} sample episodes in {home.landing} "
+              f"(faults: {', '.join(FAULTS)}) ...", flush=True)
         generate_fleet(home.landing, args.episodes, seed=args.seed, width=args.width, height=args.height,
-                       duration_s=(8.0, 14.0), faults={"corrupt_jpeg": 1, "truncated": 1},
-                       workers=os.cpu_count() or 1)
+                       duration_s=(6.0, 12.0), faults=FAULTS, workers=os.cpu_count() or 1)
+    landed = sum(p.stat().st_size for p in home.landing.rglob("*.h5"))
+    ingest = IngestResource(target_batch_bytes=max(1, landed // args.batches), max_wait_s=0)
+    resources = {**defs.resources, "ingest": ingest}
 
     instance = DagsterInstance.get()
-    assets = [defs.get_assets_def(k) for k in ("raw_episodes", "mcap_episodes")]
-    quiet = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
-    result = materialize(assets, instance=instance, resources=defs.resources, run_config=quiet)
-    if not result.success:
-        print("materialization failed", file=sys.stderr)
+    quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+    results = ingest_landed(instance, defs, cursor_file=home.root / "landing_sensor.cursor", resources=resources,
+                            run_config=quiet)
+    failed = [r for r in results if not r.success]
+    print_summary(home, ingest, results)
+    if failed:
+        print(f"{len(failed)} run(s) failed: {[r.run_id for r in failed]}", file=sys.stderr)
         return 1
-    print_summary(home, result)
     return 0
 
 
@@ -58,49 +69,57 @@ def ensure_instance_config(dagster_home: Path) -> None:
         shutil.copyfile(template, target)
 
 
-def print_summary(home: DynaHome, result) -> None:
+def print_summary(home: DynaHome, ingest: IngestResource, results) -> None:
     from dyna_resources.episodes.mcap_reader import EpisodeReader
 
-    raw_md = result.asset_materializations_for_node("raw_episodes")[0].metadata
-    md = result.asset_materializations_for_node("mcap_episodes")[0].metadata
-    value = lambda k: getattr(md[k], "value", md[k])  # noqa: E731
+    registry = ingest.stores().registry
     print()
-    print("=" * 78)
-    print(f"Dagster run {result.run_id}  (DAGSTER_HOME={os.environ['DAGSTER_HOME']})")
-    print(f"raw episodes landed: {getattr(raw_md['episodes'], 'value', '')} good, "
-          f"{getattr(raw_md['rejected'], 'value', '')} rejected at the pre-transform gate")
-    print(f"MCAP: {value('episodes_transcoded')} transcoded, {value('episodes_up_to_date')} already up to date, "
-          f"{value('episodes_quarantined')} quarantined")
-    if value("bytes_in"):
-        print(f"bytes: {value('bytes_in') / 1e6:.1f} MB as HDF5/JPEG -> {value('bytes_out') / 1e6:.1f} MB as MCAP "
-              f"(ratio {value('compression_ratio'):.3f}), {value('hours') * 60:.1f} min of robot time")
+    print("=" * 86)
+    print(f"DAGSTER_HOME={os.environ['DAGSTER_HOME']}   registry: {registry.describe()}")
+    print(f"runs this time: {len(results)} ({sum(r.success for r in results)} succeeded)")
+    batches = registry.batches_after(0)
+    print(f"\n{'ingest batch (partition)':<26}{'files':>6}{'episodes':>9}{'minutes':>8}{'MB in':>8}{'MB out':>8}"
+          f"{'ratio':>7}{'quarantined':>12}")
+    for b in batches:
+        s = batch_summary(b.key, registry)
+        print(f"{b.key:<26}{s['files']:>6}{s['episodes']:>9}{s['hours'] * 60:>8.1f}{s['bytes_in'] / 1e6:>8.1f}"
+              f"{s['bytes_out'] / 1e6:>8.1f}{s['compression_ratio']:>7.3f}{s['quarantined']:>12}")
+    for r in results:
+        for ev in r.get_asset_check_evaluations():
+            if not ev.passed:
+                print(f"  check {ev.asset_key.to_user_string()}:{ev.check_name} [{ev.severity.value}] "
+                      f"partition {r.dagster_run.tags.get('dagster/partition')}: {ev.description}")
     print()
-    print(f"{'episode':<28}{'task':<14}{'robot':<10}{'seconds':>8}{'MB':>8}  chunks (cameras/proprio)")
+    eps = registry.episodes()
+    print(f"{'episode':<22}{'status':<12}{'task':<14}{'robot':<10}{'sec':>6}{'MB':>7}  flags")
+    for e in eps:
+        flags = [k for k in ("camera_dropped", "camera_dead") if e[k]]
+        mb = f"{e['mcap_bytes'] / 1e6:>7.2f}" if e["mcap_bytes"] else f"{'-':>7}"
+        print(f"{e['episode_id']:<22}{e['status']:<12}{e['task']:<14}{e['robot_id']:<10}{e['duration_s']:>6.1f}{mb}  "
+              f"{', '.join(flags) or 'ok'}  (pipeline {e['pipeline_version'] or '-'})")
+    for q in registry.quarantined():
+        where = f" [{q['stream']}]" if q.get("stream") else ""
+        print(f"quarantined {q['source_path']} at {q['stage']}/{q['gate']}{where}: {q['reason'][:80]}")
     files = sorted(home.mcap.glob("*.mcap"))
-    for f in files:
-        with EpisodeReader(f) as r:
+    if files:
+        with EpisodeReader(files[0]) as r:
             m = r.metadata()
-            groups = {}
-            for ci in r.summary.chunk_indexes:
-                groups[ci.compression or "none"] = groups.get(ci.compression or "none", 0) + 1
-            secs = (r.end_ns - r.start_ns) / 1e9
-        print(f"{m['episode_id']:<28}{m['task']:<14}{m['robot_id']:<10}{secs:>8.1f}{f.stat().st_size / 1e6:>8.2f}  "
-              f"{groups.get('none', 0)}/{groups.get('zstd', 0)}")
-    for q in sorted(home.quarantine.glob("*.json")):
-        rec = json.loads(q.read_text())
-        where = f" [{rec['stream']}]" if rec.get("stream") else ""
-        print(f"quarantined: {q.name[:-5]}{where}: {rec['reason'][:90]}")
+        print(f"\nstamps on {files[0].name}: schema {m['schema_version']}, pipeline {m['pipeline_version']}, "
+              f"robot software {m.get('robot_sw_version', '-')}, source sha256 {m['source_sha256'][:12]}…")
     print()
     print("Where things are:")
     print(f"  landing zone (HDF5):  {home.landing}")
     print(f"  MCAP episodes:        {home.mcap}")
-    print(f"  quarantine records:   {home.quarantine}  (one JSON per rejected file)")
+    print(f"  registry (SQLite):    {home.root / 'registry.sqlite'}  (episodes, batches, gate results, quarantine)")
     print("How to look at them:")
-    print("  Dagster UI:   make ui    then open http://127.0.0.1:3000 (assets raw_episodes, mcap_episodes)")
+    print("  Dagster UI:   make ui    then open http://127.0.0.1:3000 : assets raw_episodes / mcap_episodes,")
+    print("                one partition per ingest batch, gate checks, per-partition metadata; the landing")
+    print("                sensor picks up new files dropped into the landing zone, the drift sensor")
+    print("                backfills only stale batches after PIPELINE_VERSION changes (dyna_resources/versions.py)")
     if files:
         print(f"  Rerun:        .venv/bin/rerun {files[0]}")
         print(f"  Foxglove:     open {files[0]} in Foxglove (desktop app or app.foxglove.dev: Open local file)")
-    print("=" * 78)
+    print("=" * 86)
 
 
 if __name__ == "__main__":

@@ -1,28 +1,85 @@
 """Dagster faces of the engines: thin ConfigurableResources, kept apart from the engines.
 
 Importing an engine never imports Dagster (the trainer loads the MCAP reader on every
-DataLoader worker); only this module and ``dyna_assets`` do.
+DataLoader worker); only this module and ``dyna_assets`` do. Every field has an embedded
+default; production switches by environment variables (``DYNA_HOME``, ``DYNA_REGISTRY_URL``).
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from dagster import ConfigurableResource
 
+from .catalog.registry import Registry, registry_url_from_env
 from .episodes.codec import VideoSettings
 from .episodes.transcode import TranscodeSettings
 from .home import DynaHome
+from .ingest.batches import IngestStores
+from .ingest.gates import GateConfig
+from .ingest.landing import LandingZone
+from .ingest.tick import LandingSettings
+
+_REGISTRIES: dict[str, Registry] = {}  # one engine (connection pool) per process and URL
 
 
 class HomeResource(ConfigurableResource):
-    """The embedded defaults' folder (landing zone, MCAP store, quarantine)."""
+    """The embedded defaults' folder (landing zone, MCAP store, quarantine, registry)."""
 
     root: str = ""  # empty: $DYNA_HOME, else ./.dyna
 
     def home(self) -> DynaHome:
         return (DynaHome(Path(self.root).resolve()) if self.root else DynaHome.from_env()).ensure()
+
+
+class RegistryResource(ConfigurableResource):
+    """The system of record. Empty url: ``$DYNA_REGISTRY_URL``, else SQLite in the home folder."""
+
+    url: str = ""
+    home_root: str = ""
+
+    def registry(self) -> Registry:
+        url = self.url or registry_url_from_env(HomeResource(root=self.home_root).home().root)
+        if url not in _REGISTRIES:
+            _REGISTRIES[url] = Registry(url)
+        return _REGISTRIES[url]
+
+
+class IngestResource(ConfigurableResource):
+    """Where ingest reads and writes, and how the landing sensor batches what arrives."""
+
+    home_root: str = ""
+    registry_url: str = ""
+    target_batch_bytes: int = LandingSettings.target_batch_bytes
+    tolerance: float = LandingSettings.tolerance
+    max_wait_s: float = LandingSettings.max_wait_s
+    max_runs_per_tick: int = LandingSettings.max_runs_per_tick
+    scan_limit: int = LandingSettings.scan_limit
+    reconcile_every: int = LandingSettings.reconcile_every
+
+    def stores(self) -> IngestStores:
+        home = HomeResource(root=self.home_root).home()
+        registry = RegistryResource(url=self.registry_url, home_root=self.home_root).registry()
+        return IngestStores(registry, LandingZone(home.landing), home.mcap, home.quarantine)
+
+    def landing_settings(self) -> LandingSettings:
+        return LandingSettings(self.target_batch_bytes, self.tolerance, self.max_wait_s, self.max_runs_per_tick,
+                               self.scan_limit, self.reconcile_every)
+
+
+class GatesResource(ConfigurableResource):
+    """Which quality gates run and what they do, chosen at launch: a gates file (default
+    ``$DYNA_HOME/gates.yaml`` when present) with run-config overrides on top, e.g.
+    ``{dead_camera: false, min_duration: {params: {min_s: 5}}, frame_drops: {action: quarantine}}``."""
+
+    file: str = ""
+    gates: dict[str, Any] = {}
+
+    def config(self) -> GateConfig:
+        path = self.file or str(DynaHome.from_env().root / "gates.yaml")
+        return GateConfig.load(path, self.gates)
 
 
 class TranscodeResource(ConfigurableResource):

@@ -17,7 +17,7 @@ import json
 import os
 import struct
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, NamedTuple
@@ -318,6 +318,13 @@ class EpisodeReader:
                     return j, i
             j, k = j - 1, 1 << 62
         raise McapFormatError(self.path, "no keyframe before the requested frame", self.channels[cid].topic)
+
+    def iter_video(self, camera: str) -> Iterator[tuple[int, bytes]]:
+        """Every access unit of a camera in time order, as (log time ns, Annex B bytes)."""
+        cid = self._channel(camera_topic(camera), "camera")
+        for ci in self._chunks_of[cid]:
+            for m in self._load_chunk(ci, {}).get(cid, []):
+                yield m.log_time, _video_payload(m.data)
 
     # -- proprio / actions -------------------------------------------------------------
     def read_streams(self, streams: Iterable[str] | None, start_ns: int, end_ns: int, *,

@@ -52,6 +52,8 @@ class CameraReport:
     dark_frames: int
     keyframes: int
     video_bytes: int
+    first_ns: int = -1
+    last_ns: int = -1
 
 
 @dataclass
@@ -252,7 +254,8 @@ class _VideoWindows:
         return {c.name: CameraReport(
             frames=len(c), width=self.shape.get(c.name, (0, 0))[1], height=self.shape.get(c.name, (0, 0))[0],
             rate_hz=round(nominal_rate_hz(c.timestamps_ns), 3), dropped_frames=dropped_frames(c.timestamps_ns),
-            dark_frames=self.dark[c.name], keyframes=self.keyframes[c.name], video_bytes=self.video_bytes[c.name])
+            dark_frames=self.dark[c.name], keyframes=self.keyframes[c.name], video_bytes=self.video_bytes[c.name],
+            first_ns=int(c.timestamps_ns[0]) if len(c) else -1, last_ns=int(c.timestamps_ns[-1]) if len(c) else -1)
             for c in self.cameras}
 
 

@@ -1,0 +1,361 @@
+"""Ingest throughput and overhead: a generated fleet end to end through Dagster, against the
+bare codec work on the same frames.
+
+`python -m benchmarks ingest [--quick]`
+
+1. A fleet of legacy HDF5 episodes (per-frame JPEG, 3 cameras at 30 Hz, 200 Hz proprio,
+   a truncated file and one with a corrupt JPEG) is generated into a fresh landing zone
+   (not measured).
+2. Pipeline: the landing sensor is ticked in-process and every batch it requests is
+   materialized (raw_episodes, then mcap_episodes) on an ephemeral Dagster instance with the
+   production transcode settings and a pool of one worker per core (`ingest_landed`, what
+   `make demo` runs). Measured: wall time, and CPU of this process plus every child process
+   (getrusage SELF + CHILDREN deltas; the transcode workers are reaped when each pool shuts
+   down, so their CPU is all counted).
+3. Codec floor, right after, in this one process (time.process_time): for every episode the
+   pipeline transcoded, the same frames through the same codec calls in the same GOP
+   windows: JPEG -> YUV 4:2:0 (`jpeg_to_yuv`, FFmpeg's mjpeg) and H.264 (`encode_gop`, a
+   fresh libx264 per GOP, same settings). Reading the JPEG bytes from HDF5 happens outside
+   the timed part; no MCAP writing, no proprio, no gates.
+4. Post gates re-run alone on the MCAPs (one process) to show what they cost.
+
+Reported: episode-hours per core-hour (CPU, not wall: the machine may be shared), the
+overhead ratio pipeline CPU / codec-floor CPU, the share of pipeline CPU spent outside the
+engines (Dagster, sensor, registry), and the byte balance of the batches. Ratios come from
+the same data, machine and invocation, so machine noise largely cancels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+PUBLISHED_EPISODE_HOURS_PER_WEEK_1000_CORES = 440_000
+TARGET_OVERHEAD_RATIO = 1.3
+TARGET_BATCH_BALANCE = 1.1
+FAULTS = {"truncated": 1, "corrupt_jpeg": 1}
+
+
+def _cpu_s(who: int) -> float:
+    r = resource.getrusage(who)
+    return r.ru_utime + r.ru_stime
+
+
+def cpu_all() -> float:
+    """CPU seconds of this process and of every child it has reaped."""
+    return _cpu_s(resource.RUSAGE_SELF) + _cpu_s(resource.RUSAGE_CHILDREN)
+
+
+class Probe:
+    """Wraps a function that the pipeline calls by module-level name: counts calls, wall and CPU
+    (self + reaped children), and keeps what it returned. Benchmark-only instrumentation."""
+
+    def __init__(self, module, name: str):
+        self.module, self.name, self.fn = module, name, getattr(module, name)
+        self.calls, self.wall_s, self.cpu_s, self.returned = 0, 0.0, 0.0, []
+
+    def __enter__(self) -> Probe:
+        fn = self.fn
+
+        def wrapper(*a, **kw):
+            c, t = cpu_all(), time.perf_counter()
+            try:
+                out = fn(*a, **kw)
+            finally:
+                self.calls += 1
+                self.wall_s += time.perf_counter() - t
+                self.cpu_s += cpu_all() - c
+            self.returned.append(out)
+            return out
+
+        setattr(self.module, self.name, wrapper)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        setattr(self.module, self.name, self.fn)
+
+
+def engine_cpu_from_metadata(results) -> dict[str, float]:
+    """Sum over runs of the ``cpu_s`` the engines measured around themselves (asset metadata)."""
+    out = {"raw_episodes": 0.0, "mcap_episodes": 0.0}
+    for r in results:
+        for node in out:
+            for mat in r.asset_materializations_for_node(node):
+                md = mat.metadata
+                if "cpu_s" in md:
+                    out[node] += float(md["cpu_s"].value)
+                    break  # one run-level total per node and run
+    return out
+
+
+def gop_windows(raw, gop_frames: int) -> tuple[list, float, list[tuple[object, list[tuple[int, int]]]]]:
+    """The transcoder's GOP windows (dyna_resources/episodes/transcode.py), per camera:
+    [(camera, [(lo, hi), ...])] in the transcoder's camera order, plus the rate it encodes at."""
+    from dyna_resources.episodes.transcode import nominal_rate_hz
+
+    cameras = [raw.cameras[c] for c in sorted(raw.cameras)]
+    t0 = raw.start_ns
+    rate = max(nominal_rate_hz(c.timestamps_ns) for c in cameras) or 30.0
+    gop_ns = int(round(gop_frames / rate * 1e9))
+    n_windows = (raw.end_ns - t0) // gop_ns + 1
+    out = []
+    for cam in cameras:
+        edges = [0] + [int(np.searchsorted(cam.timestamps_ns, t0 + (k + 1) * gop_ns, side="left"))
+                       for k in range(n_windows)]
+        out.append((cam, [(lo, hi) for lo, hi in zip(edges[:-1], edges[1:]) if hi > lo]))
+    return cameras, rate, out
+
+
+def codec_floor(paths: list[Path], video) -> dict:
+    """JPEG decode + H.264 encode of every camera frame, GOP by GOP as the transcoder does, in
+    this process. JPEG bytes are read from HDF5 before the clock starts on each window."""
+    from dyna_resources.episodes.codec import encode_gop, jpeg_to_yuv
+    from dyna_resources.episodes.raw_format import RawEpisode
+
+    decode_s = encode_s = read_s = 0.0
+    frames = gops = 0
+    t_wall = time.perf_counter()
+    for path in paths:
+        with RawEpisode(path) as raw:
+            cameras, rate, windows = gop_windows(raw, video.gop_frames)
+            per_cam = {cam.name: (cam, spans) for cam, spans in windows}
+            n_windows = max(len(s) for _, s in windows)
+            its = {name: cam.iter_jpeg() for name, (cam, _) in per_cam.items()}
+            for k in range(n_windows):  # window-major, cameras in order: the transcoder's order
+                for cam in cameras:
+                    spans = per_cam[cam.name][1]
+                    if k >= len(spans):
+                        continue
+                    lo, hi = spans[k]
+                    c = time.process_time()
+                    jpegs = [next(its[cam.name]) for _ in range(lo, hi)]
+                    c1 = time.process_time()
+                    yuv = [jpeg_to_yuv(j) for j in jpegs]
+                    c2 = time.process_time()
+                    encode_gop(yuv, video, rate)
+                    c3 = time.process_time()
+                    read_s += c1 - c
+                    decode_s += c2 - c1
+                    encode_s += c3 - c2
+                    frames += hi - lo
+                    gops += 1
+    return {"cpu_s": decode_s + encode_s, "decode_cpu_s": decode_s, "encode_cpu_s": encode_s,
+            "jpeg_read_cpu_s": read_s, "frames": frames, "gops": gops, "wall_s": time.perf_counter() - t_wall}
+
+
+def post_gate_cost(episodes: list[dict]) -> dict:
+    """The post gates alone on the produced MCAPs, in this process (what each worker runs after
+    writing an MCAP: every H.264 frame decoded, every proprio sample read back)."""
+    from dyna_resources.episodes.mcap_reader import EpisodeReader
+    from dyna_resources.episodes.topics import STATS_METADATA
+    from dyna_resources.ingest.gates import GateConfig
+    from dyna_resources.ingest.post_gates import post_gates
+
+    gates = GateConfig.load(None)
+    cpu = 0.0
+    for e in episodes:
+        path = Path(e["mcap_path"])
+        with EpisodeReader(path) as r:
+            stats = r.metadata(STATS_METADATA)
+        source = {"cameras": json.loads(stats["cameras"]), "streams": json.loads(stats["streams"]),
+                  "bytes_in": e["source_bytes"], "bytes_out": path.stat().st_size}
+        c = time.process_time()
+        results = post_gates(path, source, gates)
+        cpu += time.process_time() - c
+        if not all(g.passed for g in results if g.action == "quarantine"):
+            raise RuntimeError(f"post gates fail when re-run on {path.name}: {results}")
+    return {"cpu_s": cpu}
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks ingest")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--workdir", default="", help="parent folder of the temporary home (default: the system's)")
+    ap.add_argument("--episodes", type=int, default=0)
+    ap.add_argument("--batches", type=int, default=0, help="aim for this many ingest batches")
+    ap.add_argument("--seed", type=int, default=23)
+    args = ap.parse_args(argv)
+    if args.quick:
+        n_eps, w, h, dur, n_batches = 8, 320, 240, (4.0, 6.0), 3
+    else:
+        n_eps, w, h, dur, n_batches = 24, 640, 480, (8.0, 16.0), 6
+    n_eps, n_batches = args.episodes or n_eps, args.batches or n_batches
+    ncpu = os.cpu_count() or 1
+
+    from dagster import DagsterInstance
+
+    import dyna_assets.ingest.assets as assets_mod
+    import dyna_assets.ingest.local as local_mod
+    from dyna_assets.definitions import defs
+    from dyna_resources.catalog.registry import TRANSCODED
+    from dyna_resources.episodes.sim import generate_fleet
+    from dyna_resources.faces import IngestResource, TranscodeResource
+
+    saved_env = {k: os.environ.get(k) for k in ("DYNA_HOME", "DYNA_REGISTRY_URL")}
+    with tempfile.TemporaryDirectory(prefix="dyna-ingest-bench-", dir=args.workdir or None) as tmp:
+        home = Path(tmp) / "home"
+        os.environ["DYNA_HOME"] = str(home)  # gates.yaml looked up here (absent: the defaults)
+        os.environ.pop("DYNA_REGISTRY_URL", None)  # registry: SQLite in the temporary home
+        try:
+            t = time.perf_counter()
+            generate_fleet(home / "landing", n_eps, seed=args.seed, width=w, height=h, duration_s=dur,
+                           faults=FAULTS, workers=ncpu)
+            gen_s = time.perf_counter() - t
+            landed = sorted((home / "landing").glob("*.h5"))
+            landed_bytes = sum(p.stat().st_size for p in landed)
+            target = max(1, landed_bytes // n_batches)
+
+            transcode = TranscodeResource()  # production settings and pool size (0: one worker per core)
+            ingest = IngestResource(home_root=str(home), target_batch_bytes=target, max_wait_s=0)
+            resources = {**defs.resources, "ingest": ingest, "transcode": transcode}
+            instance = DagsterInstance.ephemeral()
+            quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+
+            # -- pipeline -------------------------------------------------------------------
+            with Probe(local_mod, "landing_tick_in_process") as ticks, Probe(local_mod, "materialize") as runs, \
+                    Probe(assets_mod, "inventory_batch") as pre, Probe(assets_mod, "transcode_batch") as tc:
+                c0, t0 = cpu_all(), time.perf_counter()
+                results = local_mod.ingest_landed(instance, defs, resources=resources, run_config=quiet)
+                wall_s, cpu_s = time.perf_counter() - t0, cpu_all() - c0
+            failed = [r.run_id for r in results if not r.success]
+
+            registry = ingest.stores().registry
+            batches = registry.batches_after(0)
+            episodes = registry.episodes()
+            good = [e for e in episodes if e["status"] == TRANSCODED]
+            good.sort(key=lambda e: e["source_path"])
+            quarantined = registry.quarantined()
+
+            # -- codec floor and post gates, same frames, this process --------------------------
+            video = transcode.settings().video
+            floor = codec_floor([home / "landing" / e["source_path"] for e in good], video)
+            post = post_gate_cost(good)
+            registry.close()
+        finally:
+            for k, v in saved_env.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+    # -- figures ----------------------------------------------------------------------------
+    episode_hours = sum(e["duration_s"] for e in good) / 3600
+    md = engine_cpu_from_metadata(results)
+    engine_cpu = md["raw_episodes"] + md["mcap_episodes"]
+    eph_per_core_hour = episode_hours / (cpu_s / 3600) if cpu_s else 0.0
+    projected = eph_per_core_hour * 1000 * 168
+    overhead_ratio = cpu_s / floor["cpu_s"] if floor["cpu_s"] else float("inf")
+    dagster_overhead = (cpu_s - engine_cpu) / cpu_s if cpu_s else 0.0
+
+    sizes = [b.bytes for b in batches]
+    balance_set = sizes[:-1] if len(sizes) >= 3 else sizes
+    batch_balance = max(balance_set) / min(balance_set) if balance_set else float("nan")
+
+    # Worker balance per transcode batch: busiest worker's busy seconds / least busy's.
+    worker_bal = []
+    for rep in tc.returned:
+        busy = list(rep.worker_busy_s.values())
+        if len(busy) >= 2:
+            worker_bal.append((rep.batch_key, max(busy) / min(busy), len(busy), len(rep.processed)))
+        else:
+            worker_bal.append((rep.batch_key, None, len(busy), len(rep.processed)))
+
+    pre_cpu, tc_cpu = md["raw_episodes"], md["mcap_episodes"]
+    run_machinery = runs.cpu_s - pre.cpu_s - tc.cpu_s  # Dagster run execution around the engines
+    outside = cpu_s - ticks.cpu_s - runs.cpu_s  # the driver loop itself
+    tc_rest = tc_cpu - floor["cpu_s"] - post["cpu_s"]
+
+    result = {
+        "episodes_landed": n_eps, "episodes_transcoded": len(good), "quarantined": len(quarantined),
+        "resolution": f"{w}x{h}", "duration_s_range": list(dur), "cameras": 3,
+        "landed_bytes": landed_bytes, "target_batch_bytes": target, "batches": len(batches),
+        "batch_bytes": sizes, "runs": len(results), "failed_runs": failed,
+        "episode_hours": episode_hours, "wall_s": wall_s, "cpu_s": cpu_s, "cores": ncpu,
+        "cpu_utilization": cpu_s / (wall_s * ncpu) if wall_s else 0.0,
+        "episode_hours_per_core_hour": eph_per_core_hour,
+        "projected_episode_hours_per_week_1000_cores": projected,
+        "published_episode_hours_per_week_1000_cores": PUBLISHED_EPISODE_HOURS_PER_WEEK_1000_CORES,
+        "projected_vs_published": projected / PUBLISHED_EPISODE_HOURS_PER_WEEK_1000_CORES,
+        "codec_floor_cpu_s": floor["cpu_s"], "codec_floor_decode_cpu_s": floor["decode_cpu_s"],
+        "codec_floor_encode_cpu_s": floor["encode_cpu_s"], "codec_floor_jpeg_read_cpu_s": floor["jpeg_read_cpu_s"],
+        "codec_floor_frames": floor["frames"], "codec_floor_gops": floor["gops"],
+        "codec_floor_fps_per_core": floor["frames"] / floor["cpu_s"] if floor["cpu_s"] else 0.0,
+        "overhead_ratio": overhead_ratio,
+        "batch_balance": batch_balance,
+        "batch_balance_over": "all but the last batch" if len(sizes) >= 3 else "all batches (fewer than 3)",
+        "dagster_overhead_fraction": dagster_overhead,
+        "engine_cpu_s": engine_cpu, "pre_gates_cpu_s": pre_cpu, "transcode_cpu_s": tc_cpu,
+        "post_gates_cpu_s_rerun": post["cpu_s"], "transcode_rest_cpu_s": tc_rest,
+        "sensor_ticks": ticks.calls, "sensor_tick_cpu_s": ticks.cpu_s, "run_machinery_cpu_s": run_machinery,
+        "driver_cpu_s": outside,
+        "engine_cpu_s_probed": pre.cpu_s + tc.cpu_s,
+        "worker_balance_max": max((b for _, b, _, _ in worker_bal if b is not None), default=None),
+        "transcode_workers": transcode.pool_size(),
+        "preset": video.preset, "crf": video.crf, "gop_frames": video.gop_frames,
+        "generate_s": gen_s,
+        "target_overhead_ratio": TARGET_OVERHEAD_RATIO, "target_batch_balance": TARGET_BATCH_BALANCE,
+        "overhead_ratio_ok": overhead_ratio <= TARGET_OVERHEAD_RATIO,
+        "batch_balance_ok": batch_balance <= TARGET_BATCH_BALANCE,
+    }
+
+    def pct(x: float) -> str:
+        return f"{100 * x / cpu_s:5.1f} %" if cpu_s else "  -  "
+
+    ok = lambda b: "PASS" if b else "FAIL"  # noqa: E731
+    print(f"ingest benchmark: {n_eps} episodes ({len(good)} transcoded, {len(quarantined)} quarantined), "
+          f"{w}x{h}, {dur[0]:g}-{dur[1]:g} s, 3 cameras @30 Hz + proprio; libx264 crf {video.crf:g} "
+          f"preset {video.preset} GOP {video.gop_frames}; {transcode.pool_size()} transcode workers on {ncpu} cores")
+    print(f"  fleet generated in {gen_s:.1f} s (not measured): {landed_bytes / 1e6:.1f} MB landed, "
+          f"target batch {target / 1e6:.1f} MB")
+    print(f"\n  batches ({len(batches)}, {len(results)} runs{', FAILED: ' + str(failed) if failed else ''})")
+    print(f"  {'batch':<20}{'files':>6}{'MB':>8}{'transcoded':>11}{'worker busy max/min':>21}")
+    bal = {k: (b, n, p) for k, b, n, p in worker_bal}
+    for b in batches:
+        wb, nw, _ = bal.get(b.key, (None, 0, 0))
+        wtxt = f"{wb:.2f} ({nw} workers)" if wb is not None else f"- ({nw} worker{'s' if nw != 1 else ''})"
+        n_ok = sum(1 for e in good if e["batch_key"] == b.key)
+        print(f"  {b.key:<20}{b.files:>6}{b.bytes / 1e6:>8.2f}{n_ok:>11}{wtxt:>21}")
+    print(f"  batch balance largest/smallest bytes ({result['batch_balance_over']}): {batch_balance:.3f}  "
+          f"(target <= {TARGET_BATCH_BALANCE}: {ok(result['batch_balance_ok'])})")
+
+    print(f"\n  pipeline: {episode_hours * 60:.2f} episode-minutes in {wall_s:.1f} s wall, {cpu_s:.1f} CPU s "
+          f"(utilization {result['cpu_utilization']:.0%} of {ncpu} cores)")
+    print(f"  {'where the pipeline CPU went':<58}{'CPU s':>9}{'share':>9}")
+    rows = [
+        ("sensor ticks (landing scan, registry, packing)", ticks.cpu_s),
+        ("raw_episodes engine: inventory + pre gates", pre_cpu),
+        ("mcap_episodes engine: transcode + post gates (workers)", tc_cpu),
+        ("   of which codec floor (JPEG decode + H.264 encode)", floor["cpu_s"]),
+        ("   of which post gates (re-measured alone)", post["cpu_s"]),
+        ("   of which the rest (HDF5 read, MCAP write, proprio, IPC)", tc_rest),
+        ("Dagster run machinery (runs minus engines)", run_machinery),
+        ("driver loop (outside ticks and runs)", outside),
+    ]
+    for name, v in rows:
+        print(f"  {name:<58}{v:>9.2f}{pct(v):>9}")
+    print(f"  {'total (getrusage self + children)':<58}{cpu_s:>9.2f}{pct(cpu_s):>9}")
+    print(f"  engine CPU from asset metadata {engine_cpu:.2f} s (probed around the engine calls: "
+          f"{pre.cpu_s + tc.cpu_s:.2f} s)")
+    print("  dagster_overhead_fraction = (pipeline CPU - engine CPU) / pipeline CPU, engine CPU = the cpu_s that\n"
+          "    inventory_batch and transcode_batch measured around themselves (raw_episodes + mcap_episodes\n"
+          f"    metadata): everything else (sensor ticks, Dagster runs, registry setup) = {dagster_overhead:.1%}")
+
+    print(f"\n  codec floor, 1 process, same {floor['frames']} frames in the same {floor['gops']} GOPs: "
+          f"{floor['cpu_s']:.1f} CPU s (decode {floor['decode_cpu_s']:.1f} + encode {floor['encode_cpu_s']:.1f}; "
+          f"{result['codec_floor_fps_per_core']:.1f} frames/s/core; HDF5 reads, untimed in the floor: "
+          f"{floor['jpeg_read_cpu_s']:.1f} s)")
+    print(f"  overhead ratio pipeline CPU / codec floor CPU: {overhead_ratio:.3f}  "
+          f"(target <= {TARGET_OVERHEAD_RATIO}: {ok(result['overhead_ratio_ok'])})")
+    print(f"\n  throughput: {eph_per_core_hour:.3f} episode-hours per core-hour (CPU) -> projected "
+          f"{projected:,.0f} episode-hours/week on 1000 cores vs published "
+          f"{PUBLISHED_EPISODE_HOURS_PER_WEEK_1000_CORES:,} ({result['projected_vs_published']:.2f}x)")
+    print(json.dumps(result))
+    return 1 if failed or not good else 0

@@ -1,0 +1,45 @@
+"""Gate results of a stage turned into Dagster asset-check results (one check per enabled gate)."""
+
+from dagster import AssetCheckResult, AssetCheckSeverity, AssetCheckSpec, MetadataValue
+from dagster._utils.warnings import disable_dagster_warnings
+
+from dyna_resources.ingest.batches import GateTally, StageReport
+from dyna_resources.ingest.gates import GATE_DOCS, GateConfig
+
+from .partitions import ingest_batches
+
+
+def gate_check_specs(asset: str, gates: tuple[str, ...]) -> list[AssetCheckSpec]:
+    # Blocking at the batch level only: one bad episode is quarantined and the batch goes on;
+    # a gate set to block fails with ERROR (and stops downstream) when too many episodes fail it.
+    # Partition-aware checks are a Dagster preview: they give a result per batch in the UI
+    # (ranged backfill runs record one result for their whole range, partition unset).
+    with disable_dagster_warnings():
+        return [AssetCheckSpec(g, asset=asset, blocking=True, partitions_def=ingest_batches,
+                               description=GATE_DOCS[g]) for g in gates]
+
+
+def gate_check_results(asset: str, stage: str, reports: list[StageReport], config: GateConfig):
+    for gate in config.enabled(stage):
+        total = GateTally()
+        for rep in reports:
+            t = rep.gates.get(gate)
+            if t:
+                total.evaluated += t.evaluated
+                total.failed += t.failed
+                total.failures += t.failures[: max(0, 20 - len(total.failures))]
+        setting = config[gate]
+        fraction = total.failed / total.evaluated if total.evaluated else 0.0
+        blocks = setting.blocking and fraction > setting.max_failed_fraction
+        yield AssetCheckResult(
+            asset_key=asset, check_name=gate, passed=total.failed == 0,
+            severity=AssetCheckSeverity.ERROR if blocks else AssetCheckSeverity.WARN,
+            description=(f"{total.failed} of {total.evaluated} episodes failed ({setting.action})"
+                         + ("; over the batch limit, downstream stopped" if blocks else "")),
+            metadata={"evaluated": total.evaluated, "failed": total.failed, "failed_fraction": round(fraction, 4),
+                      "action": setting.action, "blocking": setting.blocking,
+                      "max_failed_fraction": setting.max_failed_fraction,
+                      "params": MetadataValue.json(dict(setting.params)),
+                      "partitions": MetadataValue.json([r.batch_key for r in reports]),
+                      "failures": MetadataValue.json(total.failures)},
+        )

@@ -1,0 +1,45 @@
+"""Drive ingest in-process, as the daemon would: one landing-sensor tick, then each requested
+run executed on the given instance. Used by `make demo`, the benchmark and tests; a deployed
+instance does the same with `dagster-daemon` and the run queue."""
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from dagster import DagsterInstance, Definitions, build_sensor_context, materialize
+
+from .partitions import ingest_batches
+from .sensors import landing_sensor
+
+
+def landing_tick_in_process(instance: DagsterInstance, defs: Definitions, cursor: str | None,
+                            resources: Mapping | None = None):
+    ctx = build_sensor_context(instance=instance, cursor=cursor, definitions=defs,
+                               resources=dict(resources or defs.resources))
+    result = landing_sensor(ctx)
+    for req in result.dynamic_partitions_requests or []:
+        instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
+    return result
+
+
+def ingest_landed(instance: DagsterInstance, defs: Definitions, *, cursor_file: Path | None = None,
+                  resources: Mapping | None = None, run_config: Mapping | None = None, max_ticks: int = 1000):
+    """Tick until nothing new is requested; returns the in-process results of every run."""
+    resources = dict(resources or defs.resources)
+    assets = [defs.get_assets_def(k) for k in ("raw_episodes", "mcap_episodes")]
+    cursor = cursor_file.read_text() if cursor_file and cursor_file.exists() else None
+    results = []
+    for _ in range(max_ticks):
+        tick = landing_tick_in_process(instance, defs, cursor, resources)
+        cursor = tick.cursor
+        if cursor_file:
+            cursor_file.write_text(cursor)
+        if not tick.run_requests:
+            break
+        for req in tick.run_requests:
+            results.append(materialize(assets, instance=instance, partition_key=req.partition_key,
+                                       resources=resources, run_config=run_config or {}, tags=req.tags,
+                                       raise_on_error=False))
+    return results
+
+
+__all__ = ["ingest_landed", "landing_tick_in_process", "ingest_batches"]

@@ -1,0 +1,1 @@
+"""System of record (registry); CDC, warehouse and curation follow."""

@@ -1,0 +1,281 @@
+"""The registry: transactional system of record for landed files, ingest batches, episodes,
+gate results and quarantine.
+
+One code path for both backends (SQLAlchemy Core): SQLite for the embedded default,
+PostgreSQL in production (``DYNA_REGISTRY_URL=postgresql+psycopg2://...``; the password
+comes from the environment and is never logged). Every write is an upsert keyed by a
+natural key inside one transaction, so re-running any step never duplicates a row.
+Values from input files only ever reach SQL as bound parameters.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy import and_, create_engine, delete, event, func, not_, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import ArgumentError, OperationalError
+
+from . import schema as t
+
+# Statuses of an episode row.
+# accepted: passed the pre gates, not transcoded yet; rejected: held back by a pre gate (redone
+# only when raw_episodes is replayed); transcoded: MCAP written and post gates passed;
+# quarantined: transcode or a post gate failed (retried once the pipeline version changes).
+ACCEPTED, REJECTED, TRANSCODED, QUARANTINED = "accepted", "rejected", "transcoded", "quarantined"
+
+
+class RegistryUnavailableError(RuntimeError):
+    """The registry database cannot be reached: critical, the run must fail (nothing is lost)."""
+
+
+@dataclass(frozen=True, order=True)
+class LandedFile:
+    path: str  # relative to the landing root
+    bytes: int
+    mtime_ns: int = 0
+
+
+@dataclass(frozen=True)
+class Batch:
+    seq: int
+    key: str
+    files: int
+    bytes: int
+
+
+def batch_key(seq: int, created_at: float) -> str:
+    """Sortable partition key: creation hour (UTC) then a global sequence number."""
+    return time.strftime("%Y%m%dT%H", time.gmtime(created_at)) + f"-{seq:06d}"
+
+
+class Registry:
+    def __init__(self, url: str):
+        try:
+            self.url = make_url(url)
+        except ArgumentError:
+            raise ValueError("registry URL is not a valid SQLAlchemy URL") from None  # never echo it: it may hold a password
+        kwargs: dict = {"future": True}
+        if self.url.get_backend_name() == "sqlite":
+            if self.url.database and self.url.database != ":memory:":
+                Path(self.url.database).parent.mkdir(parents=True, exist_ok=True)
+            kwargs["connect_args"] = {"timeout": 60}
+        else:
+            kwargs["pool_pre_ping"] = True
+        self.engine: Engine = create_engine(self.url, **kwargs)
+        if self.url.get_backend_name() == "sqlite":
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+        self._insert = postgresql.insert if self.url.get_backend_name() == "postgresql" else sqlite.insert
+        try:
+            t.metadata.create_all(self.engine)
+        except OperationalError as e:
+            raise RegistryUnavailableError(f"registry {self.describe()} is unreachable: {e.orig}") from None
+
+    @classmethod
+    def sqlite(cls, path: str | Path) -> Registry:
+        return cls(f"sqlite:///{Path(path).resolve()}")
+
+    def describe(self) -> str:
+        return self.url.render_as_string(hide_password=True)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def _begin(self):
+        try:
+            return self.engine.begin()
+        except OperationalError as e:
+            raise RegistryUnavailableError(f"registry {self.describe()} is unreachable: {e.orig}") from None
+
+    def ping(self) -> None:
+        with self._begin() as c:
+            c.execute(select(1))
+
+    def _upsert(self, conn, table, rows: Sequence[dict], keys: Sequence[str], update_cols: Iterable[str] | None = None):
+        if not rows:
+            return
+        stmt = self._insert(table)
+        cols = list(update_cols) if update_cols is not None else [c for c in rows[0] if c not in keys]
+        if cols:
+            stmt = stmt.on_conflict_do_update(index_elements=list(keys), set_={c: stmt.excluded[c] for c in cols})
+        else:
+            stmt = stmt.on_conflict_do_nothing(index_elements=list(keys))
+        conn.execute(stmt, list(rows))
+
+    # -- landing ---------------------------------------------------------------------
+    def register_files(self, files: Sequence[LandedFile], *, now: float | None = None) -> int:
+        """Record newly landed files; files already known are left as they are. Returns how many were new."""
+        if not files:
+            return 0
+        now = time.time() if now is None else now
+        with self._begin() as c:
+            before = c.execute(select(func.count()).select_from(t.landed_files)).scalar_one()
+            for i in range(0, len(files), 5000):
+                self._upsert(c, t.landed_files, [{"path": f.path, "bytes": f.bytes, "mtime_ns": f.mtime_ns,
+                                                  "registered_at": now, "batch_key": None}
+                                                 for f in files[i:i + 5000]], ["path"], update_cols=[])
+            after = c.execute(select(func.count()).select_from(t.landed_files)).scalar_one()
+        return after - before
+
+    def unbatched_files(self) -> tuple[list[LandedFile], float | None]:
+        """Files not yet in a batch, and when the oldest of them was registered."""
+        with self._begin() as c:
+            rows = c.execute(select(t.landed_files.c.path, t.landed_files.c.bytes, t.landed_files.c.mtime_ns,
+                                    t.landed_files.c.registered_at)
+                             .where(t.landed_files.c.batch_key.is_(None))).all()
+        return [LandedFile(r.path, r.bytes, r.mtime_ns) for r in rows], min((r.registered_at for r in rows), default=None)
+
+    def create_batches(self, groups: Sequence[Sequence[LandedFile]], *, target_bytes: int,
+                       now: float | None = None) -> list[Batch]:
+        """Turn packed groups into batches in one transaction. A file already in a batch
+        (another sensor tick got there first) is never moved; a group that loses files
+        to that race is still created with the rest."""
+        now = time.time() if now is None else now
+        out = []
+        with self._begin() as c:
+            seq = c.execute(select(func.coalesce(func.max(t.ingest_batches.c.seq), 0))).scalar_one()
+            for group in groups:
+                paths = [f.path for f in group]
+                free = set()
+                for i in range(0, len(paths), 5000):
+                    free.update(c.execute(select(t.landed_files.c.path).where(
+                        t.landed_files.c.path.in_(paths[i:i + 5000]), t.landed_files.c.batch_key.is_(None))).scalars())
+                group = [f for f in group if f.path in free]
+                if not group:
+                    continue
+                seq += 1
+                key = batch_key(seq, now)
+                c.execute(t.ingest_batches.insert().values(seq=seq, batch_key=key, created_at=now, files=len(group),
+                                                           bytes=sum(f.bytes for f in group), target_bytes=target_bytes))
+                for i in range(0, len(group), 5000):
+                    c.execute(update(t.landed_files).where(t.landed_files.c.path.in_([f.path for f in group[i:i + 5000]]))
+                              .values(batch_key=key))
+                out.append(Batch(seq, key, len(group), sum(f.bytes for f in group)))
+        return out
+
+    def batches_after(self, seq: int, limit: int | None = None) -> list[Batch]:
+        q = select(t.ingest_batches).where(t.ingest_batches.c.seq > seq).order_by(t.ingest_batches.c.seq)
+        if limit is not None:
+            q = q.limit(limit)
+        with self._begin() as c:
+            return [Batch(r.seq, r.batch_key, r.files, r.bytes) for r in c.execute(q)]
+
+    def batch(self, key: str) -> Batch:
+        with self._begin() as c:
+            r = c.execute(select(t.ingest_batches).where(t.ingest_batches.c.batch_key == key)).first()
+        if r is None:
+            raise KeyError(f"no ingest batch {key!r} in the registry")
+        return Batch(r.seq, r.batch_key, r.files, r.bytes)
+
+    def batch_files(self, key: str) -> list[LandedFile]:
+        with self._begin() as c:
+            rows = c.execute(select(t.landed_files.c.path, t.landed_files.c.bytes, t.landed_files.c.mtime_ns)
+                             .where(t.landed_files.c.batch_key == key).order_by(t.landed_files.c.path)).all()
+        return [LandedFile(*r) for r in rows]
+
+    # -- episodes, gates, quarantine -------------------------------------------------------
+    def record_outcome(self, *, source_path: str, batch_key: str, stage: str, gates: Sequence[dict],
+                       episode: dict | None = None, quarantine: dict | None = None,
+                       release_quarantine: bool = True, now: float | None = None) -> None:
+        """Record what one stage did to one file, in one transaction: its gate results, its
+        episode row (upserted) and either a quarantine record or the release of an old one."""
+        now = time.time() if now is None else now
+        episode_id = (episode or {}).get("episode_id") or (quarantine or {}).get("episode_id")
+        with self._begin() as c:
+            if gates:
+                self._upsert(c, t.quality_results, [{
+                    "source_path": source_path, "stage": stage, "gate": g["gate"], "batch_key": batch_key,
+                    "episode_id": episode_id, "passed": bool(g["passed"]), "action": g["action"],
+                    "detail": g.get("detail", ""), "pipeline_version": g["pipeline_version"], "checked_at": now,
+                } for g in gates], ["source_path", "stage", "gate"])
+            if episode is not None:
+                row = {**episode, "source_path": source_path, "batch_key": batch_key, "updated_at": now}
+                if "cameras" in row and not isinstance(row["cameras"], str):
+                    row["cameras"] = json.dumps(row["cameras"])
+                if "source_bytes" in row:  # a whole row (inventory): insert or replace
+                    self._upsert(c, t.episodes, [row], ["episode_id"])
+                else:  # an update of a known episode (transcode outcome)
+                    c.execute(update(t.episodes).where(t.episodes.c.episode_id == row.pop("episode_id")).values(**row))
+            if quarantine is not None:
+                self._upsert(c, t.quarantine, [{
+                    "source_path": source_path, "batch_key": batch_key, "episode_id": episode_id,
+                    "stage": quarantine.get("stage", stage), "gate": quarantine["gate"],
+                    "reason": quarantine["reason"], "stream": quarantine.get("stream"),
+                    "pipeline_version": quarantine["pipeline_version"], "quarantined_at": now,
+                }], ["source_path"])
+            elif release_quarantine:
+                c.execute(delete(t.quarantine).where(t.quarantine.c.source_path == source_path))
+
+    def episode_by_id(self, episode_id: str) -> dict | None:
+        with self._begin() as c:
+            r = c.execute(select(t.episodes).where(t.episodes.c.episode_id == episode_id)).mappings().first()
+        return dict(r) if r else None
+
+    def episodes(self, batch_key: str | None = None) -> list[dict]:
+        q = select(t.episodes).order_by(t.episodes.c.episode_id)
+        if batch_key is not None:
+            q = q.where(t.episodes.c.batch_key == batch_key)
+        with self._begin() as c:
+            return [dict(r) for r in c.execute(q).mappings()]
+
+    def _stale(self, schema_version: str, pipeline_version: str):
+        """Episodes whose output is missing or was written (or failed) under other versions."""
+        e = t.episodes.c
+        current = and_(e.pipeline_version == pipeline_version, e.schema_version == schema_version)
+        return or_(e.status == ACCEPTED,
+                   and_(e.status.in_([TRANSCODED, QUARANTINED]), or_(e.pipeline_version.is_(None), not_(current))))
+
+    def stale_episodes(self, batch_key: str, *, schema_version: str, pipeline_version: str) -> list[dict]:
+        q = (select(t.episodes).where(t.episodes.c.batch_key == batch_key, self._stale(schema_version, pipeline_version))
+             .order_by(t.episodes.c.episode_id))
+        with self._begin() as c:
+            return [dict(r) for r in c.execute(q).mappings()]
+
+    def outdated_batches(self, *, schema_version: str, pipeline_version: str) -> list[str]:
+        """Batches holding episodes written (or failed) by another pipeline or schema version:
+        what the drift sensor backfills. Episodes never transcoded are not drift."""
+        e = t.episodes.c
+        q = (select(e.batch_key).where(e.status.in_([TRANSCODED, QUARANTINED]), self._stale(schema_version, pipeline_version))
+             .distinct().order_by(e.batch_key))
+        with self._begin() as c:
+            return list(c.execute(q).scalars())
+
+    def quarantined(self, batch_key: str | None = None) -> list[dict]:
+        q = select(t.quarantine).order_by(t.quarantine.c.source_path)
+        if batch_key is not None:
+            q = q.where(t.quarantine.c.batch_key == batch_key)
+        with self._begin() as c:
+            return [dict(r) for r in c.execute(q).mappings()]
+
+    def gate_results(self, batch_key: str, stage: str | None = None) -> list[dict]:
+        q = (select(t.quality_results).where(t.quality_results.c.batch_key == batch_key)
+             .order_by(t.quality_results.c.gate, t.quality_results.c.source_path))
+        if stage is not None:
+            q = q.where(t.quality_results.c.stage == stage)
+        with self._begin() as c:
+            return [dict(r) for r in c.execute(q).mappings()]
+
+    def counts(self) -> dict[str, int]:
+        """Row counts of every table (tests and the demo use them to prove no duplicates)."""
+        with self._begin() as c:
+            return {tab.name: c.execute(select(func.count()).select_from(tab)).scalar_one()
+                    for tab in t.metadata.sorted_tables}
+
+
+def _sqlite_pragmas(dbapi_conn, _record) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")  # readers never block the writer: many runs share one file
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA busy_timeout=60000")
+    cur.close()
+
+
+def registry_url_from_env(home_root: str | Path) -> str:
+    """``DYNA_REGISTRY_URL`` if set (production: PostgreSQL), else SQLite in the home folder."""
+    return os.environ.get("DYNA_REGISTRY_URL") or f"sqlite:///{Path(home_root).resolve() / 'registry.sqlite'}"

@@ -1,0 +1,100 @@
+"""Tables of the registry, the system of record (SQLAlchemy Core: one definition for SQLite and PostgreSQL).
+
+Times are UTC epoch seconds (float) so both backends store and compare them the same way.
+Paths of landed files are relative to the landing root (``site-a/2026/ep-000001.h5``).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import BigInteger, Boolean, Column, Float, Index, Integer, MetaData, String, Table, Text
+
+metadata = MetaData()
+
+# Every raw file the landing sensor has seen; batch_key is set once it is packed into a batch.
+landed_files = Table(
+    "landed_files", metadata,
+    Column("path", String(1024), primary_key=True),
+    Column("bytes", BigInteger, nullable=False),
+    Column("mtime_ns", BigInteger, nullable=False),
+    Column("registered_at", Float, nullable=False),
+    Column("batch_key", String(64), nullable=True),
+    Index("ix_landed_files_batch", "batch_key"),
+)
+
+ingest_batches = Table(
+    "ingest_batches", metadata,
+    Column("seq", BigInteger, primary_key=True, autoincrement=False),
+    Column("batch_key", String(64), nullable=False, unique=True),
+    Column("created_at", Float, nullable=False),
+    Column("files", Integer, nullable=False),
+    Column("bytes", BigInteger, nullable=False),
+    Column("target_bytes", BigInteger, nullable=False),
+)
+
+# One row per episode that passed the pre-transform gates (status 'accepted'), then
+# 'transcoded' once its MCAP is written and its post gates passed. Versions say which
+# pipeline wrote the MCAP: a row with an older pipeline_version is stale.
+episodes = Table(
+    "episodes", metadata,
+    Column("episode_id", String(128), primary_key=True),
+    Column("source_path", String(1024), nullable=False, unique=True),
+    Column("batch_key", String(64), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("source_sha256", String(64), nullable=True),
+    Column("source_bytes", BigInteger, nullable=False),
+    Column("duration_s", Float, nullable=False),
+    Column("robot_id", String(128), nullable=False, default=""),
+    Column("robot_model", String(128), nullable=False, default=""),
+    Column("robot_sw_version", String(128), nullable=False, default=""),
+    Column("task", String(256), nullable=False, default=""),
+    Column("site", String(128), nullable=False, default=""),
+    Column("operator", String(128), nullable=False, default=""),
+    Column("success", Boolean, nullable=True),
+    Column("started_at", String(40), nullable=False, default=""),
+    Column("cameras", Text, nullable=False, default="[]"),  # JSON list
+    # quality flags, for curation queries
+    Column("timestamps_ok", Boolean, nullable=True),
+    Column("camera_dropped", Boolean, nullable=True),
+    Column("camera_dead", Boolean, nullable=True),
+    Column("frame_drop_fraction", Float, nullable=True),
+    Column("quality_ok", Boolean, nullable=True),  # every enabled gate passed
+    # output, stamped with the versions that wrote it
+    Column("schema_version", String(16), nullable=True),
+    Column("pipeline_version", String(16), nullable=True),
+    Column("mcap_path", String(1024), nullable=True),
+    Column("mcap_bytes", BigInteger, nullable=True),
+    Column("updated_at", Float, nullable=False),
+    Index("ix_episodes_batch", "batch_key"),
+    Index("ix_episodes_versions", "status", "pipeline_version", "schema_version"),
+)
+
+# Latest result of every gate for every file (replays overwrite, never add rows).
+quality_results = Table(
+    "quality_results", metadata,
+    Column("source_path", String(1024), primary_key=True),
+    Column("stage", String(8), primary_key=True),  # 'pre' | 'post'
+    Column("gate", String(64), primary_key=True),
+    Column("batch_key", String(64), nullable=False),
+    Column("episode_id", String(128), nullable=True),
+    Column("passed", Boolean, nullable=False),
+    Column("action", String(16), nullable=False),  # what a failure did: 'quarantine' | 'flag'
+    Column("detail", Text, nullable=False, default=""),
+    Column("pipeline_version", String(16), nullable=False),
+    Column("checked_at", Float, nullable=False),
+    Index("ix_quality_batch", "batch_key", "stage", "gate"),
+)
+
+# Files held back, with the reason; the raw file stays where it landed.
+quarantine = Table(
+    "quarantine", metadata,
+    Column("source_path", String(1024), primary_key=True),
+    Column("batch_key", String(64), nullable=False),
+    Column("episode_id", String(128), nullable=True),
+    Column("stage", String(16), nullable=False),  # 'pre' | 'transcode' | 'post'
+    Column("gate", String(64), nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("stream", String(256), nullable=True),
+    Column("pipeline_version", String(16), nullable=False),
+    Column("quarantined_at", Float, nullable=False),
+    Index("ix_quarantine_batch", "batch_key"),
+)

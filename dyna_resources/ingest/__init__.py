@@ -1,0 +1,1 @@
+"""Ingest engines: landing zone, batch packing, quality gates, per-batch inventory and transcode."""

@@ -1,0 +1,288 @@
+"""Ingest one batch: the engine behind ``raw_episodes`` and ``mcap_episodes`` (no Dagster here).
+
+Durable and replayable: every episode's outcome is committed to the registry the moment
+it is known, and every MCAP is written under a temporary name and renamed, so a run
+killed at any point and launched again redoes only the episodes that had not finished.
+A bad episode is quarantined with its reason and the batch goes on; an unreachable
+landing store or registry raises and fails the run (nothing is half-recorded).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import versions
+from ..catalog.registry import ACCEPTED, QUARANTINED, REJECTED, TRANSCODED, Registry
+from ..episodes.errors import EpisodeError
+from ..episodes.transcode import TranscodeSettings, transcode_episode
+from .gates import GateConfig, GateResult
+from .landing import LandingZone
+from .post_gates import post_gates
+from .pre_gates import Inspection, inspect_file
+
+
+@dataclass(frozen=True)
+class IngestStores:
+    registry: Registry
+    landing: LandingZone
+    mcap_dir: Path
+    quarantine_dir: Path
+
+    def check(self) -> None:
+        """Critical dependencies: raise before any work if the store or the registry is unreachable."""
+        self.landing.check()
+        self.registry.ping()
+        self.mcap_dir.mkdir(parents=True, exist_ok=True)
+        self.quarantine_dir.mkdir(parents=True, exist_ok=True)
+
+
+@dataclass
+class GateTally:
+    evaluated: int = 0
+    failed: int = 0
+    failures: list[dict] = field(default_factory=list)  # {"path", "episode_id", "detail"}, first 20
+
+    def add(self, r: GateResult, key: str, episode_id: str | None) -> None:
+        self.evaluated += 1
+        if not r.passed:
+            self.failed += 1
+            if len(self.failures) < 20:
+                self.failures.append({"path": key, "episode_id": episode_id, "detail": r.detail})
+
+
+@dataclass
+class StageReport:
+    batch_key: str
+    stage: str  # "pre" | "post"
+    files: int = 0
+    processed: list[str] = field(default_factory=list)  # episode ids (or keys) this run worked on
+    skipped: list[str] = field(default_factory=list)  # up to date: nothing to do
+    quarantined: list[dict] = field(default_factory=list)
+    gates: dict[str, GateTally] = field(default_factory=dict)
+    cpu_s: float = 0.0  # CPU of the work itself (workers included)
+    worker_busy_s: dict[int, float] = field(default_factory=dict)
+
+    def tally(self, key: str, episode_id: str | None, results: list[GateResult]) -> None:
+        for r in results:
+            self.gates.setdefault(r.gate, GateTally()).add(r, key, episode_id)
+
+
+# -- pre: inventory and gates ----------------------------------------------------------------
+
+def inventory_batch(batch_key: str, stores: IngestStores, gates: GateConfig,
+                    log: Callable[[str], None] = lambda m: None) -> StageReport:
+    stores.check()
+    files = stores.registry.batch_files(batch_key)
+    rep = StageReport(batch_key, "pre", files=len(files))
+    pv = versions.PIPELINE_VERSION
+    t_cpu = time.process_time()
+    for f in files:
+        path = stores.landing.resolve(f.path)
+        if not path.is_file():
+            stores.landing.check()  # the whole store gone is critical; one vanished file is not
+            insp = Inspection(key=f.path, bytes=f.bytes, quarantine={
+                "gate": "readable", "reason": "file vanished from the landing zone", "stream": None, "stage": "pre"})
+            insp.gates = [GateResult("readable", False, "quarantine", "file vanished from the landing zone")]
+        else:
+            insp = inspect_file(path, f.path, gates)
+        episode, release = _episode_row(stores.registry, insp)
+        rep.tally(f.path, (insp.episode or {}).get("episode_id"), insp.gates)
+        stores.registry.record_outcome(source_path=f.path, batch_key=batch_key, stage="pre",
+                                       gates=[g.as_record(pv) for g in insp.gates], episode=episode,
+                                       quarantine=_q(insp.quarantine), release_quarantine=release)
+        if insp.quarantine:
+            rep.quarantined.append({"path": f.path, **insp.quarantine})
+            log(f"quarantined {f.path}: {insp.quarantine['gate']}: {insp.quarantine['reason']}")
+        rep.processed.append(f.path)
+    rep.cpu_s = time.process_time() - t_cpu
+    return rep
+
+
+def _q(q: dict | None) -> dict | None:
+    return None if q is None else {**q, "pipeline_version": versions.PIPELINE_VERSION}
+
+
+def _episode_row(registry: Registry, insp: Inspection) -> tuple[dict | None, bool]:
+    """The episode row to upsert after an inspection, and whether to release an old quarantine."""
+    ep = insp.episode
+    if ep is None:
+        return None, True
+    existing = registry.episode_by_id(ep["episode_id"])
+    if existing is not None and existing["source_path"] != insp.key:
+        # Same id from another file: keep the first, hold this one back.
+        insp.quarantine = {"gate": "readable", "stage": "pre", "stream": "episode_id",
+                           "reason": f"duplicate episode_id {ep['episode_id']!r}: already landed as "
+                                     f"{existing['source_path']}"}
+        insp.gates = [GateResult("readable", False, "quarantine", insp.quarantine["reason"])]
+        return None, True
+    row = dict(ep)
+    if insp.quarantine:
+        row["status"] = REJECTED
+        return row, True
+    if existing is not None and existing["source_sha256"] == ep["source_sha256"] \
+            and existing["status"] in (TRANSCODED, QUARANTINED):
+        # Same bytes already went through the transcode: keep its output and state.
+        row["quality_ok"] = bool(ep["quality_ok"]) and existing["status"] == TRANSCODED
+        row["status"] = existing["status"]  # output columns are left out of the upsert: kept as they are
+        return row, existing["status"] != QUARANTINED
+    row.update(status=ACCEPTED, schema_version=None, pipeline_version=None, mcap_path=None, mcap_bytes=None)
+    return row, True
+
+
+# -- transcode and post gates ----------------------------------------------------------------
+
+_TMP = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.[0-9a-f]{8}\.tmp$")
+
+
+def remove_orphan_temps(folder: Path) -> list[Path]:
+    """Temporary outputs left by a killed writer (its process is gone): safe to delete."""
+    removed = []
+    for p in folder.glob(".*.tmp"):
+        m = _TMP.match(p.name)
+        if m and not _alive(int(m["pid"])):
+            p.unlink(missing_ok=True)
+            removed.append(p)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def episodes_to_transcode(batch_key: str, stores: IngestStores, *, force: bool = False) -> tuple[list[dict], list[str]]:
+    """(episodes to (re)do, ids already up to date). Stale = never written, written or failed by
+    other versions, or written but the file is gone."""
+    reg = stores.registry
+    if force:
+        rows = [r for r in reg.episodes(batch_key) if r["status"] != REJECTED]
+        return rows, []
+    stale = reg.stale_episodes(batch_key, schema_version=versions.SCHEMA_VERSION,
+                               pipeline_version=versions.PIPELINE_VERSION)
+    ids = {r["episode_id"] for r in stale}
+    done = []
+    for r in reg.episodes(batch_key):
+        if r["episode_id"] in ids or r["status"] in (REJECTED, QUARANTINED):
+            continue
+        if r["status"] == TRANSCODED and not (r["mcap_path"] and Path(r["mcap_path"]).is_file()):
+            stale.append(r)
+        else:
+            done.append(r["episode_id"])
+    return stale, done
+
+
+def transcode_batch(batch_key: str, stores: IngestStores, gates: GateConfig, *,
+                    settings: TranscodeSettings | None = None, workers: int | None = None, force: bool = False,
+                    log: Callable[[str], None] = lambda m: None) -> StageReport:
+    stores.check()
+    settings = settings or TranscodeSettings()
+    remove_orphan_temps(stores.mcap_dir)
+    todo, done = episodes_to_transcode(batch_key, stores, force=force)
+    rep = StageReport(batch_key, "post", files=len(todo) + len(done), skipped=done)
+    # Largest first onto a shared queue (LPT list scheduling): each worker takes the next
+    # episode when it finishes one, so the batch splits into byte-balanced shares and no
+    # worker idles behind a long episode started last.
+    todo.sort(key=lambda r: (-r["source_bytes"], r["episode_id"]))
+    jobs = [(str(stores.landing.resolve(r["source_path"])), str(stores.mcap_dir / f"{r['episode_id']}.mcap"),
+             r["source_sha256"], str(stores.quarantine_dir), r) for r in todo]
+    workers = max(1, min(workers or os.cpu_count() or 1, len(jobs) or 1))
+    cpu0 = _cpu_s()
+    if workers == 1:
+        for j in jobs:
+            _record(stores, rep, j[4], _transcode_one(*j[:4], settings, gates), log)
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            futures = {pool.submit(_transcode_one, *j[:4], settings, gates): j[4] for j in jobs}
+            for fut in as_completed(futures):
+                _record(stores, rep, futures[fut], fut.result(), log)
+    rep.cpu_s = _cpu_s() - cpu0
+    return rep
+
+
+def _cpu_s() -> float:
+    import resource
+    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+
+def _transcode_one(src: str, dst: str, sha256: str, quarantine_dir: str, settings: TranscodeSettings,
+                   gates: GateConfig) -> dict:
+    t0, c0 = time.perf_counter(), time.process_time()
+    out: dict = {"pid": os.getpid()}
+    try:
+        report = transcode_episode(src, dst, settings, source_sha256=sha256).as_dict()
+    except EpisodeError as e:
+        out["quarantine"] = {"gate": "transcode", "stage": "transcode", "reason": e.reason, "stream": e.stream}
+        out["gates"] = []
+    else:
+        results = post_gates(Path(dst), report, gates)
+        failed = [r for r in results if not r.passed and r.action == "quarantine"]
+        out.update(report=report, gates=results)
+        if failed:
+            held = Path(quarantine_dir) / Path(dst).name
+            shutil.move(dst, held)
+            out["quarantine"] = {"gate": failed[0].gate, "stage": "post", "reason": failed[0].detail,
+                                 "stream": None, "held_at": str(held)}
+    out["wall_s"], out["cpu_s"] = time.perf_counter() - t0, time.process_time() - c0
+    return out
+
+
+def _record(stores: IngestStores, rep: StageReport, row: dict, out: dict, log: Callable[[str], None]) -> None:
+    sv, pv = versions.SCHEMA_VERSION, versions.PIPELINE_VERSION
+    results: list[GateResult] = out["gates"]
+    rep.tally(row["source_path"], row["episode_id"], results)
+    rep.worker_busy_s[out["pid"]] = rep.worker_busy_s.get(out["pid"], 0.0) + out["wall_s"]
+    episode = {"episode_id": row["episode_id"], "schema_version": sv, "pipeline_version": pv}
+    q = out.get("quarantine")
+    if q:
+        episode.update(status=QUARANTINED, mcap_path=None, mcap_bytes=None, quality_ok=False)
+        rep.quarantined.append({"path": row["source_path"], "episode_id": row["episode_id"], **q})
+        log(f"quarantined {row['episode_id']} ({row['source_path']}): {q['gate']}: {q['reason']}")
+    else:
+        r = out["report"]
+        episode.update(status=TRANSCODED, mcap_path=r["output"], mcap_bytes=r["bytes_out"],
+                       quality_ok=bool(row.get("quality_ok", True)) and all(g.passed for g in results))
+        rep.processed.append(row["episode_id"])
+    stores.registry.record_outcome(source_path=row["source_path"], batch_key=rep.batch_key, stage="post",
+                                   gates=[g.as_record(pv) for g in results], episode=episode,
+                                   quarantine=_q(q))
+
+
+# -- what the UI shows for a partition ---------------------------------------------------------
+
+def batch_summary(batch_key: str, registry: Registry) -> dict:
+    eps = registry.episodes(batch_key)
+    q = registry.quarantined(batch_key)
+    status = Counter(e["status"] for e in eps)
+    done = [e for e in eps if e["status"] == TRANSCODED]
+    bytes_in = sum(e["source_bytes"] for e in done)
+    bytes_out = sum(e["mcap_bytes"] or 0 for e in done)
+    return {
+        "files": len(registry.batch_files(batch_key)),
+        "episodes": len(done),
+        "episodes_by_status": dict(sorted(status.items())),
+        "hours": round(sum(e["duration_s"] for e in done) / 3600, 4),
+        "bytes_in": bytes_in,
+        "bytes_out": bytes_out,
+        "compression_ratio": round(bytes_out / bytes_in, 4) if bytes_in else 0.0,
+        "quarantined": len(q),
+        "quarantined_reasons": [{"path": r["source_path"], "episode_id": r["episode_id"], "stage": r["stage"],
+                                 "gate": r["gate"], "reason": r["reason"]} for r in q[:100]],
+        "flags": {"camera_dropped": sum(bool(e["camera_dropped"]) for e in eps),
+                  "camera_dead": sum(bool(e["camera_dead"]) for e in eps)},
+        "pipeline_versions": dict(Counter(e["pipeline_version"] for e in done)),
+        "schema_versions": dict(Counter(e["schema_version"] for e in done)),
+    }

@@ -1,0 +1,73 @@
+"""The landing zone: where raw episodes arrive, listed incrementally in key order.
+
+Keys are paths relative to the landing root with ``/`` separators, and a listing returns
+them in byte order, like an object store's (GCS ``startOffset``, S3 ``StartAfter``). A
+scan starts after a cursor key and never descends into a directory whose whole subtree
+sorts before it, so a tick costs what is new, not the size of the zone. Uploaders name
+files so that new ones sort last (time-prefixed folders or names) and write them under a
+hidden temporary name, then rename: hidden files and other suffixes are never listed.
+A file that lands out of order (behind the cursor) is found by the periodic full
+reconciliation scan (``after=None``); the registry ignores files it already knows.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..catalog.registry import LandedFile
+
+RAW_SUFFIXES = (".h5", ".hdf5")
+
+
+class StoreUnavailableError(RuntimeError):
+    """The landing store cannot be listed or read: critical, the run or tick must fail."""
+
+
+class LandingZone:
+    def __init__(self, root: str | Path, suffixes: tuple[str, ...] = RAW_SUFFIXES):
+        self.root = Path(root)
+        self.suffixes = suffixes
+
+    def resolve(self, key: str) -> Path:
+        """Absolute path of a key; a key that would escape the root (``..``, absolute) is refused."""
+        parts = key.split("/")
+        if any(part in ("", ".", "..") for part in parts) or "\\" in key or "\0" in key:
+            raise ValueError(f"landing key {key!r} escapes the landing root")
+        return self.root.joinpath(*parts)
+
+    def check(self) -> None:
+        if not self.root.is_dir() or not os.access(self.root, os.R_OK | os.X_OK):
+            raise StoreUnavailableError(f"landing zone {self.root} is missing or unreadable")
+
+    def scan(self, after: str | None = None, limit: int | None = None) -> list[LandedFile]:
+        """Raw files whose key sorts after ``after``, in key order, at most ``limit`` of them."""
+        self.check()
+        out: list[LandedFile] = []
+        self._walk(self.root, "", after, limit, out)
+        return out
+
+    def _walk(self, folder: Path, prefix: str, after: str | None, limit: int | None, out: list[LandedFile]) -> bool:
+        try:
+            with os.scandir(folder) as it:
+                entries = [e for e in it if not e.name.startswith(".")]
+        except FileNotFoundError:
+            return True  # vanished between listing its parent and opening it
+        except PermissionError as e:
+            raise StoreUnavailableError(f"cannot list {folder}: {e.strerror}") from None
+        # A folder's keys are "<name>/...": sort it as "<name>/" so the order is the keys' byte order.
+        keyed = sorted(((prefix + e.name + "/" if e.is_dir(follow_symlinks=False) else prefix + e.name), e)
+                       for e in entries)
+        for key, e in keyed:
+            if key.endswith("/"):
+                # every key below sorts in [key, key[:-1] + "0"): skip the subtree if it all lies before the cursor
+                if after is not None and key[:-1] + "0" <= after:
+                    continue
+                if not self._walk(Path(e.path), key, after, limit, out):
+                    return False
+            elif e.is_file(follow_symlinks=False) and key.endswith(self.suffixes) and (after is None or key > after):
+                st = e.stat(follow_symlinks=False)
+                out.append(LandedFile(key, st.st_size, st.st_mtime_ns))
+                if limit is not None and len(out) >= limit:
+                    return False
+        return True

@@ -1,0 +1,142 @@
+"""Pre-transform gates: inspect one landed raw file and judge it before any transcoding.
+
+Cheap by design (the transcode is the expensive step): the reader's own validation
+(layout, required streams, monotonic timestamps), timestamps for frame drops, a few
+frames per camera decoded at 1/8 scale for dead cameras, and the source hash.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import simplejpeg
+
+from ..episodes.errors import CorruptFrameError, EpisodeError, MissingStreamError, TimestampError
+from ..episodes.raw_format import RawEpisode, file_sha256
+from .gates import GateConfig, GateResult, drop_fraction, flat_frames
+
+SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+# Which gate an error raised while opening a file belongs to.
+_GATE_OF_ERROR = ((MissingStreamError, "required_streams"), (TimestampError, "timestamps_monotonic"),
+                  (EpisodeError, "readable"))
+
+
+@dataclass
+class Inspection:
+    key: str  # landing key of the file
+    bytes: int
+    episode: dict | None = None  # registry fields, when the file could be read
+    gates: list[GateResult] = field(default_factory=list)
+    quarantine: dict | None = None  # {"gate", "reason", "stream", "stage"} when held back
+
+    @property
+    def flags(self) -> dict:
+        return {k: self.episode[k] for k in ("timestamps_ok", "camera_dropped", "camera_dead",
+                                             "frame_drop_fraction", "quality_ok")} if self.episode else {}
+
+
+def inspect_file(path: Path, key: str, gates: GateConfig) -> Inspection:
+    insp = Inspection(key=key, bytes=path.stat().st_size)
+    try:
+        raw = RawEpisode(path)
+    except EpisodeError as e:
+        gate = next(g for cls, g in _GATE_OF_ERROR if isinstance(e, cls))
+        _fail_unreadable(insp, gates, gate, e)
+        return insp
+    with raw:
+        meta = raw.meta
+        if not SAFE_ID.match(meta.episode_id):
+            reason = (f"episode_id {meta.episode_id!r} is not a safe identifier "
+                      "([A-Za-z0-9._-], at most 128 characters)")
+            _fail_unreadable(insp, gates, "readable", None, reason=reason, stream="episode_id")
+            return insp
+        results: list[GateResult] = []
+        if gates["readable"].enabled:
+            results.append(GateResult("readable", True, gates["readable"].action))
+        if gates["timestamps_monotonic"].enabled:
+            results.append(GateResult("timestamps_monotonic", True, gates["timestamps_monotonic"].action))
+        if gates["required_streams"].enabled:
+            have = set(raw.streams) | {f"images/{c}" for c in raw.cameras}
+            missing = sorted(set(gates.param("required_streams", "streams") or []) - have)
+            results.append(GateResult("required_streams", not missing, gates["required_streams"].action,
+                                      f"missing {', '.join(missing)}" if missing else ""))
+        drops = {c: drop_fraction(cam.timestamps_ns) for c, cam in raw.cameras.items()}
+        worst = max(drops.values(), default=0.0)
+        max_drop = float(gates.param("frame_drops", "max_drop_fraction"))
+        if gates["frame_drops"].enabled:
+            bad = {c: round(f, 4) for c, f in drops.items() if f > max_drop}
+            results.append(GateResult("frame_drops", not bad, gates["frame_drops"].action,
+                                      f"dropped fraction {bad} > {max_drop}" if bad else ""))
+        dead: dict[str, list[int]] = {}
+        if gates["dead_camera"].enabled:
+            try:
+                dead = _dead_cameras(raw, int(gates.param("dead_camera", "samples")),
+                                     float(gates.param("dead_camera", "flat_std")))
+            except CorruptFrameError as e:
+                _fail_unreadable(insp, gates, "readable", e)
+                return insp
+            results.append(GateResult("dead_camera", not dead, gates["dead_camera"].action,
+                                      f"flat frames at {dead}" if dead else ""))
+        if gates["min_duration"].enabled:
+            min_s = float(gates.param("min_duration", "min_s"))
+            results.append(GateResult("min_duration", raw.duration_s >= min_s, gates["min_duration"].action,
+                                      "" if raw.duration_s >= min_s else f"{raw.duration_s:.3f} s < {min_s} s"))
+        insp.gates = results
+        insp.episode = {
+            "episode_id": meta.episode_id, "source_bytes": insp.bytes, "source_sha256": file_sha256(path),
+            "duration_s": raw.duration_s, "robot_id": meta.robot_id, "robot_model": meta.robot_model,
+            "robot_sw_version": meta.robot_sw_version, "task": meta.task, "site": meta.site,
+            "operator": meta.operator, "success": meta.success, "started_at": meta.started_at,
+            "cameras": sorted(raw.cameras),
+            "timestamps_ok": True, "camera_dropped": worst > max_drop, "frame_drop_fraction": round(worst, 6),
+            "camera_dead": bool(dead) if gates["dead_camera"].enabled else None,
+            "quality_ok": all(r.passed for r in results),
+        }
+        failed = [r for r in results if not r.passed and r.action == "quarantine"]
+        if failed:
+            insp.quarantine = {"gate": failed[0].gate, "reason": failed[0].detail, "stream": None, "stage": "pre"}
+    return insp
+
+
+def _fail_unreadable(insp: Inspection, gates: GateConfig, gate: str, err: EpisodeError | None, *,
+                     reason: str | None = None, stream: str | None = None) -> None:
+    """A file the reader refuses cannot go on whatever the gates say: with its gate off it is
+    quarantined as a transcode failure (the transcoder uses the same reader), not as a gate."""
+    reason = reason if reason is not None else err.reason
+    stream = stream if err is None else err.stream
+    if gates[gate].enabled:
+        insp.gates = [GateResult(gate, False, "quarantine", reason)]
+        insp.quarantine = {"gate": gate, "reason": reason, "stream": stream, "stage": "pre"}
+    else:
+        insp.quarantine = {"gate": "transcode", "reason": reason, "stream": stream, "stage": "transcode"}
+
+
+def _dead_cameras(raw: RawEpisode, samples: int, flat_std: float) -> dict[str, list[int]]:
+    """Cameras with two or more flat frames among ``samples`` evenly spaced ones."""
+    out = {}
+    for name, cam in raw.cameras.items():
+        n = len(cam)
+        if n == 0:
+            continue
+        idx = np.unique(np.linspace(0, n - 1, min(samples, n)).round().astype(int))
+        lumas = [_luma_small(cam, int(i)) for i in idx]
+        flat = flat_frames(lumas, flat_std)
+        if len(flat) >= 2:
+            out[name] = [int(idx[i]) for i in flat]
+    return out
+
+
+def _luma_small(cam, i: int) -> np.ndarray:
+    if cam.encoding == "rgb":
+        return cam.frame(i)[::8, ::8].mean(axis=2)
+    data = cam.frame_bytes(i)
+    try:
+        h, w, _, _ = simplejpeg.decode_jpeg_header(data)
+        return simplejpeg.decode_jpeg(data, colorspace="GRAY", min_height=max(1, h // 8), min_width=max(1, w // 8),
+                                      strict=True)
+    except ValueError as e:
+        raise CorruptFrameError(cam._path, f"images/{cam.name}", i, f"JPEG decode failed: {e}") from None

@@ -1,0 +1,182 @@
+"""The ingest graph on real (ephemeral) Dagster instances: sensors, dynamic partitions, checks, drift."""
+
+import shutil
+
+import pytest
+from dagster import AssetKey, DagsterInstance, build_sensor_context, materialize
+from dagster._core.execution.backfill import PartitionBackfill
+
+from dyna_assets.definitions import defs
+from dyna_assets.ingest.sensors import landing_sensor, version_drift_sensor
+from dyna_resources import versions
+from dyna_resources.faces import GatesResource, IngestResource, TranscodeResource
+
+ASSETS = [defs.get_assets_def(k) for k in ("raw_episodes", "mcap_episodes")]
+
+
+@pytest.fixture
+def home(tmp_path, episode_factory):
+    """A home whose landing zone holds 4 good episodes and a truncated one."""
+    root = tmp_path / "home"
+    landing = root / "landing" / "2026-11-29"
+    landing.mkdir(parents=True)
+    for i in range(4):
+        g = episode_factory(episode_id=f"ep-g{i}", seed=200 + i, duration_s=2.0)
+        shutil.copyfile(g.path, landing / f"ep-g{i}.h5")
+    shutil.copyfile(episode_factory(fault="truncated", episode_id="ep-trunc", seed=209, duration_s=2.0).path,
+                    landing / "ep-trunc.h5")
+    return root
+
+
+def resources(home, target_bytes=None, **gates):
+    landed = sum(p.stat().st_size for p in (home / "landing").rglob("*.h5"))
+    return {
+        "ingest": IngestResource(home_root=str(home), target_batch_bytes=target_bytes or landed * 2, max_wait_s=0,
+                                 max_runs_per_tick=8),
+        "gates": GatesResource(file=str(home / "gates.yaml"), gates=gates),
+        "transcode": TranscodeResource(workers=2, preset="veryfast", gop_frames=30),
+    }
+
+
+def tick(instance, res, cursor=None):
+    ctx = build_sensor_context(instance=instance, cursor=cursor, definitions=defs, resources=res)
+    result = landing_sensor(ctx)
+    for req in result.dynamic_partitions_requests:
+        instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
+    return result
+
+
+def md(result, node, partition):
+    for m in result.asset_materializations_for_node(node):
+        if m.partition == partition:
+            return {k: getattr(v, "value", v) for k, v in m.metadata.items()}
+    raise AssertionError(f"no materialization of {node} for {partition}")
+
+
+def checks(result):
+    return {(e.asset_key.to_user_string(), e.check_name): e for e in result.get_asset_check_evaluations()}
+
+
+def test_landing_sensor_requests_one_run_per_new_batch_and_nothing_when_nothing_is_new(home, tmp_path):
+    res = resources(home, target_bytes=1)  # every file is a batch of its own
+    with DagsterInstance.ephemeral() as instance:
+        first = tick(instance, res)
+        keys = [r.partition_key for r in first.run_requests]
+        assert len(keys) == 5 == len(set(keys)) and keys == sorted(keys)
+        assert first.dynamic_partitions_requests[0].partition_keys == keys
+        assert all(r.asset_selection == [AssetKey("raw_episodes"), AssetKey("mcap_episodes")]
+                   for r in first.run_requests)
+        assert sorted(instance.get_dynamic_partitions("ingest_batches")) == keys
+        again = tick(instance, res, first.cursor)
+        assert again.run_requests == [] and again.dynamic_partitions_requests == []
+        # a new arrival is one new batch; a fresh cursor never relaunches batches Dagster already has
+        g = home / "landing" / "2026-11-30" / "ep-new.h5"
+        g.parent.mkdir()
+        shutil.copyfile(home / "landing" / "2026-11-29" / "ep-g0.h5", g)
+        third = tick(instance, res, again.cursor)
+        assert len(third.run_requests) == 1 and third.run_requests[0].partition_key not in keys
+        assert tick(instance, res, None).run_requests == []
+
+
+def test_batch_partition_materializes_with_metadata_checks_and_quarantine(home):
+    res = resources(home)
+    with DagsterInstance.ephemeral() as instance:
+        (req,) = tick(instance, res).run_requests
+        batch = req.partition_key
+        result = materialize(ASSETS, instance=instance, partition_key=batch, resources=res)
+        assert result.success
+        m = md(result, "mcap_episodes", batch)
+        assert m["episodes"] == 4 and m["quarantined"] == 1 and m["this_run_processed"] == 4
+        assert 0 < m["compression_ratio"] < 1 and m["bytes_out"] < m["bytes_in"] and m["hours"] > 0
+        assert m["dyna/pipeline_version"] == versions.PIPELINE_VERSION
+        assert m["quarantined_reasons"][0]["path"] == "2026-11-29/ep-trunc.h5"
+        assert m["quarantined_reasons"][0]["gate"] == "readable"
+        c = checks(result)
+        assert set(c) == {("raw_episodes", g) for g in ("readable", "required_streams", "timestamps_monotonic",
+                                                        "frame_drops", "dead_camera", "min_duration")} | {
+            ("mcap_episodes", g) for g in ("decodable", "frame_counts", "durations", "size_sanity")}
+        readable = c[("raw_episodes", "readable")]
+        assert not readable.passed and readable.severity.value == "WARN" and readable.partition == batch
+        assert readable.metadata["failed"].value == 1 and readable.metadata["evaluated"].value == 5
+        assert all(c[("mcap_episodes", g)].passed for g in ("decodable", "frame_counts", "durations"))
+        # replay of the partition: nothing redone, no duplicate rows
+        reg = res["ingest"].stores().registry
+        before = reg.counts()
+        again = materialize(ASSETS, instance=instance, partition_key=batch, resources=res)
+        assert md(again, "mcap_episodes", batch)["this_run_processed"] == 0
+        assert md(again, "mcap_episodes", batch)["this_run_skipped_up_to_date"] == 4
+        assert reg.counts() == before
+        # mcap_episodes alone can be re-materialized for a partition
+        alone = materialize([ASSETS[1]], instance=instance, partition_key=batch, resources=res,
+                            selection=[AssetKey("mcap_episodes")])
+        assert alone.success and md(alone, "mcap_episodes", batch)["episodes"] == 4
+
+
+def test_gates_switched_at_run_time_change_which_checks_run_and_what_blocks(home):
+    res = resources(home)
+    with DagsterInstance.ephemeral() as instance:
+        (req,) = tick(instance, res).run_requests
+        batch = req.partition_key
+        run_config = {"resources": {"gates": {"config": {"gates": {
+            "dead_camera": False, "frame_drops": False, "size_sanity": False,
+            "readable": {"max_failed_fraction": 0.1}}}}}}
+        blocked = materialize(ASSETS, instance=instance, partition_key=batch, resources=res, run_config=run_config,
+                              raise_on_error=False)
+        assert not blocked.success
+        c = checks(blocked)
+        assert ("raw_episodes", "dead_camera") not in c and ("raw_episodes", "frame_drops") not in c
+        assert c[("raw_episodes", "readable")].severity.value == "ERROR"  # 1 of 5 > 10 %: blocks downstream
+        assert blocked.asset_materializations_for_node("mcap_episodes") == []
+        assert res["ingest"].stores().registry.episodes(batch)[0]["status"] == "accepted"
+        # same code, other run config: the gate no longer blocks, the batch goes through
+        ok = materialize(ASSETS, instance=instance, partition_key=batch, resources=res,
+                         run_config={"resources": {"gates": {"config": {"gates": {"readable": {"blocking": False}}}}}})
+        assert ok.success and md(ok, "mcap_episodes", batch)["episodes"] == 4
+        assert checks(ok)[("raw_episodes", "readable")].severity.value == "WARN"
+
+
+def test_ranged_run_records_metadata_per_partition(home):
+    res = resources(home, target_bytes=1)
+    with DagsterInstance.ephemeral() as instance:
+        keys = [r.partition_key for r in tick(instance, res).run_requests]
+        result = materialize(ASSETS, instance=instance, resources=res, raise_on_error=False, tags={
+            "dagster/asset_partition_range_start": keys[0], "dagster/asset_partition_range_end": keys[-1]})
+        assert result.success
+        per = {k: md(result, "mcap_episodes", k) for k in keys}
+        assert sorted(v["episodes"] for v in per.values()) == [0, 1, 1, 1, 1]
+        assert sorted(v["quarantined"] for v in per.values()) == [0, 0, 0, 0, 1]
+
+
+def test_drift_sensor_backfills_exactly_the_stale_partitions_once(home, monkeypatch):
+    res = resources(home, target_bytes=1)
+    with DagsterInstance.ephemeral() as instance:
+        keys = [r.partition_key for r in tick(instance, res).run_requests]
+        old = keys[:3]
+        for k in old:  # the truncated file's batch fails its readable gate as a whole (1 of 1): that is fine here
+            materialize(ASSETS, instance=instance, partition_key=k, resources=res, raise_on_error=False)
+        ctx = lambda cursor=None: build_sensor_context(instance=instance, cursor=cursor,  # noqa: E731
+                                                       definitions=defs, resources=res)
+        assert "current versions" in version_drift_sensor(ctx()).skip_message
+        monkeypatch.setattr(versions, "PIPELINE_VERSION", "9.9-test")
+        for k in keys[3:]:  # batches ingested after the change are not stale
+            materialize(ASSETS, instance=instance, partition_key=k, resources=res, raise_on_error=False)
+        c = ctx()
+        req = version_drift_sensor(c)
+        stale_with_episodes = [k for k in old if res["ingest"].stores().registry.episodes(k)]
+        got = sorted(ap.partition_key for ap in req.asset_graph_subset.iterate_asset_partitions())
+        assert got == sorted(stale_with_episodes) and len(got) >= 2
+        assert {ap.asset_key for ap in req.asset_graph_subset.iterate_asset_partitions()} == {AssetKey("mcap_episodes")}
+        assert req.tags["dyna/drift"] == "true"
+        # same state again: never a second backfill for the same partitions and versions
+        assert "already backfilled" in version_drift_sensor(ctx(c.cursor)).skip_message
+        # while a drift backfill is in flight nothing new is launched either
+        instance.add_backfill(PartitionBackfill.from_asset_graph_subset(
+            backfill_id="drift1", backfill_timestamp=0.0, tags=req.tags, dynamic_partitions_store=instance,
+            asset_graph_subset=req.asset_graph_subset, title=None, description=None, run_config=None))
+        assert "in flight" in version_drift_sensor(ctx()).skip_message
+        # redoing the stale partitions makes the corpus current: only their episodes are re-transcoded
+        for k in stale_with_episodes:
+            r = materialize([ASSETS[1]], instance=instance, partition_key=k, resources=res)
+            assert md(r, "mcap_episodes", k)["this_run_processed"] == 1
+        reg = res["ingest"].stores().registry
+        assert reg.outdated_batches(schema_version=versions.SCHEMA_VERSION, pipeline_version="9.9-test") == []

@@ -1,0 +1,88 @@
+"""SIGKILL a real `dagster asset materialize` mid-batch, launch it again: the batch completes
+without redoing finished episodes, without duplicates and without losses."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from dagster import AssetKey, DagsterInstance, materialize
+
+from dyna_assets.definitions import defs
+from dyna_resources.catalog.registry import TRANSCODED, Registry
+from dyna_resources.faces import IngestResource
+from dyna_resources.ingest.landing import LandingZone
+from dyna_resources.ingest.tick import LandingCursor, LandingSettings, landing_tick
+
+REPO = Path(__file__).resolve().parents[2]
+N = 4
+
+
+def _materialize_cmd(batch: str) -> list[str]:
+    config = {"resources": {"transcode": {"config": {"workers": 1}}}}  # one episode at a time: a clean mid-batch kill
+    return [str(Path(sys.executable).parent / "dagster"), "asset", "materialize", "-m", "dyna_assets.definitions",
+            "--select", "mcap_episodes", "--partition", batch, "--config-json", json.dumps(config)]
+
+
+def test_sigkill_mid_batch_then_relaunch_completes_without_duplicates(episode_factory, tmp_path, monkeypatch):
+    home, dagster_home = tmp_path / "home", tmp_path / "dagster"
+    (home / "landing").mkdir(parents=True)
+    dagster_home.mkdir()
+    (dagster_home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    for i in range(N):
+        g = episode_factory(episode_id=f"ep-kill-{i}", seed=300 + i, duration_s=4.0)
+        shutil.copyfile(g.path, home / "landing" / f"ep-kill-{i}.h5")
+    env = {**os.environ, "DYNA_HOME": str(home), "DAGSTER_HOME": str(dagster_home), "DYNA_SENSORS": "stopped",
+           "PYTHONPATH": str(REPO), "DYNA_REGISTRY_URL": ""}
+    for k in ("DYNA_HOME", "DAGSTER_HOME"):
+        monkeypatch.setenv(k, env[k])
+    monkeypatch.delenv("DYNA_REGISTRY_URL", raising=False)
+
+    registry = Registry.sqlite(home / "registry.sqlite")
+    plan = landing_tick(LandingCursor(), LandingZone(home / "landing"), registry,
+                        LandingSettings(target_batch_bytes=1 << 40, max_wait_s=0, reconcile_every=0))
+    (batch,) = [b.key for b in plan.created]
+    with DagsterInstance.get() as instance:
+        instance.add_dynamic_partitions("ingest_batches", [batch])
+        res = {**defs.resources, "ingest": IngestResource(home_root=str(home))}
+        assert materialize([defs.get_assets_def("raw_episodes")], instance=instance, partition_key=batch,
+                           resources=res).success
+
+    def transcoded() -> list[dict]:
+        return [e for e in registry.episodes(batch) if e["status"] == TRANSCODED]
+
+    proc = subprocess.Popen(_materialize_cmd(batch), cwd=REPO, env=env, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 300
+    while not transcoded():
+        assert proc.poll() is None, f"run ended before the kill:\n{proc.stdout.read().decode()[-3000:]}"
+        assert time.monotonic() < deadline, "no episode finished in time"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    proc.stdout.close()
+    done_before = {e["episode_id"]: Path(e["mcap_path"]).stat().st_mtime_ns for e in transcoded()}
+    assert 1 <= len(done_before) < N
+
+    again = subprocess.run(_materialize_cmd(batch), cwd=REPO, env=env, capture_output=True, text=True)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+
+    eps = registry.episodes(batch)
+    assert len(eps) == N and all(e["status"] == TRANSCODED for e in eps)
+    for eid, mtime in done_before.items():  # finished episodes were not redone
+        assert Path(next(e["mcap_path"] for e in eps if e["episode_id"] == eid)).stat().st_mtime_ns == mtime
+    counts = registry.counts()
+    assert counts["episodes"] == N and counts["landed_files"] == N and counts["quarantine"] == 0
+    assert counts["quality_results"] == N * 6 + N * 4  # one row per file, stage and gate: no duplicates
+    mcap_dir = home / "mcap"
+    assert sorted(p.name for p in mcap_dir.iterdir()) == [f"ep-kill-{i}.mcap" for i in range(N)]  # no temp left
+    with DagsterInstance.get() as instance:
+        ev = instance.get_latest_materialization_event(AssetKey("mcap_episodes"))
+        md = ev.asset_materialization.metadata
+        assert md["this_run_processed"].value == N - len(done_before)
+        assert md["this_run_skipped_up_to_date"].value == len(done_before)
+        assert md["episodes"].value == N

@@ -1,0 +1,100 @@
+import os
+
+import pytest
+
+from dyna_resources.catalog.registry import Registry
+from dyna_resources.ingest import landing as landing_mod
+from dyna_resources.ingest.landing import LandingZone, StoreUnavailableError
+from dyna_resources.ingest.tick import LandingCursor, LandingSettings, landing_tick
+
+
+def touch(root, key, size=10):
+    p = root / key
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_bytes(b"x" * size)
+    return p
+
+
+def test_scan_lists_in_key_order_after_the_cursor_and_skips_hidden_and_foreign_files(tmp_path):
+    for k in ["2026-11-28/a.h5", "2026-11-28/b.hdf5", "2026-11-29/a.h5", "2026-11-29.h5", "z.h5",
+              "2026-11-29/.a.h5.123.tmp", ".hidden/x.h5", "2026-11-29/notes.txt"]:
+        touch(tmp_path, k)
+    zone = LandingZone(tmp_path)
+    keys = [f.path for f in zone.scan()]
+    assert keys == ["2026-11-28/a.h5", "2026-11-28/b.hdf5", "2026-11-29.h5", "2026-11-29/a.h5", "z.h5"]
+    assert keys == sorted(keys)
+    assert [f.path for f in zone.scan(after="2026-11-28/b.hdf5")] == ["2026-11-29.h5", "2026-11-29/a.h5", "z.h5"]
+    assert [f.path for f in zone.scan(after="2026-11-28/a.h5", limit=2)] == ["2026-11-28/b.hdf5", "2026-11-29.h5"]
+
+
+def test_scan_after_cursor_does_not_descend_into_old_folders(tmp_path, monkeypatch):
+    for day in range(1, 21):
+        for i in range(5):
+            touch(tmp_path, f"2026-11-{day:02d}/ep-{i}.h5")
+    opened = []
+    real = os.scandir
+
+    def counting(path):
+        opened.append(os.path.relpath(path, tmp_path))
+        return real(path)
+
+    monkeypatch.setattr(landing_mod.os, "scandir", counting)
+    got = LandingZone(tmp_path).scan(after="2026-11-19/ep-4.h5")
+    assert [f.path for f in got] == [f"2026-11-20/ep-{i}.h5" for i in range(5)]
+    # the root, the folder holding the cursor, the new folder: none of the 18 older folders
+    assert opened == [".", "2026-11-19", "2026-11-20"]
+
+
+def test_unreachable_store_and_path_escape_are_refused(tmp_path):
+    with pytest.raises(StoreUnavailableError, match="missing or unreadable"):
+        LandingZone(tmp_path / "nope").scan()
+    zone = LandingZone(tmp_path)
+    for bad in ["../etc/passwd", "/etc/passwd", "a/../../b.h5", "a//b.h5"]:
+        with pytest.raises(ValueError, match="escapes the landing root"):
+            zone.resolve(bad)
+    assert zone.resolve("site/ep.h5") == tmp_path / "site" / "ep.h5"
+
+
+def test_tick_registers_batches_and_requests_at_most_k_then_nothing(tmp_path):
+    zone_root = tmp_path / "landing"
+    for i in range(30):
+        touch(zone_root, f"2026-11-29/ep-{i:03d}.h5", size=100)
+    reg = Registry.sqlite(tmp_path / "r.sqlite")
+    settings = LandingSettings(target_batch_bytes=500, max_runs_per_tick=2, max_wait_s=1e9, reconcile_every=0)
+    zone = LandingZone(zone_root)
+    plan = landing_tick(LandingCursor(), zone, reg, settings, now=1000.0)
+    assert plan.new_files == 30 and len(plan.created) == 6 and [b.seq for b in plan.launch] == [1, 2]
+    assert all(b.files == 5 and b.bytes == 500 for b in plan.created)
+    # the rest go out K per tick; then nothing new -> nothing requested
+    seen = [b.key for b in plan.launch]
+    cursor = plan.cursor
+    for _ in range(3):
+        plan = landing_tick(LandingCursor.loads(cursor.dumps()), zone, reg, settings, now=1001.0)
+        assert plan.new_files == 0 and not plan.created
+        seen += [b.key for b in plan.launch]
+        cursor = plan.cursor
+    assert len(seen) == 6 == len(set(seen)) and seen == sorted(seen)
+    assert not plan.launch and plan.listed == 0
+    # a trickle below the target waits ... until its oldest file waited max_wait_s
+    touch(zone_root, "2026-11-30/ep-000.h5", size=100)
+    plan = landing_tick(cursor, zone, reg, settings, now=2000.0)
+    assert plan.new_files == 1 and not plan.created and plan.pending_files == 1
+    late = LandingSettings(target_batch_bytes=500, max_runs_per_tick=2, max_wait_s=60, reconcile_every=0)
+    plan = landing_tick(plan.cursor, zone, reg, late, now=2061.0)
+    assert [b.files for b in plan.created] == [1] and [b.seq for b in plan.launch] == [7]
+    assert reg.counts()["landed_files"] == 31 and reg.counts()["ingest_batches"] == 7
+
+
+def test_reconciliation_scan_finds_a_file_that_landed_behind_the_cursor(tmp_path):
+    zone_root = tmp_path / "landing"
+    touch(zone_root, "b/ep-1.h5")
+    reg = Registry.sqlite(tmp_path / "r.sqlite")
+    settings = LandingSettings(target_batch_bytes=10, max_wait_s=0, reconcile_every=3)
+    zone = LandingZone(zone_root)
+    plan = landing_tick(LandingCursor(), zone, reg, settings)
+    touch(zone_root, "a/late.h5")  # sorts before the cursor: incremental ticks cannot see it
+    plan = landing_tick(plan.cursor, zone, reg, settings)
+    assert plan.new_files == 0 and not plan.reconciled
+    plan = landing_tick(plan.cursor, zone, reg, settings)  # third tick: full listing
+    assert plan.reconciled and plan.new_files == 1 and [b.files for b in plan.created] == [1]
+    assert {f.path for b in reg.batches_after(0) for f in reg.batch_files(b.key)} == {"b/ep-1.h5", "a/late.h5"}

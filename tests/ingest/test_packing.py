@@ -1,0 +1,51 @@
+import numpy as np
+import pytest
+
+from dyna_resources.catalog.registry import LandedFile
+from dyna_resources.ingest.packing import pack
+
+
+def files(sizes):
+    return [LandedFile(f"f{i:05d}.h5", int(s)) for i, s in enumerate(sizes)]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_every_file_lands_in_exactly_one_batch_and_full_batches_are_within_10_percent(seed):
+    rng = np.random.default_rng(seed)
+    # episode sizes spread like a fleet's: lognormal, 2-200 MB, target 2 GB
+    sizes = np.clip(rng.lognormal(np.log(20e6), 0.8, size=int(rng.integers(50, 800))), 2e6, 200e6)
+    fs = files(sizes)
+    target = 2_000_000_000
+    p = pack(fs, target)
+    placed = [f for b in p.batches for f in b] + p.pending
+    assert sorted(placed) == sorted(fs)  # nothing lost, nothing twice
+    assert len({f.path for f in placed}) == len(fs)
+    for b in p.batches:
+        assert 0.9 * target <= sum(f.bytes for f in b) <= 1.1 * target
+    # flushing releases the rest: the only batches outside the band are the flushed leftovers
+    q = pack(fs, target, flush=True)
+    assert sorted(f for b in q.batches for f in b) == sorted(fs) and not q.pending
+    loads = sorted(sum(f.bytes for f in b) for b in q.batches)
+    assert all(0.9 * target <= x <= 1.1 * target for x in loads[len(loads) - len(p.batches):])
+
+
+def test_balance_of_full_batches_is_within_1_1():
+    rng = np.random.default_rng(99)
+    p = pack(files(np.clip(rng.lognormal(np.log(15e6), 1.0, 3000), 1e6, 300e6)), 1_000_000_000)
+    loads = [sum(f.bytes for f in b) for b in p.batches]
+    assert len(loads) >= 30 and max(loads) / min(loads) <= 1.1 / 0.9 + 1e-9
+
+
+def test_oversized_file_is_a_batch_of_its_own_and_small_trickle_waits():
+    p = pack(files([5e9, 1e6, 2e6]), 1_000_000_000)
+    assert [len(b) for b in p.batches] == [1] and p.batches[0][0].bytes == 5e9
+    assert sorted(f.bytes for f in p.pending) == [1e6, 2e6]
+    assert pack([], 10).batches == [] and pack([], 10).pending == []
+    with pytest.raises(ValueError, match="target_bytes"):
+        pack(files([1]), 0)
+
+
+def test_packing_is_deterministic():
+    rng = np.random.default_rng(3)
+    fs = files(rng.integers(1, 100, 500))
+    assert pack(fs, 1000).batches == pack(list(reversed(fs)), 1000).batches
