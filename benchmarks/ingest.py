@@ -161,18 +161,21 @@ def post_gate_cost(episodes: list[dict]) -> dict:
 
     gates = GateConfig.load(None)
     cpu = 0.0
+    frames = gops = 0
     for e in episodes:
         path = Path(e["mcap_path"])
         with EpisodeReader(path) as r:
             stats = r.metadata(STATS_METADATA)
         source = {"cameras": json.loads(stats["cameras"]), "streams": json.loads(stats["streams"]),
                   "bytes_in": e["source_bytes"], "bytes_out": path.stat().st_size}
+        frames += sum(c["frames"] for c in source["cameras"].values())
+        gops += sum(c["keyframes"] for c in source["cameras"].values())
         c = time.process_time()
         results = post_gates(path, source, gates)
         cpu += time.process_time() - c
         if not all(g.passed for g in results if g.action == "quarantine"):
             raise RuntimeError(f"post gates fail when re-run on {path.name}: {results}")
-    return {"cpu_s": cpu}
+    return {"cpu_s": cpu, "frames": frames, "gops": gops}
 
 
 def main(argv: list[str]) -> int:
@@ -181,13 +184,19 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--workdir", default="", help="parent folder of the temporary home (default: the system's)")
     ap.add_argument("--episodes", type=int, default=0)
     ap.add_argument("--batches", type=int, default=0, help="aim for this many ingest batches")
+    ap.add_argument("--duration", default="", help="episode seconds, LO,HI or one value")
     ap.add_argument("--seed", type=int, default=23)
     args = ap.parse_args(argv)
     if args.quick:
         n_eps, w, h, dur, n_batches = 8, 320, 240, (4.0, 6.0), 3
     else:
-        n_eps, w, h, dur, n_batches = 24, 640, 480, (8.0, 16.0), 6
+        # 4-8 s keeps the run near 15 minutes on 2 cores (x264 "slower" ~22 frames/s/core at
+        # 640x480, and the floor encodes every frame a second time); --duration 8,16 doubles it.
+        n_eps, w, h, dur, n_batches = 24, 640, 480, (4.0, 8.0), 6
     n_eps, n_batches = args.episodes or n_eps, args.batches or n_batches
+    if args.duration:
+        parts = [float(x) for x in args.duration.split(",")]
+        dur = (parts[0], parts[-1])
     ncpu = os.cpu_count() or 1
 
     from dagster import DagsterInstance
@@ -214,16 +223,27 @@ def main(argv: list[str]) -> int:
             target = max(1, landed_bytes // n_batches)
 
             transcode = TranscodeResource()  # production settings and pool size (0: one worker per core)
-            ingest = IngestResource(home_root=str(home), target_batch_bytes=target, max_wait_s=0)
-            resources = {**defs.resources, "ingest": ingest, "transcode": transcode}
+            # Phase 1 releases the batches that fill the band (target +-10 %), as every tick does;
+            # phase 2 flushes what is left (max_wait_s=0), as the wait timeout would later: the
+            # remainder becomes the last batch(es), which the batch balance leaves out. (Flushing in
+            # the first tick would release the remainder among the full batches, ordered by key.)
+            ingest = IngestResource(home_root=str(home), target_batch_bytes=target)
+            flush = IngestResource(home_root=str(home), target_batch_bytes=target, max_wait_s=0)
             instance = DagsterInstance.ephemeral()
             quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+            cursor = Path(tmp) / "landing_sensor.cursor"
 
             # -- pipeline -------------------------------------------------------------------
             with Probe(local_mod, "landing_tick_in_process") as ticks, Probe(local_mod, "materialize") as runs, \
                     Probe(assets_mod, "inventory_batch") as pre, Probe(assets_mod, "transcode_batch") as tc:
                 c0, t0 = cpu_all(), time.perf_counter()
-                results = local_mod.ingest_landed(instance, defs, resources=resources, run_config=quiet)
+                results = []
+                for res in (ingest, flush):
+                    results += local_mod.ingest_landed(instance, defs, cursor_file=cursor, run_config=quiet,
+                                                       resources={**defs.resources, "ingest": res,
+                                                                  "transcode": transcode})
+                    if res is ingest:
+                        full_batches = len(res.stores().registry.batches_after(0))
                 wall_s, cpu_s = time.perf_counter() - t0, cpu_all() - c0
             failed = [r.run_id for r in results if not r.success]
 
@@ -239,6 +259,9 @@ def main(argv: list[str]) -> int:
             floor = codec_floor([home / "landing" / e["source_path"] for e in good], video)
             post = post_gate_cost(good)
             registry.close()
+            if (floor["frames"], floor["gops"]) != (post["frames"], post["gops"]):
+                raise RuntimeError(f"codec floor did {floor['frames']} frames in {floor['gops']} GOPs, the pipeline "
+                                   f"wrote {post['frames']} in {post['gops']}: not the same work")
         finally:
             for k, v in saved_env.items():
                 if v is None:
@@ -258,15 +281,17 @@ def main(argv: list[str]) -> int:
     sizes = [b.bytes for b in batches]
     balance_set = sizes[:-1] if len(sizes) >= 3 else sizes
     batch_balance = max(balance_set) / min(balance_set) if balance_set else float("nan")
+    full_sizes = sizes[:full_batches]
+    full_balance = max(full_sizes) / min(full_sizes) if full_sizes else float("nan")
 
-    # Worker balance per transcode batch: busiest worker's busy seconds / least busy's.
-    worker_bal = []
+    # Worker balance per transcode batch: busiest worker's busy seconds / least busy's; counted
+    # only where every worker got work and no episode stopped early (quarantined mid-transcode).
+    worker_bal = {}
     for rep in tc.returned:
         busy = list(rep.worker_busy_s.values())
-        if len(busy) >= 2:
-            worker_bal.append((rep.batch_key, max(busy) / min(busy), len(busy), len(rep.processed)))
-        else:
-            worker_bal.append((rep.batch_key, None, len(busy), len(rep.processed)))
+        fair = len(busy) == transcode.pool_size() >= 2 and not rep.quarantined
+        worker_bal[rep.batch_key] = (max(busy) / min(busy) if len(busy) >= 2 else None, len(busy), fair)
+    fair_bal = [b for b, _, fair in worker_bal.values() if fair]
 
     pre_cpu, tc_cpu = md["raw_episodes"], md["mcap_episodes"]
     run_machinery = runs.cpu_s - pre.cpu_s - tc.cpu_s  # Dagster run execution around the engines
@@ -297,7 +322,10 @@ def main(argv: list[str]) -> int:
         "sensor_ticks": ticks.calls, "sensor_tick_cpu_s": ticks.cpu_s, "run_machinery_cpu_s": run_machinery,
         "driver_cpu_s": outside,
         "engine_cpu_s_probed": pre.cpu_s + tc.cpu_s,
-        "worker_balance_max": max((b for _, b, _, _ in worker_bal if b is not None), default=None),
+        "worker_balance_max": max(fair_bal, default=None),
+        "worker_balance_mean": float(np.mean(fair_bal)) if fair_bal else None,
+        "full_batches": full_batches, "flushed_batches": len(batches) - full_batches,
+        "batch_balance_full_batches": full_balance,
         "transcode_workers": transcode.pool_size(),
         "preset": video.preset, "crf": video.crf, "gop_frames": video.gop_frames,
         "generate_s": gen_s,
@@ -317,14 +345,19 @@ def main(argv: list[str]) -> int:
           f"target batch {target / 1e6:.1f} MB")
     print(f"\n  batches ({len(batches)}, {len(results)} runs{', FAILED: ' + str(failed) if failed else ''})")
     print(f"  {'batch':<20}{'files':>6}{'MB':>8}{'transcoded':>11}{'worker busy max/min':>21}")
-    bal = {k: (b, n, p) for k, b, n, p in worker_bal}
-    for b in batches:
-        wb, nw, _ = bal.get(b.key, (None, 0, 0))
-        wtxt = f"{wb:.2f} ({nw} workers)" if wb is not None else f"- ({nw} worker{'s' if nw != 1 else ''})"
+    for i, b in enumerate(batches):
+        wb, nw, fair = worker_bal.get(b.key, (None, 0, False))
+        wtxt = (f"{wb:.2f}{'' if fair else '*'} ({nw} workers)" if wb is not None
+                else f"- ({nw} worker{'s' if nw != 1 else ''})")
         n_ok = sum(1 for e in good if e["batch_key"] == b.key)
-        print(f"  {b.key:<20}{b.files:>6}{b.bytes / 1e6:>8.2f}{n_ok:>11}{wtxt:>21}")
+        kind = "full" if i < full_batches else "flushed"
+        print(f"  {b.key:<20}{b.files:>6}{b.bytes / 1e6:>8.2f}{n_ok:>11}{wtxt:>21}  {kind}")
+    print(f"  (* not counted in the worker balance: an episode stopped early, or a worker got none)")
     print(f"  batch balance largest/smallest bytes ({result['batch_balance_over']}): {batch_balance:.3f}  "
-          f"(target <= {TARGET_BATCH_BALANCE}: {ok(result['batch_balance_ok'])})")
+          f"(target <= {TARGET_BATCH_BALANCE}: {ok(result['batch_balance_ok'])}); "
+          f"full batches only: {full_balance:.3f}")
+    if fair_bal:
+        print(f"  worker balance (busy s, busiest/least busy): max {max(fair_bal):.2f}, mean {np.mean(fair_bal):.2f}")
 
     print(f"\n  pipeline: {episode_hours * 60:.2f} episode-minutes in {wall_s:.1f} s wall, {cpu_s:.1f} CPU s "
           f"(utilization {result['cpu_utilization']:.0%} of {ncpu} cores)")
@@ -335,7 +368,7 @@ def main(argv: list[str]) -> int:
         ("mcap_episodes engine: transcode + post gates (workers)", tc_cpu),
         ("   of which codec floor (JPEG decode + H.264 encode)", floor["cpu_s"]),
         ("   of which post gates (re-measured alone)", post["cpu_s"]),
-        ("   of which the rest (HDF5 read, MCAP write, proprio, IPC)", tc_rest),
+        ("   of which the rest (HDF5, MCAP, proprio, IPC, bad files)", tc_rest),
         ("Dagster run machinery (runs minus engines)", run_machinery),
         ("driver loop (outside ticks and runs)", outside),
     ]
@@ -348,7 +381,7 @@ def main(argv: list[str]) -> int:
           "    inventory_batch and transcode_batch measured around themselves (raw_episodes + mcap_episodes\n"
           f"    metadata): everything else (sensor ticks, Dagster runs, registry setup) = {dagster_overhead:.1%}")
 
-    print(f"\n  codec floor, 1 process, same {floor['frames']} frames in the same {floor['gops']} GOPs: "
+    print(f"\n  codec floor, 1 process, the pipeline's {floor['frames']} frames in its {floor['gops']} GOPs: "
           f"{floor['cpu_s']:.1f} CPU s (decode {floor['decode_cpu_s']:.1f} + encode {floor['encode_cpu_s']:.1f}; "
           f"{result['codec_floor_fps_per_core']:.1f} frames/s/core; HDF5 reads, untimed in the floor: "
           f"{floor['jpeg_read_cpu_s']:.1f} s)")

@@ -4,7 +4,8 @@
 
     landing/     raw episodes as they arrive (legacy HDF5)
     mcap/        transcoded episodes, one MCAP file each
-    quarantine/  one JSON record per rejected episode, with the reason
+    quarantine/  MCAPs held back by a post-transform gate (reasons are in the registry)
+    registry.sqlite  the registry (system of record) of the embedded default
     dagster/     DAGSTER_HOME of the embedded Dagster instance (runs, event log, storage)
 """
 

@@ -26,7 +26,9 @@ BACKFILL = BackfillPolicy.multi_run(max_partitions_per_run=16)
 
 
 def _partition_metadata(summary: dict, report) -> dict:
+    """Everything shown for one batch; set per partition, so a ranged run shows each batch its own."""
     return {
+        "files": summary["files"],
         "episodes": summary["episodes"],
         "hours": summary["hours"],
         "bytes_in": summary["bytes_in"],
@@ -39,15 +41,19 @@ def _partition_metadata(summary: dict, report) -> dict:
         "pipeline_versions": MetadataValue.json(summary["pipeline_versions"]),
         "this_run_processed": len(report.processed),
         "this_run_skipped_up_to_date": len(report.skipped),
+        "this_run_cpu_s": round(report.cpu_s, 2),
+        "gates": MetadataValue.json({g: {"evaluated": t.evaluated, "failed": t.failed}
+                                     for g, t in report.gates.items()}),
         **version_tags(),
     }
 
 
-def _totals(reports) -> dict:
-    return {"partitions": len(reports), "processed": sum(len(r.processed) for r in reports),
-            "skipped_up_to_date": sum(len(r.skipped) for r in reports),
-            "quarantined_this_run": sum(len(r.quarantined) for r in reports),
-            "cpu_s": round(sum(r.cpu_s for r in reports), 2), **version_tags()}
+def _log_totals(context, reports) -> None:
+    # Run totals go to the log, not to metadata: metadata on the result would be copied onto every batch.
+    context.log.info(f"{len(reports)} batch(es): processed {sum(len(r.processed) for r in reports)}, "
+                     f"up to date {sum(len(r.skipped) for r in reports)}, "
+                     f"quarantined {sum(len(r.quarantined) for r in reports)}, "
+                     f"cpu {sum(r.cpu_s for r in reports):.1f} s")
 
 
 @multi_asset(
@@ -62,9 +68,11 @@ def raw_episodes(context: AssetExecutionContext, ingest: IngestResource, gates: 
     reports = []
     for batch in context.partition_keys:
         rep = inventory_batch(batch, stores, config, log=context.log.warning)
-        context.add_asset_metadata(_partition_metadata(batch_summary(batch, stores.registry), rep), partition_key=batch)
+        context.add_asset_metadata(_partition_metadata(batch_summary(batch, stores.registry, "pre"), rep),
+                                   partition_key=batch)
         reports.append(rep)
-    yield MaterializeResult(asset_key="raw_episodes", metadata=_totals(reports), tags=version_tags())
+    _log_totals(context, reports)
+    yield MaterializeResult(asset_key="raw_episodes", tags=version_tags())
     yield from gate_check_results("raw_episodes", "pre", reports, config)
 
 
@@ -89,6 +97,6 @@ def mcap_episodes(context: AssetExecutionContext, ingest: IngestResource, gates:
         reports.append((rep, summary))
     digest = hashlib.sha256(repr(sorted((r.batch_key, s["pipeline_versions"], s["episodes"], s["bytes_out"])
                                         for r, s in reports)).encode()).hexdigest()[:16]
-    yield MaterializeResult(asset_key="mcap_episodes", metadata=_totals([r for r, _ in reports]),
-                            tags=version_tags(), data_version=DataVersion(digest))
+    _log_totals(context, [r for r, _ in reports])
+    yield MaterializeResult(asset_key="mcap_episodes", tags=version_tags(), data_version=DataVersion(digest))
     yield from gate_check_results("mcap_episodes", "post", [r for r, _ in reports], config)

@@ -263,13 +263,15 @@ def _record(stores: IngestStores, rep: StageReport, row: dict, out: dict, log: C
 
 # -- what the UI shows for a partition ---------------------------------------------------------
 
-def batch_summary(batch_key: str, registry: Registry) -> dict:
+def batch_summary(batch_key: str, registry: Registry, stage: str = "post") -> dict:
+    """What a partition holds after a stage: "pre" counts the episodes that passed the pre
+    gates (input bytes only), "post" the transcoded ones (bytes in and out)."""
     eps = registry.episodes(batch_key)
     q = registry.quarantined(batch_key)
     status = Counter(e["status"] for e in eps)
-    done = [e for e in eps if e["status"] == TRANSCODED]
+    done = [e for e in eps if (e["status"] == TRANSCODED if stage == "post" else e["status"] != REJECTED)]
     bytes_in = sum(e["source_bytes"] for e in done)
-    bytes_out = sum(e["mcap_bytes"] or 0 for e in done)
+    bytes_out = sum(e["mcap_bytes"] or 0 for e in done if e["status"] == TRANSCODED)
     return {
         "files": len(registry.batch_files(batch_key)),
         "episodes": len(done),
@@ -277,12 +279,12 @@ def batch_summary(batch_key: str, registry: Registry) -> dict:
         "hours": round(sum(e["duration_s"] for e in done) / 3600, 4),
         "bytes_in": bytes_in,
         "bytes_out": bytes_out,
-        "compression_ratio": round(bytes_out / bytes_in, 4) if bytes_in else 0.0,
+        "compression_ratio": round(bytes_out / bytes_in, 4) if bytes_in and stage == "post" else 0.0,
         "quarantined": len(q),
         "quarantined_reasons": [{"path": r["source_path"], "episode_id": r["episode_id"], "stage": r["stage"],
                                  "gate": r["gate"], "reason": r["reason"]} for r in q[:100]],
         "flags": {"camera_dropped": sum(bool(e["camera_dropped"]) for e in eps),
                   "camera_dead": sum(bool(e["camera_dead"]) for e in eps)},
-        "pipeline_versions": dict(Counter(e["pipeline_version"] for e in done)),
-        "schema_versions": dict(Counter(e["schema_version"] for e in done)),
+        "pipeline_versions": dict(Counter(e["pipeline_version"] for e in eps if e["status"] == TRANSCODED)),
+        "schema_versions": dict(Counter(e["schema_version"] for e in eps if e["status"] == TRANSCODED)),
     }

@@ -21,9 +21,12 @@ import urllib.request
 from pathlib import Path
 
 import yaml
+from dagster import DagsterInstance
 
 from dyna_resources import versions
 from dyna_resources.catalog.registry import REJECTED, TRANSCODED, Registry, registry_url_from_env
+from dyna_resources.episodes.mcap_reader import EpisodeReader
+from dyna_resources.ingest.gates import POST_GATES, PRE_GATES
 from dyna_resources.ingest.landing import LandingZone
 from dyna_resources.ingest.tick import LandingCursor, LandingSettings, landing_tick
 
@@ -270,11 +273,10 @@ def test_backfill_launched_through_the_webserver_runs_on_the_daemon(episode_fact
     finally:
         registry.close()
 
-    from dagster import DagsterInstance
-
     with DagsterInstance.get() as instance:
         instance.add_dynamic_partitions(PARTITIONS_DEF, batches)
         assert instance.get_dynamic_partitions(PARTITIONS_DEF) == batches
+    assert batches == sorted(batches)
 
     services = Services(tmp_path, env)
     t0 = time.monotonic()
@@ -306,77 +308,130 @@ def test_backfill_launched_through_the_webserver_runs_on_the_daemon(episode_fact
             assert time.monotonic() < deadline, f"backfill still {bf['status']} after 300 s: {bf}"
             time.sleep(1)
         t_done = time.monotonic()
-        print(f"\nwebserver ready {t_ready - t0:.1f} s, backfill done {t_done - t_ready:.1f} s later")
-        print(json.dumps(bf, indent=1))
+        print(f"\nwebserver serving after {t_ready - t0:.1f} s; backfill {bf['status']} {t_done - t_ready:.1f} s "
+              "after the launch")
 
         # -- the backfill ------------------------------------------------------------------------
         assert bf["status"] == "COMPLETED_SUCCESS", bf
-        assert bf["isAssetBackfill"] and bf["error"] is None
-        assert sorted(bf["partitionNames"]) == sorted(batches) and bf["numPartitions"] == 2
+        assert bf["isAssetBackfill"] and bf["error"] is None, bf
+        assert sorted(bf["partitionNames"]) == batches and bf["numPartitions"] == 2, bf
         counts = {tuple(s["assetKey"]["path"]): s for s in bf["assetBackfillData"]["assetBackfillStatuses"]}
+        assert set(counts) == {(a,) for a in ASSETS}, counts
         for a in ASSETS:
             c = counts[(a,)]
             assert (c["numPartitionsTargeted"], c["numPartitionsMaterialized"], c["numPartitionsFailed"],
                     c["numPartitionsInProgress"]) == (2, 2, 0, 0), c
-        runs = bf["runs"]
-        assert runs and all(r["status"] == "SUCCESS" for r in runs), runs
-        # Each partition of each asset is covered by exactly one run of the backfill (ranged runs
-        # of multi_run(max_partitions_per_run=16), or one run per partition).
-        covered: dict[str, list[str]] = {}
-        for r in runs:
-            tags = {t["key"]: t["value"] for t in r["tags"]}
-            assert tags["dagster/backfill"] == backfill_id
-            if "dagster/partition" in tags:
-                keys = [tags["dagster/partition"]]
-            else:
-                lo, hi = tags["dagster/asset_partition_range_start"], tags["dagster/asset_partition_range_end"]
-                keys = batches[batches.index(lo): batches.index(hi) + 1]
-            for k in keys:
-                covered.setdefault(k, []).append(r["runId"])
-        print("runs by partition:", covered)
+        # BackfillPolicy.multi_run(max_partitions_per_run=16): both batches (and both assets, same
+        # partitioning and policy) go into ONE ranged run; nothing is run twice.
+        (run,) = bf["runs"]
+        tags = {t["key"]: t["value"] for t in run["tags"]}
+        assert run["status"] == "SUCCESS", run
+        assert tags["dagster/backfill"] == backfill_id
+        assert (tags["dagster/asset_partition_range_start"], tags["dagster/asset_partition_range_end"]) == (
+            bad_batch, clean_batch), tags
+        assert "dagster/partition" not in tags, tags
+        run_id = run["runId"]
 
-        # -- per-partition materializations and their metadata --------------------------------------
-        nodes = {}
-        for a in ASSETS:
-            node = services.gql(ASSET, {"key": {"path": [a]}, "partitions": batches})["assetNodeOrError"]
+        # -- per-partition materialization status and metadata ------------------------------------
+        nodes = {a: services.gql(ASSET, {"key": {"path": [a]}, "partitions": batches})["assetNodeOrError"]
+                 for a in ASSETS}
+        for a, node in nodes.items():
             assert node["__typename"] == "AssetNode", node
-            nodes[a] = node
-            print(a, json.dumps(node, indent=1))
-            assert sorted(node["partitionKeys"]) == sorted(batches)
+            assert sorted(node["partitionKeys"]) == batches
             st = node["assetPartitionStatuses"]
-            assert st["__typename"] == "DefaultPartitionStatuses"
-            assert sorted(st["materializedPartitions"]) == sorted(batches), st
-            assert st["failedPartitions"] == st["unmaterializedPartitions"] == st["materializingPartitions"] == [], st
+            assert st["__typename"] == "DefaultPartitionStatuses", st
+            assert sorted(st["materializedPartitions"]) == batches, (a, st)
+            assert st["failedPartitions"] == st["unmaterializedPartitions"] == st["materializingPartitions"] == [], (a, st)
             latest = {m["partition"]: m for m in node["latestMaterializationByPartition"]}
-            assert set(latest) == set(batches), latest
+            assert set(latest) == set(batches), (a, latest)
             for b in batches:
                 md = _meta(latest[b]["metadataEntries"])
-                assert latest[b]["runId"] in covered[b]
-                if a == "mcap_episodes":
-                    assert md["episodes"] == len(good_ids[b]), (a, b, md)
-                else:
-                    assert md["episodes_by_status"] == {"accepted": len(good_ids[b])}, (a, b, md)
-                assert md["quarantined"] == (1 if b == bad_batch else 0), (a, b, md)
-                assert md["dyna/pipeline_version"] == versions.PIPELINE_VERSION
-                assert md["dyna/schema_version"] == versions.SCHEMA_VERSION
-                if a == "mcap_episodes":
-                    # transcoded exactly once, by this backfill: nothing was up to date before
-                    assert (md["this_run_processed"], md["this_run_skipped_up_to_date"]) == (len(good_ids[b]), 0), md
-                else:
-                    assert md["this_run_processed"] == len(good_ids[b]) + (b == bad_batch), md
-                if b == bad_batch:
+                n_good, n_bad = len(good_ids[b]), int(b == bad_batch)
+                assert latest[b]["runId"] == run_id
+                assert md["quarantined"] == n_bad, (a, b, md)
+                assert (md["dyna/pipeline_version"], md["dyna/schema_version"]) == (
+                    versions.PIPELINE_VERSION, versions.SCHEMA_VERSION), (a, b, md)
+                if n_bad:
                     (reason,) = md["quarantined_reasons"]
                     assert (reason["path"], reason["gate"], reason["stage"]) == ("a/ep-e2e-trunc.h5", "readable", "pre")
+                    assert "truncated" in reason["reason"], reason
+                else:
+                    assert md["quarantined_reasons"] == [], (a, b, md)
+                if a == "raw_episodes":
+                    # inventoried: every file of the batch looked at; the good ones accepted, none transcoded yet
+                    assert md["this_run_processed"] == n_good + n_bad, (a, b, md)
+                    assert md["episodes_by_status"] == {"accepted": n_good}, (a, b, md)
+                    assert (md["files"], md["episodes"]) == (n_good + n_bad, n_good), (a, b, md)
+                    assert md["gates"]["readable"] == {"evaluated": n_good + n_bad, "failed": n_bad}, (a, b, md)
+                else:
+                    # transcoded exactly once, by this run: nothing was up to date before
+                    assert md["episodes"] == n_good, (a, b, md)
+                    assert md["episodes_by_status"] == {"transcoded": n_good}, (a, b, md)
+                    assert (md["this_run_processed"], md["this_run_skipped_up_to_date"]) == (n_good, 0), (a, b, md)
+                    assert md["pipeline_versions"] == {versions.PIPELINE_VERSION: n_good}, (a, b, md)
+                    assert md["bytes_out"] > 0 and md["hours"] > 0, (a, b, md)
 
-        # -- asset checks ------------------------------------------------------------------------
+        # -- asset checks (one per quality gate) --------------------------------------------------
+        # The ranged run evaluates each gate once over both batches: one execution per check whose
+        # "partitions" metadata names the batches; each batch's own gate counts are in its
+        # materialization metadata (asserted above).
         def executions(asset: str, check: str) -> list[dict]:
             return services.gql(CHECK_EXECUTIONS, {"key": {"path": [asset]}, "name": check})["assetCheckExecutions"]
 
-        readable = executions("raw_episodes", "readable")
-        decodable = executions("mcap_episodes", "decodable")
-        print("readable", json.dumps(readable, indent=1))
-        print("decodable", json.dumps(decodable, indent=1))
-        raise AssertionError("exploration")
+        files = {bad_batch: 3, clean_batch: 2}
+        expected = {  # (asset, gate): (status, evaluated, failed)
+            ("raw_episodes", "readable"): ("FAILED", sum(files.values()), 1),
+            ("raw_episodes", "required_streams"): ("SUCCEEDED", 4, 0),
+            ("mcap_episodes", "decodable"): ("SUCCEEDED", 4, 0),
+            ("mcap_episodes", "frame_counts"): ("SUCCEEDED", 4, 0),
+        }
+        for (asset, gate), (status, evaluated, failed) in expected.items():
+            execs = executions(asset, gate)
+            assert {e["runId"] for e in execs} == {run_id}, execs
+            (result,) = execs
+            ev = result["evaluation"]
+            assert (result["status"], result["partition"], result["stepKey"]) == (status, None, asset), result
+            assert (ev["checkName"], ev["success"], ev["severity"], ev["partition"]) == (
+                gate, status == "SUCCEEDED", "ERROR" if status == "SUCCEEDED" else "WARN", None), ev
+            # a failure under the batch limit is a WARN: nothing downstream was blocked
+            assert ev["targetMaterialization"]["runId"] == run_id, ev
+            md = _meta(ev["metadataEntries"])
+            assert (md["evaluated"], md["failed"], md["partitions"]) == (evaluated, failed, batches), md
+            if failed:
+                assert [f["path"] for f in md["failures"]] == ["a/ep-e2e-trunc.h5"], md
+                assert ev["description"] == f"{failed} of {evaluated} episodes failed (quarantine)", ev
+        for a, gates in (("raw_episodes", PRE_GATES), ("mcap_episodes", POST_GATES)):
+            checks = nodes[a]["assetChecksOrError"]
+            assert checks["__typename"] == "AssetChecks", checks
+            assert sorted(c["name"] for c in checks["checks"]) == sorted(gates)
+
+        # -- the registry: every good episode transcoded once, at the current versions ------------
+        registry = Registry(registry_url_from_env(dyna_home))
+        try:
+            mcap_dir = dyna_home / "mcap"
+            for b in batches:
+                eps = {e["episode_id"]: e for e in registry.episodes(b)}
+                assert set(eps) == good_ids[b], eps
+                for eid, e in eps.items():
+                    assert (e["status"], e["pipeline_version"], e["schema_version"]) == (
+                        TRANSCODED, versions.PIPELINE_VERSION, versions.SCHEMA_VERSION), e
+                    assert Path(e["mcap_path"]) == mcap_dir / f"{eid}.mcap" and Path(e["mcap_path"]).is_file(), e
+                    assert e["mcap_bytes"] == Path(e["mcap_path"]).stat().st_size, e
+                    with EpisodeReader(e["mcap_path"]) as r:
+                        stamp = r.metadata()
+                    assert (stamp["pipeline_version"], stamp["source_sha256"]) == (
+                        versions.PIPELINE_VERSION, e["source_sha256"]), stamp
+                q = registry.quarantined(b)
+                assert [(r["source_path"], r["gate"], r["stage"]) for r in q] == (
+                    [("a/ep-e2e-trunc.h5", "readable", "pre")] if b == bad_batch else []), q
+                assert not [e for e in eps.values() if e["status"] == REJECTED]
+            # exactly one output per good episode, no leftovers (temporary files are hidden names)
+            assert sorted(p.name for p in mcap_dir.iterdir()) == sorted(
+                f"{eid}.mcap" for ids in good_ids.values() for eid in ids)
+            assert registry.outdated_batches(schema_version=versions.SCHEMA_VERSION,
+                                             pipeline_version=versions.PIPELINE_VERSION) == []
+        finally:
+            registry.close()
     except BaseException:
         print(services.diagnostics())
         raise

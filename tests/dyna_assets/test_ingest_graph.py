@@ -96,8 +96,12 @@ def test_batch_partition_materializes_with_metadata_checks_and_quarantine(home):
                                                         "frame_drops", "dead_camera", "min_duration")} | {
             ("mcap_episodes", g) for g in ("decodable", "frame_counts", "durations", "size_sanity")}
         readable = c[("raw_episodes", "readable")]
-        assert not readable.passed and readable.severity.value == "WARN" and readable.partition == batch
+        assert not readable.passed and readable.severity.value == "WARN"
         assert readable.metadata["failed"].value == 1 and readable.metadata["evaluated"].value == 5
+        assert readable.metadata["partitions"].value == [batch]
+        raw = md(result, "raw_episodes", batch)
+        assert (raw["episodes"], raw["quarantined"], raw["files"]) == (4, 1, 5)
+        assert raw["gates"]["readable"] == {"evaluated": 5, "failed": 1} and raw["bytes_in"] > 0
         assert all(c[("mcap_episodes", g)].passed for g in ("decodable", "frame_counts", "durations"))
         # replay of the partition: nothing redone, no duplicate rows
         reg = res["ingest"].stores().registry
@@ -180,3 +184,16 @@ def test_drift_sensor_backfills_exactly_the_stale_partitions_once(home, monkeypa
             assert md(r, "mcap_episodes", k)["this_run_processed"] == 1
         reg = res["ingest"].stores().registry
         assert reg.outdated_batches(schema_version=versions.SCHEMA_VERSION, pipeline_version="9.9-test") == []
+
+
+def test_unreachable_registry_fails_the_run_and_names_it_without_the_password(home):
+    res = resources(home)
+    res["ingest"] = IngestResource(home_root=str(home), registry_url="postgresql+psycopg2://dyna:s3cret@127.0.0.1:1/reg")
+    with DagsterInstance.ephemeral() as instance:
+        instance.add_dynamic_partitions("ingest_batches", ["20261129T10-000001"])
+        result = materialize(ASSETS, instance=instance, partition_key="20261129T10-000001", resources=res,
+                             raise_on_error=False)
+        assert not result.success
+        (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+        text = str(failure.step_failure_data.error)
+        assert "RegistryUnavailableError" in text and "127.0.0.1:1" in text and "s3cret" not in text
