@@ -35,3 +35,6 @@ def episode_factory(tmp_path_factory):
 
 def replace_spec(spec: EpisodeSpec, **changes) -> EpisodeSpec:
     return dataclasses.replace(spec, **changes)
+
+
+from tests.postgres import postgres_url, registry  # noqa: E402,F401  (fixtures: SQLite and a throwaway PostgreSQL)

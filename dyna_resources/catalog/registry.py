@@ -114,14 +114,18 @@ class Registry:
         if not files:
             return 0
         now = time.time() if now is None else now
+        new = 0
         with self._begin() as c:
-            before = c.execute(select(func.count()).select_from(t.landed_files)).scalar_one()
-            for i in range(0, len(files), 5000):
+            for i in range(0, len(files), 5000):  # cost follows the listing, never the table size
+                part = files[i:i + 5000]
+                known = set(c.execute(select(t.landed_files.c.path)
+                                      .where(t.landed_files.c.path.in_([f.path for f in part]))).scalars())
+                fresh = [f for f in part if f.path not in known]
                 self._upsert(c, t.landed_files, [{"path": f.path, "bytes": f.bytes, "mtime_ns": f.mtime_ns,
-                                                  "registered_at": now, "batch_key": None}
-                                                 for f in files[i:i + 5000]], ["path"], update_cols=[])
-            after = c.execute(select(func.count()).select_from(t.landed_files)).scalar_one()
-        return after - before
+                                                  "registered_at": now, "batch_key": None} for f in fresh],
+                             ["path"], update_cols=[])
+                new += len(fresh)
+        return new
 
     def unbatched_files(self) -> tuple[list[LandedFile], float | None]:
         """Files not yet in a batch, and when the oldest of them was registered."""

@@ -65,7 +65,7 @@ episodes = Table(
     Column("mcap_bytes", BigInteger, nullable=True),
     Column("updated_at", Float, nullable=False),
     Index("ix_episodes_batch", "batch_key"),
-    Index("ix_episodes_versions", "status", "pipeline_version", "schema_version"),
+    Index("ix_episodes_versions", "status", "pipeline_version", "schema_version", "batch_key"),  # covers the drift query
 )
 
 # Latest result of every gate for every file (replays overwrite, never add rows).

@@ -3,7 +3,6 @@ from pathlib import Path
 
 import pytest
 
-from dyna_resources.catalog.registry import Registry
 from dyna_resources.episodes.codec import VideoSettings
 from dyna_resources.episodes.transcode import TranscodeSettings
 from dyna_resources.ingest.batches import IngestStores
@@ -13,12 +12,11 @@ FAST = TranscodeSettings(video=VideoSettings(gop_frames=30, preset="veryfast"))
 
 
 @pytest.fixture
-def stores(tmp_path) -> IngestStores:
-    s = IngestStores(Registry.sqlite(tmp_path / "registry.sqlite"), LandingZone(tmp_path / "landing"),
-                     tmp_path / "mcap", tmp_path / "quarantine")
+def stores(registry, tmp_path) -> IngestStores:
+    """Ingest stores on each registry backend (SQLite, then a real PostgreSQL)."""
+    s = IngestStores(registry, LandingZone(tmp_path / "landing"), tmp_path / "mcap", tmp_path / "quarantine")
     s.landing.root.mkdir()
-    yield s
-    s.registry.close()
+    return s
 
 
 def land(stores_or_dir, generated, name: str | None = None) -> Path:

@@ -1,4 +1,4 @@
-"""Fixtures for the registry tests: the same tests run against SQLite and a real PostgreSQL.
+"""Fixtures shared by the registry and ingest tests: the same tests run against SQLite and a real PostgreSQL.
 
 ``postgres_url`` starts a throwaway PostgreSQL cluster once per test session (per xdist
 worker) from the server binaries in /usr/lib/postgresql/<version>/bin; ``registry`` hands
