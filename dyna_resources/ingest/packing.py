@@ -1,14 +1,22 @@
 """Bin-pack landed files into byte-balanced ingest batches.
 
-First-fit decreasing with a tolerance band: a bin holds at most ``target * (1 + tol)``
-bytes and is released as a batch once it reaches ``target * (1 - tol)``. Files that do
-not fill a bin stay pending for the next tick, so a trickle of arrivals does not make
-a stream of tiny batches; ``flush`` (the oldest pending file has waited long enough)
-releases them anyway. A file larger than the band is a batch of its own.
+A batch is released when it lies within ``target * (1 ± tol)`` bytes; files that do not
+make up a whole batch stay pending for the next tick, so a trickle of arrivals does not
+make a stream of tiny batches. ``flush`` (the oldest pending file has waited long enough)
+releases them anyway. A file larger than the band's floor is a batch of its own.
+
+Better than first-fit decreasing for balance, which is what keeps workers busy: FFD fills
+bins one after another, so with files of a quarter of the target its batches differ by up
+to a file's size. Here the pending bytes fix the number of batches k = floor(total /
+target); files go largest first to the least-loaded batch (LPT), then moves and swaps
+between the fullest and the emptiest batch shrink the spread while they can (a
+Karmarkar-Karp-style local search). No library packs to a band with balance as the goal.
 """
 
 from __future__ import annotations
 
+import bisect
+import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -26,27 +34,101 @@ def pack(files: Sequence[LandedFile], target_bytes: int, *, tolerance: float = 0
         raise ValueError(f"target_bytes must be positive, got {target_bytes}")
     hi = target_bytes * (1 + tolerance)
     lo = target_bytes * (1 - tolerance)
-    bins: list[list[LandedFile]] = []
-    loads: list[int] = []
     out = Packing()
     # Deterministic: size descending, then key; a pending file keeps its place tick after tick.
-    for f in sorted(files, key=lambda f: (-f.bytes, f.path)):
-        if f.bytes >= lo:
-            out.batches.append([f])
-            continue
+    ordered = sorted(files, key=lambda f: (-f.bytes, f.path))
+    small = []
+    for f in ordered:
+        (out.batches.append([f]) if f.bytes >= lo else small.append(f))
+    k = int(sum(f.bytes for f in small) // target_bytes)
+    bins, rest = _balanced(small, k, hi)
+    for b in bins:
+        if lo <= sum(f.bytes for f in b) <= hi:
+            out.batches.append(sorted(b))
+        else:
+            rest.extend(b)
+    if flush and rest:
+        out.batches.extend(sorted(b) for b in _first_fit(sorted(rest, key=lambda f: (-f.bytes, f.path)), hi))
+        rest = []
+    out.pending = sorted(rest)
+    # Oldest key first so partition keys follow arrival order as far as possible.
+    out.batches.sort(key=lambda b: b[0].path)
+    return out
+
+
+def _balanced(files: list[LandedFile], k: int, cap: float) -> tuple[list[list[LandedFile]], list[LandedFile]]:
+    """k bins of at most ``cap`` bytes, as even as possible; files that fit nowhere are returned."""
+    if k <= 0:
+        return [], list(files)
+    bins: list[list[LandedFile]] = [[] for _ in range(k)]
+    heap = [(0, i) for i in range(k)]
+    rest = []
+    for f in files:  # largest first, to the least-loaded bin; if that one cannot take it, none can
+        load, i = heap[0]
+        if load + f.bytes <= cap:
+            bins[i].append(f)
+            heapq.heapreplace(heap, (load + f.bytes, i))
+        else:
+            rest.append(f)
+    loads = [0] * k
+    for load, i in heap:
+        loads[i] = load
+    for _ in range(20 * k):
+        improved = False
+        # fullest against emptiest first; with few batches (big files) every pair, which
+        # escapes the spots where the extreme pair alone has no exchange left
+        order = sorted(range(k), key=lambda i: (-loads[i], i))
+        pairs = [(order[0], order[-1])] if k > 32 else [(a, b) for n, a in enumerate(order) for b in reversed(order[n + 1:])]
+        for a, b in pairs:
+            best = _best_exchange(bins[a], bins[b], loads[a] - loads[b])
+            if best is None:
+                continue
+            x, y = best
+            bins[a].remove(x)
+            bins[b].append(x)
+            moved = x.bytes
+            if y is not None:
+                bins[b].remove(y)
+                bins[a].append(y)
+                moved -= y.bytes
+            loads[a] -= moved
+            loads[b] += moved
+            improved = True
+            break
+        if not improved:
+            break
+    return bins, rest
+
+
+def _best_exchange(full: list[LandedFile], empty: list[LandedFile], gap: int):
+    """The move (x, None) or swap (x, y) between two bins that most reduces their difference
+    ``gap``: shifting d bytes leaves |gap - 2d|, so the ideal d is gap / 2. None if nothing helps."""
+    if gap <= 0:
+        return None
+    ys = sorted(empty, key=lambda f: f.bytes)
+    sizes = [y.bytes for y in ys]
+    best, best_gap = None, gap
+    for x in full:
+        if abs(gap - 2 * x.bytes) < best_gap:
+            best, best_gap = (x, None), abs(gap - 2 * x.bytes)
+        j = bisect.bisect_left(sizes, x.bytes - gap / 2)  # y nearest to x - gap/2
+        for y in ys[max(0, j - 1): j + 1]:
+            d = x.bytes - y.bytes
+            if d > 0 and abs(gap - 2 * d) < best_gap:
+                best, best_gap = (x, y), abs(gap - 2 * d)
+    return best
+
+
+def _first_fit(files: list[LandedFile], cap: float) -> list[list[LandedFile]]:
+    bins: list[list[LandedFile]] = []
+    loads: list[int] = []
+    for f in files:
         for i, load in enumerate(loads):
-            if load + f.bytes <= hi:
+            if load + f.bytes <= cap:
                 bins[i].append(f)
                 loads[i] += f.bytes
                 break
         else:
             bins.append([f])
             loads.append(f.bytes)
-    for b, load in zip(bins, loads):
-        if load >= lo or flush:
-            out.batches.append(sorted(b))
-        else:
-            out.pending.extend(b)
-    # Emit full batches oldest-key first so partition keys follow arrival order as far as possible.
-    out.batches.sort(key=lambda b: b[0].path)
-    return out
+    return bins
