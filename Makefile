@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed-stamp
 export DYNA_HOME    ?= $(CURDIR)/.dyna
 export DAGSTER_HOME ?= $(DYNA_HOME)/dagster
 
-.PHONY: demo test ui bench-storage venv clean
+.PHONY: demo test ui bench-storage bench-ingest venv clean
 
 venv: $(STAMP)
 
@@ -28,11 +28,14 @@ test: $(STAMP)
 
 ui: $(STAMP)
 	@mkdir -p $(DAGSTER_HOME)
-	@test -f $(DAGSTER_HOME)/dagster.yaml || cp infra/dagster/dagster.yaml $(DAGSTER_HOME)/
+	@cp infra/dagster/dagster.yaml $(DAGSTER_HOME)/  # the embedded instance always runs the project's config
 	$(VENV)/bin/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
 
 bench-storage: $(STAMP)
 	$(PY) -m benchmarks storage
+
+bench-ingest: $(STAMP)
+	$(PY) -m benchmarks ingest
 
 clean:
 	rm -rf $(DYNA_HOME)

@@ -61,12 +61,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def ensure_instance_config(dagster_home: Path) -> None:
-    """Give a fresh DAGSTER_HOME the project's instance config (infra/dagster/dagster.yaml)."""
+    """The embedded instance always runs the project's config (infra/dagster/dagster.yaml):
+    run queue limits and pools change with the code, so an older copy is replaced."""
     dagster_home.mkdir(parents=True, exist_ok=True)
-    target = dagster_home / "dagster.yaml"
     template = Path(__file__).resolve().parent.parent / "infra" / "dagster" / "dagster.yaml"
-    if not target.exists() and template.exists():
-        shutil.copyfile(template, target)
+    if template.exists():
+        shutil.copyfile(template, dagster_home / "dagster.yaml")
 
 
 def print_summary(home: DynaHome, ingest: IngestResource, results) -> None:
