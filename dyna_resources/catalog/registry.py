@@ -22,6 +22,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
 
+from . import changelog
 from . import schema as t
 
 # Statuses of an episode row.
@@ -74,8 +75,14 @@ class Registry:
         self._insert = postgresql.insert if self.url.get_backend_name() == "postgresql" else sqlite.insert
         try:
             t.metadata.create_all(self.engine)
+            if self.backend == "sqlite":
+                changelog.install(self.engine)  # CDC for the warehouse (PostgreSQL: logical decoding)
         except OperationalError as e:
             raise RegistryUnavailableError(f"registry {self.describe()} is unreachable: {e.orig}") from None
+
+    @property
+    def backend(self) -> str:
+        return self.url.get_backend_name()
 
     @classmethod
     def sqlite(cls, path: str | Path) -> Registry:

@@ -1,0 +1,91 @@
+"""The analytic warehouse (DuckDB): the registry's episodes, kept in sync by change-data-capture.
+
+One DuckDB file, one writer at a time (DuckDB's rule; Dagster serializes writers with a
+pool of size 1). Each apply is one DuckDB transaction holding the rows *and* the CDC
+position it reached, so a crash either keeps both or neither: the sync resumes from the
+last applied position and re-applies at most one batch, which is idempotent because the
+change log carries keys and the rows are read as they are now.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+from sqlalchemy import BigInteger, Boolean, Float, Integer, String, Text
+
+from . import schema as t
+
+_DUCK_TYPES = {BigInteger: "BIGINT", Integer: "INTEGER", Float: "DOUBLE", Boolean: "BOOLEAN", String: "VARCHAR",
+               Text: "VARCHAR"}
+_ARROW_TYPES = {"BIGINT": pa.int64(), "INTEGER": pa.int32(), "DOUBLE": pa.float64(), "BOOLEAN": pa.bool_(),
+                "VARCHAR": pa.string()}
+
+
+def _columns() -> list[tuple[str, str]]:
+    """The warehouse mirrors every column of the registry's episodes table, plus when it was synced."""
+    cols = []
+    for c in t.episodes.columns:
+        duck = next(v for k, v in _DUCK_TYPES.items() if isinstance(c.type, k))
+        cols.append((c.name, duck))
+    return cols + [("synced_at", "DOUBLE")]
+
+
+class Warehouse:
+    def __init__(self, path: str | Path, *, read_only: bool = False):
+        self.path = Path(path)
+        if not read_only:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.con = duckdb.connect(str(self.path), read_only=read_only)
+        self.columns = _columns()
+        if not read_only:
+            cols = ", ".join(f"{n} {ty}" for n, ty in self.columns)
+            self.con.execute(f"CREATE TABLE IF NOT EXISTS episodes ({cols}, PRIMARY KEY (episode_id))")
+            self.con.execute("CREATE TABLE IF NOT EXISTS cdc_position (source VARCHAR PRIMARY KEY, position VARCHAR)")
+
+    def close(self) -> None:
+        self.con.close()
+
+    def __enter__(self) -> Warehouse:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def position(self, source: str) -> str | None:
+        row = self.con.execute("SELECT position FROM cdc_position WHERE source = ?", [source]).fetchone()
+        return row[0] if row else None
+
+    def apply(self, *, source: str, position: str, upserts: Sequence[dict], deletes: Sequence[str]) -> None:
+        """Upsert rows and delete keys, and record ``position``, in one transaction."""
+        names = [n for n, _ in self.columns]
+        now = time.time()
+        table = pa.table({n: pa.array([(now if n == "synced_at" else r.get(n)) for r in upserts],
+                                      type=_ARROW_TYPES[ty]) for n, ty in self.columns})
+        keys = pa.table({"episode_id": pa.array(list(deletes) + [r["episode_id"] for r in upserts], pa.string())})
+        self.con.execute("BEGIN TRANSACTION")
+        try:
+            self.con.register("cdc_upserts", table)
+            self.con.register("cdc_keys", keys)
+            # delete then insert: one statement pair for the whole batch, whatever the mix
+            self.con.execute("DELETE FROM episodes WHERE episode_id IN (SELECT episode_id FROM cdc_keys)")
+            self.con.execute(f"INSERT INTO episodes ({', '.join(names)}) SELECT {', '.join(names)} FROM cdc_upserts")
+            self.con.execute("INSERT OR REPLACE INTO cdc_position VALUES (?, ?)", [source, position])
+            self.con.execute("COMMIT")
+        except BaseException:
+            self.con.execute("ROLLBACK")
+            raise
+        finally:
+            self.con.unregister("cdc_upserts")
+            self.con.unregister("cdc_keys")
+
+    def episodes(self) -> list[dict]:
+        cur = self.con.execute("SELECT * EXCLUDE (synced_at) FROM episodes ORDER BY episode_id")
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, row)) for row in cur.fetchall()]
+
+    def count(self) -> int:
+        return self.con.execute("SELECT count(*) FROM episodes").fetchone()[0]

@@ -1,0 +1,148 @@
+"""CDC from the SQLite registry into the DuckDB warehouse: a random storm of inserts, updates
+and deletes, synced with crashes in between, leaves the warehouse equal to the source."""
+
+import random
+
+import pytest
+from sqlalchemy import delete, select, update
+
+from dyna_resources.catalog import changelog, schema as t
+from dyna_resources.catalog.cdc import sync
+from dyna_resources.catalog.registry import Registry
+from dyna_resources.catalog.warehouse import Warehouse
+
+
+def row(i: int, rng: random.Random) -> dict:
+    return {"episode_id": f"ep-{i:05d}", "source_path": f"site/ep-{i:05d}.h5", "batch_key": f"b-{i % 7}",
+            "status": rng.choice(["accepted", "transcoded", "quarantined"]), "source_bytes": rng.randint(1, 10**9),
+            "duration_s": rng.uniform(1, 60), "task": rng.choice(["pick", "fold", "o'hare; DROP TABLE x"]),
+            "success": rng.choice([True, False, None]), "camera_dead": rng.choice([True, False]),
+            "cameras": '["a", "b"]', "updated_at": rng.uniform(0, 1e9), "pipeline_version": "1.0"}
+
+
+def source_rows(reg: Registry) -> list[dict]:
+    with reg.engine.begin() as c:
+        return [dict(r) for r in c.execute(select(t.episodes).order_by(t.episodes.c.episode_id)).mappings()]
+
+
+def storm(reg: Registry, rng: random.Random, live: set[int], n_ops: int, next_id: list[int]) -> None:
+    with reg.engine.begin() as c:
+        for _ in range(n_ops):
+            op = rng.random()
+            if op < 0.5 or not live:
+                i = next_id[0]
+                next_id[0] += 1
+                c.execute(t.episodes.insert().values(**row(i, rng)))
+                live.add(i)
+            elif op < 0.85:
+                i = rng.choice(sorted(live))
+                c.execute(update(t.episodes).where(t.episodes.c.episode_id == f"ep-{i:05d}")
+                          .values(status=rng.choice(["transcoded", "quarantined"]), mcap_bytes=rng.randint(1, 10**8),
+                                  quality_ok=rng.choice([True, False, None])))
+            else:
+                i = rng.choice(sorted(live))
+                c.execute(delete(t.episodes).where(t.episodes.c.episode_id == f"ep-{i:05d}"))
+                live.discard(i)
+
+
+class DiesBeforePosition:
+    """A DuckDB connection that is 'killed' while recording the CDC position of an apply."""
+
+    def __init__(self, inner, after_applies: int):
+        self.inner, self.left = inner, after_applies
+
+    def execute(self, sql, *args):
+        if sql.startswith("INSERT OR REPLACE INTO cdc_position"):
+            if self.left == 0:
+                raise KeyboardInterrupt("killed mid-transaction")
+            self.left -= 1
+        return self.inner.execute(sql, *args)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_storm_with_crashes_leaves_the_warehouse_equal_to_the_source(tmp_path, seed, monkeypatch):
+    rng = random.Random(seed)
+    reg = Registry.sqlite(tmp_path / "registry.sqlite")
+    wh_path = tmp_path / "warehouse.duckdb"
+    live, next_id = set(), [0]
+    crashes = 0
+    for round_ in range(12):
+        storm(reg, rng, live, rng.randint(1, 400), next_id)
+        wh = Warehouse(wh_path)
+        if rng.random() < 0.4:  # the sync dies inside a warehouse transaction, rows written, position not
+            wh.con = DiesBeforePosition(wh.con, after_applies=rng.randint(0, 2))
+            try:
+                sync(reg, wh, batch=50)
+            except KeyboardInterrupt:
+                crashes += 1
+            wh.con = wh.con.inner
+        elif rng.random() < 0.3:  # killed between the warehouse commit and pruning the log
+            monkeypatch.setattr(changelog, "prune", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
+            with pytest.raises(KeyboardInterrupt):
+                sync(reg, wh, batch=50)
+            monkeypatch.undo()
+            crashes += 1
+        else:
+            sync(reg, wh, batch=rng.choice([10, 1000]))
+        wh.close()
+    wh = Warehouse(wh_path)  # a fresh process would reopen it like this
+    report = sync(reg, wh, batch=70)
+    assert wh.episodes() == source_rows(reg)  # row for row, every column
+    assert wh.count() == len(live) > 0
+    assert crashes > 0 and report.position > 0
+    # nothing new: nothing applied; the log is pruned up to the applied position
+    again = sync(reg, wh)
+    assert again.changes == 0 and changelog.read_changes(reg.engine, 0, 10) == []
+    wh.close()
+
+
+def test_a_row_updated_and_deleted_between_syncs_is_deleted_once(tmp_path):
+    reg = Registry.sqlite(tmp_path / "r.sqlite")
+    rng = random.Random(0)
+    with reg.engine.begin() as c:
+        c.execute(t.episodes.insert().values(**row(1, rng)))
+        c.execute(t.episodes.insert().values(**row(2, rng)))
+    with Warehouse(tmp_path / "w.duckdb") as wh:
+        assert sync(reg, wh).upserts == 2
+        with reg.engine.begin() as c:
+            c.execute(update(t.episodes).where(t.episodes.c.episode_id == "ep-00001").values(status="transcoded"))
+            c.execute(delete(t.episodes).where(t.episodes.c.episode_id == "ep-00001"))
+            c.execute(update(t.episodes).where(t.episodes.c.episode_id == "ep-00002").values(episode_id="ep-00003"))
+        rep = sync(reg, wh)
+        assert (rep.upserts, rep.deletes) == (1, 2)
+        assert [e["episode_id"] for e in wh.episodes()] == ["ep-00003"]
+
+
+def test_sync_killed_with_sigkill_resumes_from_its_last_applied_position(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    reg = Registry.sqlite(tmp_path / "r.sqlite")
+    rng = random.Random(7)
+    live, next_id = set(), [0]
+    for _ in range(10):
+        storm(reg, rng, live, 2000, next_id)
+    script = ("import sys; from dyna_resources.catalog.registry import Registry; "
+              "from dyna_resources.catalog.warehouse import Warehouse; from dyna_resources.catalog.cdc import sync; "
+              "sync(Registry.sqlite(sys.argv[1]), Warehouse(sys.argv[2]), batch=100)")
+    proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "r.sqlite"), str(tmp_path / "w.duckdb")])
+    deadline = time.monotonic() + 120
+    while not changelog.read_changes(reg.engine, 0, 1) or changelog.read_changes(reg.engine, 0, 1)[0].seq == 1:
+        assert proc.poll() is None, "sync ended before it could be killed"
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    first_unapplied = changelog.read_changes(reg.engine, 0, 1)[0].seq
+    with Warehouse(tmp_path / "w.duckdb") as wh:
+        resumed_from = int(wh.position(f"registry:{reg.describe()}"))
+        assert 0 < resumed_from < 20_000 and resumed_from >= first_unapplied - 1
+        report = sync(reg, wh)
+        assert report.changes < 20_000  # resumed, not restarted
+        assert wh.episodes() == source_rows(reg)
