@@ -95,7 +95,8 @@ def postgres_url():
         for _attempt in range(3):  # another process may grab the free port before the server binds it
             port = _free_port()
             opts = (f"-c listen_addresses=127.0.0.1 -p {port} -k {sock} "
-                    f"-c fsync=off -c full_page_writes=off")
+                    f"-c fsync=off -c full_page_writes=off "
+                    f"-c wal_level=logical -c max_replication_slots=64 -c max_wal_senders=8")  # CDC
             r = pg_ctl("-o", opts, "-l", str(log), "-w", "-t", "60", "start")
             if r.returncode == 0:
                 started = True
@@ -139,6 +140,8 @@ def registry(request, tmp_path):
         finally:
             reg.close()
             with conn.cursor() as cur:
+                cur.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                            "WHERE database = %s", (name,))  # a database with a slot cannot be dropped
                 cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
     finally:
         conn.close()

@@ -1,4 +1,5 @@
-"""Sync the registry into the warehouse by change-data-capture (SQLite change log).
+"""Sync the registry into the warehouse by change-data-capture: the SQLite change log, or
+PostgreSQL logical decoding (pgoutput).
 
 ``sync`` reads changes after the warehouse's recorded position, folds them per key, reads
 the current row of every changed key (a key whose row is gone is a delete), and applies
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import select
 
-from . import changelog
+from . import changelog, pg_logical
 from . import schema as t
 from .registry import Registry
 from .warehouse import Warehouse
@@ -23,7 +24,7 @@ class SyncReport:
     changes: int = 0
     upserts: int = 0
     deletes: int = 0
-    position: int = 0
+    position: int | str = 0  # change-log seq (SQLite) or commit LSN (PostgreSQL)
     batches: int = 0
 
 
@@ -33,33 +34,79 @@ def source_name(registry: Registry) -> str:
 
 def sync(registry: Registry, warehouse: Warehouse, *, batch: int = 50_000, max_batches: int | None = None,
          prune: bool = True) -> SyncReport:
-    if registry.backend != "sqlite":
-        raise NotImplementedError("CDC from PostgreSQL uses logical decoding; not built yet")
+    """Apply what changed in the registry since the warehouse's position; returns what was done.
+    A warehouse that has never synced this source first takes a full snapshot."""
     source = source_name(registry)
-    rep = SyncReport(position=int(warehouse.position(source) or 0))
+    slot = pg_logical.install(registry.engine, list(changelog.TRACKED)) if registry.backend == "postgresql" else None
+    rep = SyncReport()
+    if warehouse.position(source) is None:
+        # Changes before the log or slot existed are not in it: start from a snapshot. Anything
+        # that changes during the snapshot is also in the log/slot and is applied again (idempotent).
+        rows = _current_rows(registry, None)
+        warehouse.apply(source=source, position="0" if slot is None else "0/0", upserts=list(rows.values()),
+                        deletes=[], replace_all=True)
+        rep.upserts += len(rows)
+    position = warehouse.position(source)
+    rep.position = int(position) if slot is None else position
+    step = _step_sqlite if slot is None else _step_postgres
     while max_batches is None or rep.batches < max_batches:
-        changes = changelog.read_changes(registry.engine, rep.position, batch)
-        if not changes:
+        if not step(registry, warehouse, source, slot, batch, prune, rep):
             break
-        keys = {c.key for c in changes if c.table == "episodes"}
-        rows = _current_rows(registry, sorted(keys))
-        upserts = [rows[k] for k in sorted(keys) if k in rows]
-        deletes = sorted(k for k in keys if k not in rows)
-        last = changes[-1].seq
-        warehouse.apply(source=source, position=str(last), upserts=upserts, deletes=deletes)
-        if prune:
-            changelog.prune(registry.engine, last)
-        rep.changes += len(changes)
-        rep.upserts += len(upserts)
-        rep.deletes += len(deletes)
-        rep.position = last
         rep.batches += 1
     return rep
 
 
-def _current_rows(registry: Registry, keys: list[str]) -> dict[str, dict]:
+def _apply_keys(registry: Registry, warehouse: Warehouse, source: str, keys: set[str], position: str,
+                rep: SyncReport) -> None:
+    rows = _current_rows(registry, sorted(keys))
+    upserts = [rows[k] for k in sorted(keys) if k in rows]
+    deletes = sorted(k for k in keys if k not in rows)
+    warehouse.apply(source=source, position=position, upserts=upserts, deletes=deletes)
+    rep.upserts += len(upserts)
+    rep.deletes += len(deletes)
+
+
+def _step_sqlite(registry, warehouse, source, _slot, batch, prune, rep) -> bool:
+    after = int(warehouse.position(source) or 0)
+    changes = changelog.read_changes(registry.engine, after, batch)
+    if not changes:
+        return False
+    last = changes[-1].seq
+    _apply_keys(registry, warehouse, source, {c.key for c in changes if c.table == "episodes"}, str(last), rep)
+    if prune:
+        changelog.prune(registry.engine, last)
+    rep.changes += len(changes)
+    rep.position = last
+    return True
+
+
+def _step_postgres(registry, warehouse, source, slot, batch, _prune, rep) -> bool:
+    txs = pg_logical.peek(registry.engine, slot, batch)
+    if not txs:
+        return False
+    if txs[-1].end_lsn == getattr(rep, "_last_end", None):  # never loop on a slot that does not move
+        raise RuntimeError(f"replication slot {slot} did not advance past {txs[-1].end_lsn}")
+    rep._last_end = txs[-1].end_lsn
+    applied = pg_logical.lsn_int(warehouse.position(source) or "0/0")
+    todo = [tx for tx in txs if pg_logical.lsn_int(tx.commit_lsn) > applied]  # others: applied, slot not yet advanced
+    if todo:
+        keys = set().union(*(tx.keys.get("episodes", set()) for tx in todo))
+        if any("episodes" in tx.truncated for tx in todo):
+            keys |= {r["episode_id"] for r in warehouse.episodes()} | set(_current_rows(registry, None))
+        _apply_keys(registry, warehouse, source, keys, todo[-1].commit_lsn, rep)
+        rep.changes += sum(len(k) for tx in todo for k in tx.keys.values())
+    pg_logical.advance(registry.engine, slot, txs[-1].end_lsn)  # only after the warehouse committed
+    rep.position = txs[-1].commit_lsn
+    return True
+
+
+def _current_rows(registry: Registry, keys: list[str] | None) -> dict[str, dict]:
     out: dict[str, dict] = {}
     with registry.engine.begin() as c:
+        if keys is None:
+            for r in c.execute(select(t.episodes)).mappings():
+                out[r["episode_id"]] = dict(r)
+            return out
         for i in range(0, len(keys), 5000):
             for r in c.execute(select(t.episodes).where(t.episodes.c.episode_id.in_(keys[i:i + 5000]))).mappings():
                 out[r["episode_id"]] = dict(r)

@@ -59,8 +59,10 @@ class Warehouse:
         row = self.con.execute("SELECT position FROM cdc_position WHERE source = ?", [source]).fetchone()
         return row[0] if row else None
 
-    def apply(self, *, source: str, position: str, upserts: Sequence[dict], deletes: Sequence[str]) -> None:
-        """Upsert rows and delete keys, and record ``position``, in one transaction."""
+    def apply(self, *, source: str, position: str, upserts: Sequence[dict], deletes: Sequence[str],
+              replace_all: bool = False) -> None:
+        """Upsert rows and delete keys, and record ``position``, in one transaction
+        (``replace_all``: the rows are the whole table, as in a snapshot)."""
         names = [n for n, _ in self.columns]
         now = time.time()
         table = pa.table({n: pa.array([(now if n == "synced_at" else r.get(n)) for r in upserts],
@@ -71,7 +73,10 @@ class Warehouse:
             self.con.register("cdc_upserts", table)
             self.con.register("cdc_keys", keys)
             # delete then insert: one statement pair for the whole batch, whatever the mix
-            self.con.execute("DELETE FROM episodes WHERE episode_id IN (SELECT episode_id FROM cdc_keys)")
+            if replace_all:
+                self.con.execute("DELETE FROM episodes")
+            else:
+                self.con.execute("DELETE FROM episodes WHERE episode_id IN (SELECT episode_id FROM cdc_keys)")
             self.con.execute(f"INSERT INTO episodes ({', '.join(names)}) SELECT {', '.join(names)} FROM cdc_upserts")
             self.con.execute("INSERT OR REPLACE INTO cdc_position VALUES (?, ?)", [source, position])
             self.con.execute("COMMIT")
