@@ -13,7 +13,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from dagster import DagsterInstance
+from dagster import DagsterInstance, materialize
 
 from dyna_resources.episodes.sim import generate_fleet
 from dyna_resources.faces import IngestResource
@@ -52,8 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
     results = ingest_landed(instance, defs, cursor_file=home.root / "landing_sensor.cursor", resources=resources,
                             run_config=quiet)
+    warehouse = materialize([defs.get_assets_def("warehouse_episodes")], instance=instance, resources=resources,
+                            run_config=quiet, raise_on_error=False)
+    results.append(warehouse)
     failed = [r for r in results if not r.success]
     print_summary(home, ingest, results)
+    print_warehouse(resources["warehouse"])
     if failed:
         print(f"{len(failed)} run(s) failed: {[r.run_id for r in failed]}", file=sys.stderr)
         return 1
@@ -67,6 +71,20 @@ def ensure_instance_config(dagster_home: Path) -> None:
     template = Path(__file__).resolve().parent.parent / "infra" / "dagster" / "dagster.yaml"
     if template.exists():
         shutil.copyfile(template, dagster_home / "dagster.yaml")
+
+
+def print_warehouse(warehouse) -> None:
+    with warehouse.open(read_only=True) as wh:
+        rows = wh.con.execute(
+            "SELECT task, count(*) AS episodes, round(sum(duration_s) / 60, 2) AS minutes, "
+            "count(*) FILTER (WHERE camera_dead OR camera_dropped) AS flagged "
+            "FROM episodes WHERE status = 'transcoded' GROUP BY task ORDER BY task").fetchall()
+        total = wh.count()
+    print(f"warehouse (DuckDB, synced from the registry by CDC): {wh.path}, {total} rows")
+    print(f"  {'task':<14}{'episodes':>9}{'minutes':>9}{'flagged':>9}")
+    for task, n, minutes, flagged in rows:
+        print(f"  {task:<14}{n:>9}{minutes:>9.2f}{flagged:>9}")
+    print("=" * 86)
 
 
 def print_summary(home: DynaHome, ingest: IngestResource, results) -> None:
@@ -111,6 +129,7 @@ def print_summary(home: DynaHome, ingest: IngestResource, results) -> None:
     print(f"  landing zone (HDF5):  {home.landing}")
     print(f"  MCAP episodes:        {home.mcap}")
     print(f"  registry (SQLite):    {home.root / 'registry.sqlite'}  (episodes, batches, gate results, quarantine)")
+    print(f"  warehouse (DuckDB):   {home.root / 'warehouse.duckdb'}  (episodes, for curation queries)")
     print("How to look at them:")
     print("  Dagster UI:   make ui    then open http://127.0.0.1:3000 : assets raw_episodes / mcap_episodes,")
     print("                one partition per ingest batch, gate checks, per-partition metadata; the landing")
@@ -119,7 +138,7 @@ def print_summary(home: DynaHome, ingest: IngestResource, results) -> None:
     if files:
         print(f"  Rerun:        .venv/bin/rerun {files[0]}")
         print(f"  Foxglove:     open {files[0]} in Foxglove (desktop app or app.foxglove.dev: Open local file)")
-    print("=" * 86)
+    print("-" * 86)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from typing import Any
 from dagster import ConfigurableResource
 
 from .catalog.registry import Registry, registry_url_from_env
+from .catalog.warehouse import Warehouse
 from .episodes.codec import VideoSettings
 from .episodes.transcode import TranscodeSettings
 from .home import DynaHome
@@ -67,6 +68,17 @@ class IngestResource(ConfigurableResource):
     def landing_settings(self) -> LandingSettings:
         return LandingSettings(self.target_batch_bytes, self.tolerance, self.max_wait_s, self.max_runs_per_tick,
                                self.scan_limit, self.reconcile_every)
+
+
+class WarehouseResource(ConfigurableResource):
+    """The DuckDB warehouse file (default ``$DYNA_HOME/warehouse.duckdb``); one writer at a time."""
+
+    path: str = ""
+    home_root: str = ""
+
+    def open(self, read_only: bool = False) -> Warehouse:
+        path = self.path or str(HomeResource(root=self.home_root).home().root / "warehouse.duckdb")
+        return Warehouse(path, read_only=read_only)
 
 
 class GatesResource(ConfigurableResource):

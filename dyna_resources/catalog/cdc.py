@@ -56,6 +56,16 @@ def sync(registry: Registry, warehouse: Warehouse, *, batch: int = 50_000, max_b
     return rep
 
 
+def pending(registry: Registry) -> str | None:
+    """A marker of the oldest change not yet applied (None when there is none); cheap enough for a sensor."""
+    if registry.backend == "postgresql":
+        slot = pg_logical.install(registry.engine, list(changelog.TRACKED))
+        txs = pg_logical.peek(registry.engine, slot, 1)
+        return txs[0].commit_lsn if txs else None
+    changes = changelog.read_changes(registry.engine, 0, 1)
+    return str(changes[0].seq) if changes else None
+
+
 def _apply_keys(registry: Registry, warehouse: Warehouse, source: str, keys: set[str], position: str,
                 rep: SyncReport) -> None:
     rows = _current_rows(registry, sorted(keys))

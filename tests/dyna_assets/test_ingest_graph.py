@@ -197,3 +197,24 @@ def test_unreachable_registry_fails_the_run_and_names_it_without_the_password(ho
         (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
         text = str(failure.step_failure_data.error)
         assert "RegistryUnavailableError" in text and "127.0.0.1:1" in text and "s3cret" not in text
+
+
+def test_warehouse_follows_the_registry_and_its_sensor_fires_only_when_changes_are_pending(home):
+    from dyna_assets.warehouse.sensors import warehouse_sync_sensor
+    from dyna_resources.faces import WarehouseResource
+
+    res = {**resources(home), "warehouse": WarehouseResource(home_root=str(home))}
+    wh_asset = defs.get_assets_def("warehouse_episodes")
+    with DagsterInstance.ephemeral() as instance:
+        (req,) = tick(instance, res).run_requests
+        sensor_ctx = lambda: build_sensor_context(instance=instance, definitions=defs, resources=res)  # noqa: E731
+        assert materialize(ASSETS, instance=instance, partition_key=req.partition_key, resources=res).success
+        fired = warehouse_sync_sensor(sensor_ctx())
+        assert fired.run_key.startswith("cdc-") and fired.tags["dyna/trigger"] == "cdc"
+        result = materialize([wh_asset], instance=instance, resources=res)
+        m = md(result, "warehouse_episodes", None)
+        assert m["rows"] == 4 and m["rows_by_status"] == {"transcoded": 4}
+        assert "up to date" in warehouse_sync_sensor(sensor_ctx()).skip_message
+        with res["warehouse"].open(read_only=True) as wh:
+            assert [e["episode_id"] for e in wh.episodes()] == [f"ep-g{i}" for i in range(4)]
+            assert wh.episodes() == sorted(res["ingest"].stores().registry.episodes(), key=lambda e: e["episode_id"])

@@ -1,0 +1,1 @@
+"""Warehouse: the registry synced into DuckDB by change-data-capture."""

@@ -1,0 +1,19 @@
+"""Near-real-time sync: whenever the registry has changes the warehouse has not applied, run the sync."""
+
+from dagster import AssetKey, RunRequest, SensorEvaluationContext, SkipReason, sensor
+
+from dyna_resources.catalog.cdc import pending
+from dyna_resources.faces import IngestResource
+
+from ..ingest.sensors import default_status
+
+
+@sensor(asset_selection=[AssetKey("warehouse_episodes")], minimum_interval_seconds=10,
+        default_status=default_status(),
+        description="Registry changes pending → one warehouse sync run (run key = oldest pending change, so a "
+                    "burst never launches twice; DuckDB writers are serialized by the duckdb pool).")
+def warehouse_sync_sensor(context: SensorEvaluationContext, ingest: IngestResource):
+    marker = pending(ingest.stores().registry)
+    if marker is None:
+        return SkipReason("the warehouse is up to date")
+    return RunRequest(run_key=f"cdc-{marker}", tags={"dyna/trigger": "cdc"})
