@@ -75,6 +75,7 @@ class Registry:
         self._insert = postgresql.insert if self.url.get_backend_name() == "postgresql" else sqlite.insert
         try:
             t.metadata.create_all(self.engine)
+            _add_missing_columns(self.engine)
             if self.backend == "sqlite":
                 changelog.install(self.engine)  # CDC for the warehouse (PostgreSQL: logical decoding)
         except OperationalError as e:
@@ -190,6 +191,14 @@ class Registry:
                              .where(t.landed_files.c.batch_key == key).order_by(t.landed_files.c.path)).all()
         return [LandedFile(*r) for r in rows]
 
+    def registered_at(self, paths: Sequence[str]) -> dict[str, float]:
+        out = {}
+        with self._begin() as c:
+            for i in range(0, len(paths), 5000):
+                out.update(c.execute(select(t.landed_files.c.path, t.landed_files.c.registered_at)
+                                     .where(t.landed_files.c.path.in_(list(paths[i:i + 5000])))).all())
+        return out
+
     # -- episodes, gates, quarantine -------------------------------------------------------
     def record_outcome(self, *, source_path: str, batch_key: str, stage: str, gates: Sequence[dict],
                        episode: dict | None = None, quarantine: dict | None = None,
@@ -277,6 +286,21 @@ class Registry:
         with self._begin() as c:
             return {tab.name: c.execute(select(func.count()).select_from(tab)).scalar_one()
                     for tab in t.metadata.sorted_tables}
+
+
+def _add_missing_columns(engine: Engine) -> None:
+    """Additive migration: a column the code knows and an older database lacks is added
+    (nullable, so old rows stay valid). Columns are never dropped or changed here."""
+    from sqlalchemy import inspect
+
+    insp = inspect(engine)
+    with engine.begin() as c:
+        for table in t.metadata.sorted_tables:
+            have = {col["name"] for col in insp.get_columns(table.name)}
+            for col in table.columns:
+                if col.name not in have:
+                    ddl = col.type.compile(dialect=engine.dialect)
+                    c.exec_driver_sql(f'ALTER TABLE {table.name} ADD COLUMN {col.name} {ddl}')
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:

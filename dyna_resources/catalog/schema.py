@@ -52,6 +52,7 @@ episodes = Table(
     Column("success", Boolean, nullable=True),
     Column("started_at", String(40), nullable=False, default=""),
     Column("cameras", Text, nullable=False, default="[]"),  # JSON list
+    Column("ingested_at", Float, nullable=True),  # when its file was registered from the landing zone
     # quality flags, for curation queries
     Column("timestamps_ok", Boolean, nullable=True),
     Column("camera_dropped", Boolean, nullable=True),
@@ -63,6 +64,12 @@ episodes = Table(
     Column("pipeline_version", String(16), nullable=True),
     Column("mcap_path", String(1024), nullable=True),
     Column("mcap_bytes", BigInteger, nullable=True),
+    # what the transcode measured, for curation (time range, steps, frames, cameras with gaps)
+    Column("start_ns", BigInteger, nullable=True),
+    Column("end_ns", BigInteger, nullable=True),
+    Column("n_steps", Integer, nullable=True),  # joint_states samples
+    Column("n_frames", Integer, nullable=True),  # camera frames, all cameras
+    Column("dropped_cameras", Text, nullable=True),  # JSON list of cameras with missing frames
     Column("updated_at", Float, nullable=False),
     Index("ix_episodes_batch", "batch_key"),
     Index("ix_episodes_versions", "status", "pipeline_version", "schema_version", "batch_key"),  # covers the drift query

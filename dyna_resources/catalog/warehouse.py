@@ -45,6 +45,11 @@ class Warehouse:
             cols = ", ".join(f"{n} {ty}" for n, ty in self.columns)
             self.con.execute(f"CREATE TABLE IF NOT EXISTS episodes ({cols}, PRIMARY KEY (episode_id))")
             self.con.execute("CREATE TABLE IF NOT EXISTS cdc_position (source VARCHAR PRIMARY KEY, position VARCHAR)")
+            have = {r[0] for r in self.con.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_name = 'episodes'").fetchall()}
+            for n, ty in self.columns:  # additive migration, as in the registry
+                if n not in have:
+                    self.con.execute(f"ALTER TABLE episodes ADD COLUMN {n} {ty}")
 
     def close(self) -> None:
         self.con.close()
@@ -88,7 +93,8 @@ class Warehouse:
             self.con.unregister("cdc_keys")
 
     def episodes(self) -> list[dict]:
-        cur = self.con.execute("SELECT * EXCLUDE (synced_at) FROM episodes ORDER BY episode_id")
+        names = ", ".join(n for n, _ in self.columns if n != "synced_at")
+        cur = self.con.execute(f"SELECT {names} FROM episodes ORDER BY episode_id")
         names = [d[0] for d in cur.description]
         return [dict(zip(names, row)) for row in cur.fetchall()]
 

@@ -9,6 +9,7 @@ landing store or registry raises and fails the run (nothing is half-recorded).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -81,6 +82,7 @@ def inventory_batch(batch_key: str, stores: IngestStores, gates: GateConfig,
                     log: Callable[[str], None] = lambda m: None) -> StageReport:
     stores.check()
     files = stores.registry.batch_files(batch_key)
+    registered = stores.registry.registered_at([f.path for f in files])
     rep = StageReport(batch_key, "pre", files=len(files))
     pv = versions.PIPELINE_VERSION
     t_cpu = time.process_time()
@@ -93,7 +95,7 @@ def inventory_batch(batch_key: str, stores: IngestStores, gates: GateConfig,
             insp.gates = [GateResult("readable", False, "quarantine", "file vanished from the landing zone")]
         else:
             insp = inspect_file(path, f.path, gates)
-        episode, release = _episode_row(stores.registry, insp)
+        episode, release = _episode_row(stores.registry, insp, registered.get(f.path))
         rep.tally(f.path, (insp.episode or {}).get("episode_id"), insp.gates)
         stores.registry.record_outcome(source_path=f.path, batch_key=batch_key, stage="pre",
                                        gates=[g.as_record(pv) for g in insp.gates], episode=episode,
@@ -110,7 +112,7 @@ def _q(q: dict | None) -> dict | None:
     return None if q is None else {**q, "pipeline_version": versions.PIPELINE_VERSION}
 
 
-def _episode_row(registry: Registry, insp: Inspection) -> tuple[dict | None, bool]:
+def _episode_row(registry: Registry, insp: Inspection, registered_at: float | None) -> tuple[dict | None, bool]:
     """The episode row to upsert after an inspection, and whether to release an old quarantine."""
     ep = insp.episode
     if ep is None:
@@ -124,6 +126,7 @@ def _episode_row(registry: Registry, insp: Inspection) -> tuple[dict | None, boo
         insp.gates = [GateResult("readable", False, "quarantine", insp.quarantine["reason"])]
         return None, True
     row = dict(ep)
+    row["ingested_at"] = registered_at
     if insp.quarantine:
         row["status"] = REJECTED
         return row, True
@@ -254,7 +257,10 @@ def _record(stores: IngestStores, rep: StageReport, row: dict, out: dict, log: C
     else:
         r = out["report"]
         episode.update(status=TRANSCODED, mcap_path=r["output"], mcap_bytes=r["bytes_out"],
-                       quality_ok=bool(row.get("quality_ok", True)) and all(g.passed for g in results))
+                       quality_ok=bool(row.get("quality_ok", True)) and all(g.passed for g in results),
+                       start_ns=r["start_ns"], end_ns=r["end_ns"], n_steps=r["streams"].get("joint_states", 0),
+                       n_frames=sum(c["frames"] for c in r["cameras"].values()),
+                       dropped_cameras=json.dumps(sorted(c for c, v in r["cameras"].items() if v["dropped_frames"])))
         rep.processed.append(row["episode_id"])
     stores.registry.record_outcome(source_path=row["source_path"], batch_key=rep.batch_key, stage="post",
                                    gates=[g.as_record(pv) for g in results], episode=episode,

@@ -210,7 +210,9 @@ def test_episode_row_round_trips_every_column(registry):
         "ep-000001", robot_id="arm-07", robot_model="dyna-a1", robot_sw_version="4.2.1", task="pick_place",
         site="sfo-lab", operator="op-3", success=True, started_at="2026-11-02T08:15:00Z",
         cameras=["wrist", "head"], timestamps_ok=True, camera_dropped=False, camera_dead=False,
-        frame_drop_fraction=0.25, quality_ok=True, source_bytes=2**40 + 7, duration_s=12.5)
+        frame_drop_fraction=0.25, quality_ok=True, source_bytes=2**40 + 7, duration_s=12.5, ingested_at=T0,
+        start_ns=1_793_000_000_123_456_789, end_ns=1_793_000_012_623_456_789, n_steps=2500, n_frames=1125,
+        dropped_cameras='["wrist"]')
     registry.record_outcome(source_path=f.path, batch_key=key, stage="pre", gates=[gate("readable")],
                             episode=episode, now=T0 + 5)
 
@@ -481,3 +483,21 @@ def test_sqlite_constructor_creates_the_parent_folder(tmp_path):
         assert reg.describe() == f"sqlite:///{(tmp_path / 'nested' / 'home' / 'registry.sqlite').resolve()}"
     finally:
         reg.close()
+
+
+def test_an_older_registry_gains_new_columns_when_opened(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "old.sqlite"
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE episodes (episode_id VARCHAR(128) PRIMARY KEY, source_path VARCHAR(1024) NOT NULL, "
+                "batch_key VARCHAR(64) NOT NULL, status VARCHAR(16) NOT NULL, source_bytes BIGINT NOT NULL, "
+                "duration_s FLOAT NOT NULL, updated_at FLOAT NOT NULL)")
+    con.execute("INSERT INTO episodes VALUES ('ep-old', 'a.h5', 'b1', 'transcoded', 5, 2.0, 0.0)")
+    con.commit()
+    con.close()
+    reg = Registry(f"sqlite:///{path}")
+    (row,) = reg.episodes()
+    assert row["episode_id"] == "ep-old" and row["n_steps"] is None and row["start_ns"] is None
+    assert {"n_steps", "start_ns", "end_ns", "n_frames", "dropped_cameras", "ingested_at"} <= set(row)
+    reg.close()

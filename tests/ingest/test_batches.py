@@ -77,6 +77,13 @@ def test_faulty_files_are_quarantined_with_reasons_while_good_ones_land(episode_
             assert (md["pipeline_version"], md["schema_version"], md["source_sha256"]) == (
                 versions.PIPELINE_VERSION, versions.SCHEMA_VERSION, e["source_sha256"])
     assert post.gates["decodable"].evaluated == 4 and post.gates["decodable"].failed == 0
+    # what curation filters on, measured by the transcode
+    by_id = {e["episode_id"]: e for e in reg.episodes(batch)}
+    g0 = by_id["ep-good-0"]
+    assert g0["end_ns"] > g0["start_ns"] > 0 and abs((g0["end_ns"] - g0["start_ns"]) / 1e9 - g0["duration_s"]) < 1e-6
+    assert g0["n_steps"] == 400 and g0["n_frames"] == 3 * 60 and g0["dropped_cameras"] == "[]"
+    assert g0["ingested_at"] > 0
+    assert by_id["ep-dropped-frames"]["dropped_cameras"] != "[]"
     assert pre.gates["dead_camera"].failed == 1 and pre.gates["frame_drops"].failed == 1
 
     # replaying both steps adds no row and redoes nothing
