@@ -1,0 +1,182 @@
+"""Curation specs: a declarative file per training set, compiled to ONE parameterized SQL query
+over the warehouse that yields the manifest's rows (one per segment).
+
+    name: pick-place-real
+    where:                                # every condition must hold
+      task: {in: [pick_place, fold_towel]}
+      success: true                       # shorthand for {"=": true}
+      duration_s: {">=": 4}
+      camera_dead: {"!=": true}           # NULL-safe: an unknown flag is not "true"
+      site: {like: "sfo-%"}
+    segments: {length_s: 2.0, stride_s: 1.0}
+    weights: {by: task, values: {pick_place: 2.0}, default: 1.0}
+
+Column names are checked against the warehouse's columns and operators against a fixed
+list; every value is a bound parameter, so nothing from a spec is ever spliced into SQL.
+Any mistake is a :class:`CurationSpecError` naming the field (``where.tsk``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from .warehouse import _columns
+
+COLUMNS = {n: ty for n, ty in _columns()}
+OPERATORS = {"=": "IS NOT DISTINCT FROM", "!=": "IS DISTINCT FROM", "<": "<", "<=": "<=", ">": ">", ">=": ">=",
+             "in": "IN", "not_in": "NOT IN", "like": "LIKE", "is_null": "IS NULL"}
+SPEC_FIELDS = {"name", "description", "where", "segments", "weights"}
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+OUTPUT = ["episode_id", "uri", "start_ns", "end_ns", "n_steps", "weight", "task", "robot_id", "robot_model", "site",
+          "success", "pipeline_version", "schema_version"]
+
+
+class CurationSpecError(ValueError):
+    def __init__(self, field: str, reason: str, source: str = "curation spec"):
+        super().__init__(f"{source}: {field}: {reason}")
+        self.field, self.reason = field, reason
+
+
+@dataclass(frozen=True)
+class CurationSpec:
+    name: str
+    where: Mapping = field(default_factory=dict)
+    length_s: float = 2.0
+    stride_s: float = 1.0
+    weight_by: str | None = None
+    weights: Mapping = field(default_factory=dict)
+    default_weight: float = 1.0
+
+    @classmethod
+    def load(cls, path: str | Path) -> CurationSpec:
+        try:
+            data = yaml.safe_load(Path(path).read_text())
+        except yaml.YAMLError as e:
+            raise CurationSpecError("(file)", f"not valid YAML: {e}", str(path)) from None
+        return cls.from_mapping(data, source=str(path))
+
+    @classmethod
+    def from_mapping(cls, data, *, source: str = "curation spec") -> CurationSpec:
+        err = lambda f, r: CurationSpecError(f, r, source)  # noqa: E731
+        if not isinstance(data, Mapping):
+            raise err("(file)", "expected a mapping")
+        for k in data:
+            if k not in SPEC_FIELDS:
+                raise err(str(k), f"unknown field; known: {', '.join(sorted(SPEC_FIELDS))}")
+        name = data.get("name")
+        if not isinstance(name, str) or not NAME.match(name):
+            raise err("name", "required; letters, digits, '.', '_', '-' (at most 128)")
+        where = data.get("where") or {}
+        if not isinstance(where, Mapping):
+            raise err("where", "expected a mapping of column: condition")
+        for col, cond in where.items():
+            _check_condition(err, str(col), cond)
+        seg = data.get("segments") or {}
+        if not isinstance(seg, Mapping) or set(seg) - {"length_s", "stride_s"}:
+            raise err("segments", "expected {length_s, stride_s}")
+        length_s, stride_s = seg.get("length_s", 2.0), seg.get("stride_s", seg.get("length_s", 2.0))
+        for f, v in (("segments.length_s", length_s), ("segments.stride_s", stride_s)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+                raise err(f, f"must be a positive number, got {v!r}")
+        w = data.get("weights") or {}
+        if not isinstance(w, Mapping) or set(w) - {"by", "values", "default"}:
+            raise err("weights", "expected {by, values, default}")
+        by = w.get("by")
+        if by is not None and by not in COLUMNS:
+            raise err("weights.by", f"unknown column {by!r}")
+        values = w.get("values") or {}
+        if not isinstance(values, Mapping):
+            raise err("weights.values", "expected a mapping of value: weight")
+        for k, v in {**values, "default": w.get("default", 1.0)}.items():
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+                raise err(f"weights.values.{k}" if k != "default" else "weights.default",
+                          f"must be a number >= 0, got {v!r}")
+        if values and by is None:
+            raise err("weights.by", "required when weights.values is given")
+        return cls(name=name, where=dict(where), length_s=float(length_s), stride_s=float(stride_s), weight_by=by,
+                   weights=dict(values), default_weight=float(w.get("default", 1.0)))
+
+    def compile(self) -> tuple[str, dict]:
+        """The one query, and its parameters (DuckDB ``$name`` placeholders)."""
+        params: dict = {"length_ns": int(round(self.length_s * 1e9)), "stride_ns": int(round(self.stride_s * 1e9))}
+        conds = ["status = 'transcoded'", "start_ns IS NOT NULL", "end_ns - start_ns >= $length_ns"]
+        for i, (col, cond) in enumerate(sorted(self.where.items())):
+            op, value = _normalize(cond)
+            if op == "is_null":
+                conds.append(f"{col} IS NULL" if value else f"{col} IS NOT NULL")
+            elif op in ("in", "not_in"):
+                names = []
+                for j, v in enumerate(value):
+                    params[f"w{i}_{j}"] = v
+                    names.append(f"$w{i}_{j}")
+                sql = f"{col} {OPERATORS[op]} ({', '.join(names)})" if names else ("FALSE" if op == "in" else "TRUE")
+                conds.append(sql)
+            else:
+                params[f"w{i}"] = value
+                conds.append(f"{col} {OPERATORS[op]} $w{i}")
+        if self.weight_by:
+            cases = []
+            for j, (k, v) in enumerate(sorted(self.weights.items(), key=lambda kv: str(kv[0]))):
+                params[f"wk{j}"], params[f"wv{j}"] = k, float(v)
+                cases.append(f"WHEN {self.weight_by} = $wk{j} THEN $wv{j}")
+            params["wdefault"] = self.default_weight
+            weight = f"CASE {' '.join(cases)} ELSE $wdefault END" if cases else "$wdefault"
+        else:
+            params["wdefault"] = self.default_weight
+            weight = "$wdefault"
+        sql = f"""
+WITH chosen AS (
+    SELECT *, {weight} AS weight FROM episodes WHERE {' AND '.join(conds)}
+), segments AS (
+    SELECT *, unnest(range(0, CAST(floor((end_ns - start_ns - $length_ns) / $stride_ns) AS BIGINT) + 1)) AS k
+    FROM chosen
+)
+SELECT episode_id, 'file://' || mcap_path AS uri,
+       start_ns + k * $stride_ns AS start_ns,
+       start_ns + k * $stride_ns + $length_ns AS end_ns,
+       CAST(round(CAST(n_steps AS DOUBLE) * $length_ns / (end_ns - start_ns)) AS INTEGER) AS n_steps,
+       weight, task, robot_id, robot_model, site, success, pipeline_version, schema_version
+FROM segments
+WHERE weight > 0
+ORDER BY episode_id, k"""
+        return sql.strip(), params
+
+
+def _normalize(cond) -> tuple[str, object]:
+    if isinstance(cond, Mapping):
+        ((op, value),) = cond.items()
+        return str(op), value
+    if isinstance(cond, list):
+        return "in", cond
+    return "=", cond
+
+
+def _check_condition(err, col: str, cond) -> None:
+    if col not in COLUMNS:
+        raise err(f"where.{col}", f"unknown column; known: {', '.join(sorted(COLUMNS))}")
+    if isinstance(cond, Mapping) and len(cond) != 1:
+        raise err(f"where.{col}", "one operator per column, e.g. {'>=': 4}")
+    op, value = _normalize(cond)
+    if op not in OPERATORS:
+        raise err(f"where.{col}", f"unknown operator {op!r}; known: {', '.join(OPERATORS)}")
+    if op in ("in", "not_in"):
+        if not isinstance(value, list) or any(isinstance(v, (list, dict)) for v in value):
+            raise err(f"where.{col}", f"{op} needs a list of plain values")
+    elif op == "is_null":
+        if not isinstance(value, bool):
+            raise err(f"where.{col}", "is_null takes true or false")
+    elif isinstance(value, (list, dict)) or value is None:
+        raise err(f"where.{col}", f"{op} needs one plain value (use is_null for NULL)")
+    if op == "like" and not isinstance(value, str):
+        raise err(f"where.{col}", "like needs a string pattern")
+
+
+def curate(warehouse, spec: CurationSpec):
+    """Run the spec's query on the warehouse; the manifest rows as an Arrow table."""
+    sql, params = spec.compile()
+    return warehouse.con.sql(sql, params=params).to_arrow_table()  # no extra copy of the rows
