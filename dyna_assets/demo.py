@@ -23,6 +23,17 @@ from dyna_resources.ingest.batches import batch_summary
 from .definitions import defs
 from .ingest.local import ingest_landed
 
+SAMPLE_SPEC = """\
+# A curation spec: which episodes and segments a training run reads. Edit it, or add files
+# next to it: each file is one partition of the `manifests` asset.
+name: demo-clean
+where:
+  camera_dead: {"!=": true}      # NULL-safe: unknown counts as not dead
+  duration_s: {">=": 4}
+segments: {length_s: 2.0, stride_s: 1.0}
+weights: {by: task, values: {pick_place: 2.0}, default: 1.0}
+"""
+
 FAULTS = {"corrupt_jpeg": 1, "truncated": 1, "dead_camera": 1, "non_monotonic": 1}
 
 
@@ -55,9 +66,18 @@ def main(argv: list[str] | None = None) -> int:
     warehouse = materialize([defs.get_assets_def("warehouse_episodes")], instance=instance, resources=resources,
                             run_config=quiet, raise_on_error=False)
     results.append(warehouse)
+    spec = home.curation / "demo-clean.yaml"
+    if not spec.exists():
+        spec.write_text(SAMPLE_SPEC)
+    instance.add_dynamic_partitions("curation_specs", [spec.stem])
+    manifest = materialize([defs.get_assets_def("manifests")], instance=instance, resources=resources,
+                           partition_key=spec.stem, run_config=quiet, raise_on_error=False)
+    results.append(manifest)
     failed = [r for r in results if not r.success]
     print_summary(home, ingest, results)
     print_warehouse(resources["warehouse"])
+    if manifest.success:
+        print_manifest(spec, manifest)
     if failed:
         print(f"{len(failed)} run(s) failed: {[r.run_id for r in failed]}", file=sys.stderr)
         return 1
@@ -71,6 +91,18 @@ def ensure_instance_config(dagster_home: Path) -> None:
     template = Path(__file__).resolve().parent.parent / "infra" / "dagster" / "dagster.yaml"
     if template.exists():
         shutil.copyfile(template, dagster_home / "dagster.yaml")
+
+
+def print_manifest(spec: Path, result) -> None:
+    from trainer.manifest_loader import open_manifest, rank_slice
+
+    md = {k: getattr(v, "value", v) for k, v in result.asset_materializations_for_node("manifests")[0].metadata.items()}
+    table = open_manifest(md["arrow"])
+    slices = [rank_slice(table, r, 4).num_rows for r in range(4)]
+    print(f"manifest from {spec.name}: {md['rows']} segments of {md['episodes']} episodes "
+          f"({md['segment_hours'] * 60:.1f} segment-minutes), sha256 {md['sha256'][:12]}…")
+    print(f"  Parquet {md['parquet']}\n  Arrow IPC {md['arrow']} (4 ranks would mmap it and take {slices} rows)")
+    print("=" * 86)
 
 
 def print_warehouse(warehouse) -> None:

@@ -4,6 +4,8 @@
 
     landing/     raw episodes as they arrive (legacy HDF5)
     mcap/        transcoded episodes, one MCAP file each
+    curation/    curation specs (YAML), one per training set: one manifests partition each
+    manifests/   manifests written from them (Parquet + Arrow IPC + JSON sidecar)
     quarantine/  MCAPs held back by a post-transform gate (reasons are in the registry)
     registry.sqlite  the registry (system of record) of the embedded default
     dagster/     DAGSTER_HOME of the embedded Dagster instance (runs, event log, storage)
@@ -37,10 +39,18 @@ class DynaHome:
         return self.root / "quarantine"
 
     @property
+    def curation(self) -> Path:
+        return self.root / "curation"
+
+    @property
+    def manifests(self) -> Path:
+        return self.root / "manifests"
+
+    @property
     def dagster(self) -> Path:
         return self.root / "dagster"
 
     def ensure(self) -> DynaHome:
-        for p in (self.landing, self.mcap, self.quarantine, self.dagster):
+        for p in (self.landing, self.mcap, self.quarantine, self.curation, self.manifests, self.dagster):
             p.mkdir(parents=True, exist_ok=True)
         return self

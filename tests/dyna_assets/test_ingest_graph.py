@@ -218,3 +218,25 @@ def test_warehouse_follows_the_registry_and_its_sensor_fires_only_when_changes_a
         with res["warehouse"].open(read_only=True) as wh:
             assert [e["episode_id"] for e in wh.episodes()] == [f"ep-g{i}" for i in range(4)]
             assert wh.episodes() == sorted(res["ingest"].stores().registry.episodes(), key=lambda e: e["episode_id"])
+
+        # a curation spec file becomes a manifests partition; its build is one query over the warehouse
+        from dyna_assets.curation.sensors import curation_spec_sensor
+        from dyna_resources.faces import HomeResource
+        from trainer.manifest_loader import open_manifest, rank_slice
+
+        res["home"] = HomeResource(root=str(home))
+        (home / "curation").mkdir(exist_ok=True)
+        (home / "curation" / "first-two.yaml").write_text(
+            "name: first-two\nwhere: {episode_id: {in: [ep-g0, ep-g1]}}\nsegments: {length_s: 0.5, stride_s: 0.5}\n")
+        (home / "curation" / "bad name!.yaml").write_text("name: x\n")
+        sr = curation_spec_sensor(sensor_ctx())
+        assert [r.partition_key for r in sr.run_requests] == ["first-two"]
+        instance.add_dynamic_partitions("curation_specs", ["first-two"])
+        built = materialize([defs.get_assets_def("manifests")], instance=instance, resources=res,
+                            partition_key="first-two")
+        m = md(built, "manifests", "first-two")
+        t = open_manifest(m["arrow"])
+        # 2 s episodes (just under, by the first sample's offset), 0.5 s segments every 0.5 s -> 3 or 4 each
+        assert m["rows"] == t.num_rows and set(t["episode_id"].to_pylist()) == {"ep-g0", "ep-g1"}
+        assert m["episodes"] == 2 and 6 <= m["rows"] <= 8 and "SELECT" in m["sql"]
+        assert sum(rank_slice(t, r, 3).num_rows for r in range(3)) == t.num_rows

@@ -1,0 +1,29 @@
+"""One manifests partition per curation spec file; a new or edited spec is built at once."""
+
+import hashlib
+
+from dagster import AssetKey, RunRequest, SensorEvaluationContext, SensorResult, sensor
+
+from dyna_resources.catalog.curation import NAME
+from dyna_resources.faces import HomeResource
+
+from ..ingest.sensors import default_status
+from .assets import curation_specs
+
+
+@sensor(asset_selection=[AssetKey("manifests")], minimum_interval_seconds=30, default_status=default_status(),
+        description="Curation spec files ($DYNA_HOME/curation/*.yaml) → one manifests partition each; a new or "
+                    "changed spec requests a build (run key = the spec's content hash).")
+def curation_spec_sensor(context: SensorEvaluationContext, home: HomeResource):
+    specs = {}
+    for p in sorted(home.home().curation.glob("*.yaml")):
+        if NAME.match(p.stem):  # the file name becomes a partition key and a manifest file name
+            specs[p.stem] = hashlib.sha256(p.read_bytes()).hexdigest()[:16]
+        elif not p.name.startswith("."):
+            context.log.warning(f"ignoring curation spec {p.name}: name must match {NAME.pattern}")
+    known = set(context.instance.get_dynamic_partitions(curation_specs.name))
+    new = sorted(set(specs) - known)
+    return SensorResult(
+        run_requests=[RunRequest(run_key=f"{name}-{digest}", partition_key=name) for name, digest in specs.items()],
+        dynamic_partitions_requests=[curation_specs.build_add_request(new)] if new else [],
+    )
