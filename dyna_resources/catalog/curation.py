@@ -33,7 +33,7 @@ OPERATORS = {"=": "IS NOT DISTINCT FROM", "!=": "IS DISTINCT FROM", "<": "<", "<
 SPEC_FIELDS = {"name", "description", "where", "segments", "weights"}
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 OUTPUT = ["episode_id", "uri", "start_ns", "end_ns", "n_steps", "weight", "task", "robot_id", "robot_model", "site",
-          "success", "pipeline_version", "schema_version"]
+          "success", "sim", "pipeline_version", "schema_version"]
 
 
 class CurationSpecError(ValueError):
@@ -140,7 +140,7 @@ SELECT episode_id, 'file://' || mcap_path AS uri,
        start_ns + k * $stride_ns AS start_ns,
        start_ns + k * $stride_ns + $length_ns AS end_ns,
        CAST(round(CAST(n_steps AS DOUBLE) * $length_ns / (end_ns - start_ns)) AS INTEGER) AS n_steps,
-       weight, task, robot_id, robot_model, site, success, pipeline_version, schema_version
+       weight, task, robot_id, robot_model, site, success, sim, pipeline_version, schema_version
 FROM segments
 WHERE weight > 0
 ORDER BY episode_id, k"""

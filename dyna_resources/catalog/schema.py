@@ -50,6 +50,7 @@ episodes = Table(
     Column("site", String(128), nullable=False, default=""),
     Column("operator", String(128), nullable=False, default=""),
     Column("success", Boolean, nullable=True),
+    Column("sim", Boolean, nullable=True),  # recorded in simulation (curation weights sim vs real)
     Column("started_at", String(40), nullable=False, default=""),
     Column("cameras", Text, nullable=False, default="[]"),  # JSON list
     Column("ingested_at", Float, nullable=True),  # when its file was registered from the landing zone

@@ -90,7 +90,7 @@ def inspect_file(path: Path, key: str, gates: GateConfig) -> Inspection:
             "episode_id": meta.episode_id, "source_bytes": insp.bytes, "source_sha256": file_sha256(path),
             "duration_s": raw.duration_s, "robot_id": meta.robot_id, "robot_model": meta.robot_model,
             "robot_sw_version": meta.robot_sw_version, "task": meta.task, "site": meta.site,
-            "operator": meta.operator, "success": meta.success, "started_at": meta.started_at,
+            "operator": meta.operator, "success": meta.success, "sim": meta.sim, "started_at": meta.started_at,
             "cameras": sorted(raw.cameras),
             "timestamps_ok": True, "camera_dropped": worst > max_drop, "frame_drop_fraction": round(worst, 6),
             "camera_dead": bool(dead) if gates["dead_camera"].enabled else None,

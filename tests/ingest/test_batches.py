@@ -82,7 +82,7 @@ def test_faulty_files_are_quarantined_with_reasons_while_good_ones_land(episode_
     g0 = by_id["ep-good-0"]
     assert g0["end_ns"] > g0["start_ns"] > 0 and abs((g0["end_ns"] - g0["start_ns"]) / 1e9 - g0["duration_s"]) < 1e-6
     assert g0["n_steps"] == 400 and g0["n_frames"] == 3 * 60 and g0["dropped_cameras"] == "[]"
-    assert g0["ingested_at"] > 0
+    assert g0["ingested_at"] > 0 and g0["sim"] is True  # the sample fleet is simulated and says so
     assert by_id["ep-dropped-frames"]["dropped_cameras"] != "[]"
     assert pre.gates["dead_camera"].failed == 1 and pre.gates["frame_drops"].failed == 1
 

@@ -94,3 +94,42 @@ def test_a_corrupt_download_is_refused_and_leaves_nothing(manifest, tmp_path):
     assert [p for p in (tmp_path / "cache").iterdir() if not p.name.endswith(".lock")] == []
     with pytest.raises(ManifestError, match="sidecar missing"):
         local_copy(str(tmp_path / "nope.arrow"), tmp_path / "cache")
+
+
+def _pss_of_reader(args):
+    path, rank, world, ready, go = args
+    t = open_manifest(path)
+    part = rank_slice(t, rank, world)
+    for col in part.columns:  # touch every page of this rank's rows
+        for chunk in col.chunks:
+            for buf in chunk.buffers():
+                if buf is not None:
+                    int(np.frombuffer(buf, dtype=np.uint8)[::4096].sum())
+    t.column("row").to_numpy()  # and the whole id column, as a sampler scanning the manifest would
+    ready.wait()  # every rank has touched its pages before any measures
+    mapped = rss = 0
+    with open(f"/proc/{os.getpid()}/smaps") as f:  # PSS of the manifest's mapping alone
+        inside = False
+        for line in f:
+            if line[0] in "0123456789abcdef" and "-" in line.split()[0]:
+                inside = line.rstrip().endswith(str(path))
+            elif inside and line.startswith("Pss:"):
+                mapped += int(line.split()[1]) * 1024
+            elif inside and line.startswith("Rss:"):
+                rss += int(line.split()[1]) * 1024
+    go.wait()
+    return mapped, rss
+
+
+def test_ranks_share_the_manifest_pages(manifest, tmp_path):
+    """4 ranks mmapping one copy: the mapping's PSS across ranks sums to about one file, not four."""
+    path = local_copy(manifest.arrow, tmp_path / "cache")
+    size = path.stat().st_size
+    ctx = mp.get_context("fork")
+    with ctx.Manager() as m:
+        ready, go = m.Barrier(4), m.Barrier(4)
+        with ctx.Pool(4) as pool:
+            got = pool.map(_pss_of_reader, [(path, r, 4, ready, go) for r in range(4)])
+    mapped_pss, rss = sum(g[0] for g in got), [g[1] for g in got]
+    assert 0 < mapped_pss <= 1.1 * size  # shared: each rank is charged its share of the pages, not all of them
+    assert sum(rss) > 1.5 * mapped_pss  # ... while RSS counts the shared pages once per rank
