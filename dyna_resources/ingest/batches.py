@@ -261,6 +261,11 @@ def _record(stores: IngestStores, rep: StageReport, row: dict, out: dict, log: C
                        start_ns=r["start_ns"], end_ns=r["end_ns"], n_steps=r["streams"].get("joint_states", 0),
                        n_frames=sum(c["frames"] for c in r["cameras"].values()),
                        dropped_cameras=json.dumps(sorted(c for c, v in r["cameras"].items() if v["dropped_frames"])))
+        # The pre gate samples frames; the transcode saw every one: a camera that went dark
+        # between two samples is flagged here (the pre gate's flag is never cleared).
+        dark = sorted(c for c, v in r["cameras"].items() if v["dark_frames"] >= max(2, 0.01 * v["frames"]))
+        if dark:
+            episode.update(camera_dead=True, quality_ok=False)
         rep.processed.append(row["episode_id"])
     stores.registry.record_outcome(source_path=row["source_path"], batch_key=rep.batch_key, stage="post",
                                    gates=[g.as_record(pv) for g in results], episode=episode,

@@ -159,3 +159,12 @@ def test_unreachable_landing_store_fails_the_step_and_records_nothing(episode_fa
     with pytest.raises(StoreUnavailableError, match="missing or unreadable"):
         inventory_batch(batch, stores, GateConfig())
     assert stores.registry.counts() == before
+
+
+def test_a_dark_camera_is_flagged_from_every_frame_even_with_the_sampling_gate_off(episode_factory, stores):
+    land(stores, episode_factory(fault="dead_camera", episode_id="ep-dark", seed=43, duration_s=2.0))
+    land(stores, episode_factory(episode_id="ep-lit", seed=44, duration_s=2.0))
+    batch = one_batch(stores)
+    ingest(stores, batch, GateConfig.from_mapping({"dead_camera": False}))
+    flags = {e["episode_id"]: (e["status"], e["camera_dead"], e["quality_ok"]) for e in stores.registry.episodes(batch)}
+    assert flags == {"ep-dark": (TRANSCODED, True, False), "ep-lit": (TRANSCODED, None, True)}
