@@ -90,8 +90,9 @@ class GatesResource(ConfigurableResource):
     gates: dict[str, Any] = {}
 
     def config(self) -> GateConfig:
-        path = self.file or str(DynaHome.from_env().root / "gates.yaml")
-        return GateConfig.load(path, self.gates)
+        if self.file:  # named explicitly: it must exist
+            return GateConfig.load(self.file, self.gates, required=True)
+        return GateConfig.load(DynaHome.from_env().root / "gates.yaml", self.gates)
 
 
 class TranscodeResource(ConfigurableResource):

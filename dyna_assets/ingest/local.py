@@ -7,7 +7,6 @@ from pathlib import Path
 
 from dagster import DagsterInstance, Definitions, build_sensor_context, materialize
 
-from .partitions import ingest_batches
 from .sensors import landing_sensor
 
 
@@ -41,5 +40,3 @@ def ingest_landed(instance: DagsterInstance, defs: Definitions, *, cursor_file: 
                                        raise_on_error=False))
     return results
 
-
-__all__ = ["ingest_landed", "landing_tick_in_process", "ingest_batches"]

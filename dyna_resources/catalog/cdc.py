@@ -11,10 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import select
-
 from . import changelog, pg_logical
-from . import schema as t
 from .registry import Registry
 from .warehouse import Warehouse
 
@@ -42,7 +39,7 @@ def sync(registry: Registry, warehouse: Warehouse, *, batch: int = 50_000, max_b
     if warehouse.position(source) is None:
         # Changes before the log or slot existed are not in it: start from a snapshot. Anything
         # that changes during the snapshot is also in the log/slot and is applied again (idempotent).
-        rows = _current_rows(registry, None)
+        rows = registry.episodes_by_ids(None)
         warehouse.apply(source=source, position="0" if slot is None else "0/0", upserts=list(rows.values()),
                         deletes=[], replace_all=True)
         rep.upserts += len(rows)
@@ -68,7 +65,7 @@ def pending(registry: Registry) -> str | None:
 
 def _apply_keys(registry: Registry, warehouse: Warehouse, source: str, keys: set[str], position: str,
                 rep: SyncReport) -> None:
-    rows = _current_rows(registry, sorted(keys))
+    rows = registry.episodes_by_ids(sorted(keys))
     upserts = [rows[k] for k in sorted(keys) if k in rows]
     deletes = sorted(k for k in keys if k not in rows)
     warehouse.apply(source=source, position=position, upserts=upserts, deletes=deletes)
@@ -102,22 +99,9 @@ def _step_postgres(registry, warehouse, source, slot, batch, _prune, rep) -> boo
     if todo:
         keys = set().union(*(tx.keys.get("episodes", set()) for tx in todo))
         if any("episodes" in tx.truncated for tx in todo):
-            keys |= {r["episode_id"] for r in warehouse.episodes()} | set(_current_rows(registry, None))
+            keys |= {r["episode_id"] for r in warehouse.episodes()} | set(registry.episodes_by_ids(None))
         _apply_keys(registry, warehouse, source, keys, todo[-1].commit_lsn, rep)
         rep.changes += sum(len(k) for tx in todo for k in tx.keys.values())
     pg_logical.advance(registry.engine, slot, txs[-1].end_lsn)  # only after the warehouse committed
     rep.position = txs[-1].commit_lsn
     return True
-
-
-def _current_rows(registry: Registry, keys: list[str] | None) -> dict[str, dict]:
-    out: dict[str, dict] = {}
-    with registry.engine.begin() as c:
-        if keys is None:
-            for r in c.execute(select(t.episodes)).mappings():
-                out[r["episode_id"]] = dict(r)
-            return out
-        for i in range(0, len(keys), 5000):
-            for r in c.execute(select(t.episodes).where(t.episodes.c.episode_id.in_(keys[i:i + 5000]))).mappings():
-                out[r["episode_id"]] = dict(r)
-    return out

@@ -25,15 +25,16 @@ from pathlib import Path
 
 import yaml
 
-from .warehouse import _columns
+from .warehouse import warehouse_columns
 
-COLUMNS = {n: ty for n, ty in _columns()}
+COLUMNS = dict(warehouse_columns())
 OPERATORS = {"=": "IS NOT DISTINCT FROM", "!=": "IS DISTINCT FROM", "<": "<", "<=": "<=", ">": ">", ">=": ">=",
              "in": "IN", "not_in": "NOT IN", "like": "LIKE", "is_null": "IS NULL"}
 SPEC_FIELDS = {"name", "description", "where", "segments", "weights"}
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-OUTPUT = ["episode_id", "uri", "start_ns", "end_ns", "n_steps", "weight", "task", "robot_id", "robot_model", "site",
-          "success", "sim", "pipeline_version", "schema_version"]
+# Manifest columns carried over from the warehouse as they are (after the computed ones:
+# episode_id, uri, start_ns, end_ns, n_steps, weight).
+PASSTHROUGH = ["task", "robot_id", "robot_model", "site", "success", "sim", "pipeline_version", "schema_version"]
 
 
 class CurationSpecError(ValueError):
@@ -140,7 +141,7 @@ SELECT episode_id, 'file://' || mcap_path AS uri,
        start_ns + k * $stride_ns AS start_ns,
        start_ns + k * $stride_ns + $length_ns AS end_ns,
        CAST(round(CAST(n_steps AS DOUBLE) * $length_ns / (end_ns - start_ns)) AS INTEGER) AS n_steps,
-       weight, task, robot_id, robot_model, site, success, sim, pipeline_version, schema_version
+       weight, {', '.join(PASSTHROUGH)}
 FROM segments
 WHERE weight > 0
 ORDER BY episode_id, k"""

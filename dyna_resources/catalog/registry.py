@@ -237,6 +237,18 @@ class Registry:
             r = c.execute(select(t.episodes).where(t.episodes.c.episode_id == episode_id)).mappings().first()
         return dict(r) if r else None
 
+    def episodes_by_ids(self, ids: Sequence[str] | None) -> dict[str, dict]:
+        """Current rows of these episode ids (all episodes when None), by id; ids without a row are absent."""
+        out: dict[str, dict] = {}
+        with self._begin() as c:
+            if ids is None:
+                return {r["episode_id"]: dict(r) for r in c.execute(select(t.episodes)).mappings()}
+            ids = list(ids)
+            for i in range(0, len(ids), 5000):
+                for r in c.execute(select(t.episodes).where(t.episodes.c.episode_id.in_(ids[i:i + 5000]))).mappings():
+                    out[r["episode_id"]] = dict(r)
+        return out
+
     def episodes(self, batch_key: str | None = None) -> list[dict]:
         q = select(t.episodes).order_by(t.episodes.c.episode_id)
         if batch_key is not None:

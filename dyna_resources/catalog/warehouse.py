@@ -25,7 +25,7 @@ _ARROW_TYPES = {"BIGINT": pa.int64(), "INTEGER": pa.int32(), "DOUBLE": pa.float6
                 "VARCHAR": pa.string()}
 
 
-def _columns() -> list[tuple[str, str]]:
+def warehouse_columns() -> list[tuple[str, str]]:
     """The warehouse mirrors every column of the registry's episodes table, plus when it was synced."""
     cols = []
     for c in t.episodes.columns:
@@ -40,7 +40,7 @@ class Warehouse:
         if not read_only:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         self.con = duckdb.connect(str(self.path), read_only=read_only)
-        self.columns = _columns()
+        self.columns = warehouse_columns()
         if not read_only:
             cols = ", ".join(f"{n} {ty}" for n, ty in self.columns)
             self.con.execute(f"CREATE TABLE IF NOT EXISTS episodes ({cols}, PRIMARY KEY (episode_id))")

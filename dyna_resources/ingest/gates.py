@@ -117,8 +117,10 @@ class GateConfig:
         return cls(gates)
 
     @classmethod
-    def load(cls, path: str | Path | None, overrides: Mapping | None = None) -> GateConfig:
-        """A gates file (may be absent: defaults), then run-time overrides on top."""
+    def load(cls, path: str | Path | None, overrides: Mapping | None = None, *, required: bool = False) -> GateConfig:
+        """A gates file (absent: defaults, unless ``required``), then run-time overrides on top."""
+        if required and not (path is not None and Path(path).is_file()):
+            raise GateConfigError(f"{path}: gates file not found")
         merged: dict = {}
         if path is not None and Path(path).is_file():
             data = yaml.safe_load(Path(path).read_text()) or {}

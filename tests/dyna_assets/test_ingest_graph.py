@@ -30,6 +30,8 @@ def home(tmp_path, episode_factory):
 
 def resources(home, target_bytes=None, **gates):
     landed = sum(p.stat().st_size for p in (home / "landing").rglob("*.h5"))
+    if not (home / "gates.yaml").exists():
+        (home / "gates.yaml").write_text("# every gate at its default\n")
     return {
         "ingest": IngestResource(home_root=str(home), target_batch_bytes=target_bytes or landed * 2, max_wait_s=0,
                                  max_runs_per_tick=8),

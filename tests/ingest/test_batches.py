@@ -109,6 +109,8 @@ def test_gate_settings_change_what_is_checked_and_what_is_held_back(episode_fact
     pre, post = ingest(stores, batch)
     assert stores.registry.quarantined(batch) == []
     assert sorted(post.processed) == ["ep-dead", "ep-short"]
+    with pytest.raises(ValueError, match="gates file not found"):
+        GateConfig.load(stores.landing.root / "missing.yaml", required=True)
     with pytest.raises(ValueError, match="unknown gate 'dead_cam'"):
         GateConfig.from_mapping({"dead_cam": False})
     with pytest.raises(ValueError, match="action must be one of"):
