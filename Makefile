@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed-stamp
 export DYNA_HOME    ?= $(CURDIR)/.dyna
 export DAGSTER_HOME ?= $(DYNA_HOME)/dagster
 
-.PHONY: demo test ui bench-storage bench-ingest venv clean
+.PHONY: demo test ui bench-storage bench-ingest bench-manifest venv clean
 
 venv: $(STAMP)
 
@@ -36,6 +36,9 @@ bench-storage: $(STAMP)
 
 bench-ingest: $(STAMP)
 	$(PY) -m benchmarks ingest
+
+bench-manifest: $(STAMP)
+	$(PY) -m benchmarks manifest
 
 clean:
 	rm -rf $(DYNA_HOME)

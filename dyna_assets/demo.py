@@ -21,7 +21,7 @@ from dyna_resources.home import DynaHome
 from dyna_resources.ingest.batches import batch_summary
 
 from .definitions import defs
-from .ingest.local import ingest_landed
+from .ingest.local import ingest_landed, reprocess_stale
 
 SAMPLE_SPEC = """\
 # A curation spec: which episodes and segments a training run reads. Edit it, or add files
@@ -63,6 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
     results = ingest_landed(instance, defs, cursor_file=home.root / "landing_sensor.cursor", resources=resources,
                             run_config=quiet)
+    redone = reprocess_stale(instance, defs, resources=resources, run_config=quiet)  # after a version bump
+    if redone:
+        print(f"re-transcoded {len(redone)} batch(es) written by an older pipeline version", flush=True)
+    results += redone
     warehouse = materialize([defs.get_assets_def("warehouse_episodes")], instance=instance, resources=resources,
                             run_config=quiet, raise_on_error=False)
     results.append(warehouse)
@@ -77,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     print_summary(home, ingest, results)
     print_warehouse(resources["warehouse"])
     if manifest.success:
-        print_manifest(spec, manifest)
+        print_manifest(home, spec, manifest)
     if failed:
         print(f"{len(failed)} run(s) failed: {[r.run_id for r in failed]}", file=sys.stderr)
         return 1
@@ -93,15 +97,18 @@ def ensure_instance_config(dagster_home: Path) -> None:
         shutil.copyfile(template, dagster_home / "dagster.yaml")
 
 
-def print_manifest(spec: Path, result) -> None:
-    from trainer.manifest_loader import open_manifest, rank_slice
+def print_manifest(home: DynaHome, spec: Path, result) -> None:
+    from trainer.manifest_loader import local_copy, open_manifest, rank_slice
 
     md = {k: getattr(v, "value", v) for k, v in result.asset_materializations_for_node("manifests")[0].metadata.items()}
-    table = open_manifest(md["arrow"])
+    node_copy = local_copy(md["arrow"], home.root / "node-cache")  # what local rank 0 of each node does
+    table = open_manifest(node_copy)
     slices = [rank_slice(table, r, 4).num_rows for r in range(4)]
     print(f"manifest from {spec.name}: {md['rows']} segments of {md['episodes']} episodes "
           f"({md['segment_hours'] * 60:.1f} segment-minutes), sha256 {md['sha256'][:12]}…")
-    print(f"  Parquet {md['parquet']}\n  Arrow IPC {md['arrow']} (4 ranks would mmap it and take {slices} rows)")
+    print(f"  Parquet {md['parquet']}\n  Arrow IPC {md['arrow']}")
+    print(f"  node copy {node_copy} (checksum verified); 4 ranks mmap it and take {slices} rows, zero-copy")
+    print(f"  by task: {md['by_task']}")
     print("=" * 86)
 
 

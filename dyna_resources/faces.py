@@ -30,9 +30,14 @@ class HomeResource(ConfigurableResource):
     """The embedded defaults' folder (landing zone, MCAP store, quarantine, registry)."""
 
     root: str = ""  # empty: $DYNA_HOME, else ./.dyna
+    # where manifests go, an fsspec URL (gs://bucket/manifests); empty: $DYNA_MANIFEST_STORE, else <home>/manifests
+    manifest_store: str = ""
 
     def home(self) -> DynaHome:
         return (DynaHome(Path(self.root).resolve()) if self.root else DynaHome.from_env()).ensure()
+
+    def manifests_url(self) -> str:
+        return self.manifest_store or os.environ.get("DYNA_MANIFEST_STORE") or str(self.home().manifests)
 
 
 class RegistryResource(ConfigurableResource):

@@ -38,3 +38,4 @@ def replace_spec(spec: EpisodeSpec, **changes) -> EpisodeSpec:
 
 
 from tests.postgres import postgres_url, registry  # noqa: E402,F401  (fixtures: SQLite and a throwaway PostgreSQL)
+from tests.gcs import gcs, gcs_emulator, gcs_unreachable  # noqa: E402,F401  (fixtures: a GCS emulator on 127.0.0.1)

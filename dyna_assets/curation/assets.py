@@ -3,9 +3,6 @@
 No ``from __future__ import annotations`` here: Dagster reads the context annotation at runtime.
 """
 
-from collections import Counter
-
-import pyarrow.compute as pc
 from dagster import (AssetExecutionContext, DataVersion, DynamicPartitionsDefinition, MaterializeResult,
                      MetadataValue, asset)
 
@@ -25,23 +22,25 @@ def manifests(context: AssetExecutionContext, home: HomeResource, warehouse: War
     spec = CurationSpec.load(h.curation / f"{context.partition_key}.yaml")
     sql, params = spec.compile()
     with warehouse.open(read_only=True) as wh:
-        table = curate(wh, spec)
-    info = write_manifest(table, h.manifests, context.partition_key, extra={"spec": spec.name, "sql": sql})
-    seconds = pc.sum(pc.subtract(table["end_ns"], table["start_ns"])).as_py() or 0
-    count = lambda col: dict(Counter(table[col].to_pylist()).most_common(20))  # noqa: E731
+        info = write_manifest(curate(wh, spec), home.manifests_url(), context.partition_key,
+                              count_by=("task", "robot_id", "site", "pipeline_version", "schema_version"),
+                              extra={"spec": spec.name, "sql": sql})
+    stats = info.stats
+    top = lambda col: dict(list(stats.get(f"by_{col}", {}).items())[:20])  # noqa: E731
     return MaterializeResult(
         metadata={
             "rows": info.rows,
-            "episodes": len(set(table["episode_id"].to_pylist())),
-            "segment_hours": round(seconds / 1e9 / 3600, 4),
-            "by_task": MetadataValue.json(count("task")),
-            "by_robot": MetadataValue.json(count("robot_id")),
-            "by_site": MetadataValue.json(count("site")),
-            "pipeline_versions": MetadataValue.json(count("pipeline_version")),
+            "episodes": stats.get("episodes", 0),
+            "segment_hours": stats.get("segment_hours", 0.0),
+            "by_task": MetadataValue.json(top("task")),
+            "by_robot": MetadataValue.json(top("robot_id")),
+            "by_site": MetadataValue.json(top("site")),
+            "versions": MetadataValue.json({"pipeline": top("pipeline_version"), "schema": top("schema_version")}),
             "sha256": info.sha256,
             "parquet": MetadataValue.path(info.parquet),
             "arrow": MetadataValue.path(info.arrow),
             "arrow_bytes": info.arrow_bytes,
+            "parquet_bytes": info.parquet_bytes,
             "sql": MetadataValue.md(f"```sql\n{sql}\n```"),
             "params": MetadataValue.json({k: (v if isinstance(v, (int, float, str, bool)) else str(v))
                                           for k, v in params.items()}),

@@ -40,3 +40,18 @@ def ingest_landed(instance: DagsterInstance, defs: Definitions, *, cursor_file: 
                                        raise_on_error=False))
     return results
 
+
+def reprocess_stale(instance: DagsterInstance, defs: Definitions, *, resources: Mapping | None = None,
+                    run_config: Mapping | None = None):
+    """What the drift sensor launches, run in-process: `mcap_episodes` for every batch holding
+    episodes stamped with older versions (inside each, only those episodes are redone)."""
+    from dyna_resources import versions
+
+    resources = dict(resources or defs.resources)
+    registry = resources["ingest"].stores().registry
+    stale = registry.outdated_batches(schema_version=versions.SCHEMA_VERSION,
+                                      pipeline_version=versions.PIPELINE_VERSION)
+    asset = defs.get_assets_def("mcap_episodes")
+    return [materialize([asset], instance=instance, partition_key=key, resources=resources,
+                        run_config=run_config or {}, tags={"dyna/trigger": "drift"}, raise_on_error=False)
+            for key in stale]

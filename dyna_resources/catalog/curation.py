@@ -35,6 +35,9 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 # Manifest columns carried over from the warehouse as they are (after the computed ones:
 # episode_id, uri, start_ns, end_ns, n_steps, weight).
 PASSTHROUGH = ["task", "robot_id", "robot_model", "site", "success", "sim", "pipeline_version", "schema_version"]
+# Of those, the few-valued text columns leave DuckDB as ENUMs, i.e. Arrow dictionary arrays:
+# one byte per row instead of a string, in the manifest and in every rank's mapped pages.
+DICTIONARY = ["task", "robot_id", "robot_model", "site", "pipeline_version", "schema_version"]
 
 
 class CurationSpecError(ValueError):
@@ -102,10 +105,11 @@ class CurationSpec:
         return cls(name=name, where=dict(where), length_s=float(length_s), stride_s=float(stride_s), weight_by=by,
                    weights=dict(values), default_weight=float(w.get("default", 1.0)))
 
-    def compile(self) -> tuple[str, dict]:
-        """The one query, and its parameters (DuckDB ``$name`` placeholders)."""
+    def _chosen(self) -> tuple[str, dict]:
+        """The episodes the spec selects, with their weight: the query's first step."""
         params: dict = {"length_ns": int(round(self.length_s * 1e9)), "stride_ns": int(round(self.stride_s * 1e9))}
-        conds = ["status = 'transcoded'", "start_ns IS NOT NULL", "end_ns - start_ns >= $length_ns"]
+        conds = ["status = 'transcoded'", "mcap_uri IS NOT NULL", "start_ns IS NOT NULL",
+                 "end_ns - start_ns >= $length_ns"]
         for i, (col, cond) in enumerate(sorted(self.where.items())):
             op, value = _normalize(cond)
             if op == "is_null":
@@ -130,18 +134,31 @@ class CurationSpec:
         else:
             params["wdefault"] = self.default_weight
             weight = "$wdefault"
+        return f"SELECT *, {weight} AS weight FROM episodes WHERE {' AND '.join(conds)}", params
+
+    def dictionaries(self) -> list[tuple[str, dict]]:
+        """Statements making one temporary ENUM type per dictionary column, of the values the
+        chosen episodes hold (so the manifest's bytes, hence its hash, depend on its rows only)."""
+        chosen, params = self._chosen()
+        used = {k: params[k] for k in re.findall(r"\$(\w+)", chosen)}  # DuckDB refuses unused parameters
+        return [(f"CREATE OR REPLACE TEMP TYPE {_enum(col)} AS ENUM (SELECT DISTINCT {col} FROM ({chosen}) "
+                 f"WHERE weight > 0 AND {col} IS NOT NULL ORDER BY ALL)", used) for col in DICTIONARY]
+
+    def compile(self) -> tuple[str, dict]:
+        """The one query, and its parameters (DuckDB ``$name`` placeholders)."""
+        chosen, params = self._chosen()
         sql = f"""
 WITH chosen AS (
-    SELECT *, {weight} AS weight FROM episodes WHERE {' AND '.join(conds)}
+    {chosen}
 ), segments AS (
     SELECT *, unnest(range(0, CAST(floor((end_ns - start_ns - $length_ns) / $stride_ns) AS BIGINT) + 1)) AS k
     FROM chosen
 )
-SELECT episode_id, 'file://' || mcap_path AS uri,
+SELECT episode_id, mcap_uri AS uri,
        start_ns + k * $stride_ns AS start_ns,
        start_ns + k * $stride_ns + $length_ns AS end_ns,
        CAST(round(CAST(n_steps AS DOUBLE) * $length_ns / (end_ns - start_ns)) AS INTEGER) AS n_steps,
-       weight, {', '.join(PASSTHROUGH)}
+       weight, {', '.join(_passthrough(c) for c in PASSTHROUGH)}
 FROM segments
 WHERE weight > 0
 ORDER BY episode_id, k"""
@@ -177,7 +194,25 @@ def _check_condition(err, col: str, cond) -> None:
         raise err(f"where.{col}", "like needs a string pattern")
 
 
-def curate(warehouse, spec: CurationSpec):
-    """Run the spec's query on the warehouse; the manifest rows as an Arrow table."""
+def _passthrough(col: str) -> str:
+    return f"CAST({col} AS {_enum(col)}) AS {col}" if col in DICTIONARY else col
+
+
+def _enum(col: str) -> str:
+    return f"manifest_{col}_enum"
+
+
+def prepare(con, spec: CurationSpec) -> None:
+    """Session set-up the query relies on: its dictionary types (temporary, connection-local,
+    so a read-only connection can make them) and 64-bit string offsets in the Arrow output."""
+    con.execute("SET arrow_large_buffer_size = true")
+    for sql, params in spec.dictionaries():
+        con.execute(sql, params)
+
+
+def curate(warehouse, spec: CurationSpec, *, batch_rows: int = 64 * 1024):
+    """Run the spec's query on the warehouse; the manifest rows as a stream of Arrow batches
+    (``.read_all()`` for a table)."""
     sql, params = spec.compile()
-    return warehouse.con.sql(sql, params=params).to_arrow_table()  # no extra copy of the rows
+    prepare(warehouse.con, spec)
+    return warehouse.con.sql(sql, params=params).to_arrow_reader(batch_rows)

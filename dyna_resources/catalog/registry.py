@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import and_, create_engine, delete, event, func, not_, or_, select, update
+from sqlalchemy import and_, case, create_engine, delete, event, func, not_, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
@@ -222,6 +222,7 @@ class Registry:
                     self._upsert(c, t.episodes, [row], ["episode_id"])
                 else:  # an update of a known episode (transcode outcome)
                     c.execute(update(t.episodes).where(t.episodes.c.episode_id == row.pop("episode_id")).values(**row))
+                self._score(c, source_path, episode["episode_id"])
             if quarantine is not None:
                 self._upsert(c, t.quarantine, [{
                     "source_path": source_path, "batch_key": batch_key, "episode_id": episode_id,
@@ -231,6 +232,17 @@ class Registry:
                 }], ["source_path"])
             elif release_quarantine:
                 c.execute(delete(t.quarantine).where(t.quarantine.c.source_path == source_path))
+
+    @staticmethod
+    def _score(c, source_path: str, episode_id: str) -> None:
+        """Quality score from the latest result of every gate of both stages (replays overwrite
+        results, so a re-run never counts a gate twice)."""
+        q = t.quality_results
+        checked, failed = c.execute(select(func.count(), func.coalesce(func.sum(case((q.c.passed, 0), else_=1)), 0))
+                                    .where(q.c.source_path == source_path)).one()
+        c.execute(update(t.episodes).where(t.episodes.c.episode_id == episode_id).values(
+            gates_checked=checked, gates_failed=failed,
+            quality_score=round(1.0 - failed / checked, 6) if checked else None))
 
     def episode_by_id(self, episode_id: str) -> dict | None:
         with self._begin() as c:

@@ -60,10 +60,17 @@ episodes = Table(
     Column("camera_dead", Boolean, nullable=True),
     Column("frame_drop_fraction", Float, nullable=True),
     Column("quality_ok", Boolean, nullable=True),  # every enabled gate passed
+    # quality scores: gates run and failed (latest result of each gate, both stages; flagged
+    # failures keep an episode, so they show here), 1 - failed/checked, dark frames found by the transcode
+    Column("gates_checked", Integer, nullable=True),
+    Column("gates_failed", Integer, nullable=True),
+    Column("quality_score", Float, nullable=True),
+    Column("dark_frame_fraction", Float, nullable=True),  # worst camera: dark frames / frames
     # output, stamped with the versions that wrote it
     Column("schema_version", String(16), nullable=True),
     Column("pipeline_version", String(16), nullable=True),
     Column("mcap_path", String(1024), nullable=True),
+    Column("mcap_uri", String(1024), nullable=True),  # the same file as an fsspec URL (file://, gs://): what manifests carry
     Column("mcap_bytes", BigInteger, nullable=True),
     # what the transcode measured, for curation (time range, steps, frames, cameras with gaps)
     Column("start_ns", BigInteger, nullable=True),

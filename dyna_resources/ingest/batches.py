@@ -136,7 +136,8 @@ def _episode_row(registry: Registry, insp: Inspection, registered_at: float | No
         row["quality_ok"] = bool(ep["quality_ok"]) and existing["status"] == TRANSCODED
         row["status"] = existing["status"]  # output columns are left out of the upsert: kept as they are
         return row, existing["status"] != QUARANTINED
-    row.update(status=ACCEPTED, schema_version=None, pipeline_version=None, mcap_path=None, mcap_bytes=None)
+    row.update(status=ACCEPTED, schema_version=None, pipeline_version=None, mcap_path=None, mcap_uri=None,
+               mcap_bytes=None)
     return row, True
 
 
@@ -251,12 +252,13 @@ def _record(stores: IngestStores, rep: StageReport, row: dict, out: dict, log: C
     episode = {"episode_id": row["episode_id"], "schema_version": sv, "pipeline_version": pv}
     q = out.get("quarantine")
     if q:
-        episode.update(status=QUARANTINED, mcap_path=None, mcap_bytes=None, quality_ok=False)
+        episode.update(status=QUARANTINED, mcap_path=None, mcap_uri=None, mcap_bytes=None, quality_ok=False)
         rep.quarantined.append({"path": row["source_path"], "episode_id": row["episode_id"], **q})
         log(f"quarantined {row['episode_id']} ({row['source_path']}): {q['gate']}: {q['reason']}")
     else:
         r = out["report"]
-        episode.update(status=TRANSCODED, mcap_path=r["output"], mcap_bytes=r["bytes_out"],
+        episode.update(status=TRANSCODED, mcap_path=r["output"], mcap_uri=Path(r["output"]).resolve().as_uri(),
+                       mcap_bytes=r["bytes_out"],
                        quality_ok=bool(row.get("quality_ok", True)) and all(g.passed for g in results),
                        start_ns=r["start_ns"], end_ns=r["end_ns"], n_steps=r["streams"].get("joint_states", 0),
                        n_frames=sum(c["frames"] for c in r["cameras"].values()),
@@ -264,6 +266,8 @@ def _record(stores: IngestStores, rep: StageReport, row: dict, out: dict, log: C
         # The pre gate samples frames; the transcode saw every one: a camera that went dark
         # between two samples is flagged here (the pre gate's flag is never cleared).
         dark = sorted(c for c, v in r["cameras"].items() if v["dark_frames"] >= max(2, 0.01 * v["frames"]))
+        episode["dark_frame_fraction"] = round(max((v["dark_frames"] / v["frames"] for v in r["cameras"].values()
+                                                    if v["frames"]), default=0.0), 6)
         if dark:
             episode.update(camera_dead=True, quality_ok=False)
         rep.processed.append(row["episode_id"])

@@ -212,13 +212,13 @@ def test_episode_row_round_trips_every_column(registry):
         cameras=["wrist", "head"], timestamps_ok=True, camera_dropped=False, camera_dead=False,
         frame_drop_fraction=0.25, quality_ok=True, source_bytes=2**40 + 7, duration_s=12.5, ingested_at=T0,
         start_ns=1_793_000_000_123_456_789, end_ns=1_793_000_012_623_456_789, n_steps=2500, n_frames=1125,
-        dropped_cameras='["wrist"]', sim=False)
+        dropped_cameras='["wrist"]', sim=False, mcap_uri="gs://bucket/mcap/ep-000001.mcap", dark_frame_fraction=0.5)
     registry.record_outcome(source_path=f.path, batch_key=key, stage="pre", gates=[gate("readable")],
                             episode=episode, now=T0 + 5)
 
     row = registry.episode_by_id("ep-000001")
     expected = {**episode, "cameras": json.dumps(["wrist", "head"]), "source_path": f.path,
-                "batch_key": key, "updated_at": T0 + 5}
+                "batch_key": key, "updated_at": T0 + 5, "gates_checked": 1, "gates_failed": 0, "quality_score": 1.0}
     assert row == expected
     assert json.loads(row["cameras"]) == ["wrist", "head"]
     assert registry.episodes() == [expected]
@@ -265,6 +265,8 @@ def test_record_outcome_is_idempotent(registry):
         "quarantined_at": T0 + 10}]
     assert registry.quarantined(key) == registry.quarantined()
     assert registry.episode_by_id("ep-000001")["status"] == REJECTED
+    scored = registry.episode_by_id("ep-000001")
+    assert (scored["gates_checked"], scored["gates_failed"], scored["quality_score"]) == (3, 2, pytest.approx(1 / 3))
 
     # A replay after the file was fixed: gates overwrite their rows, the quarantine is released.
     fixed = [gate("readable"), gate("timestamps"), gate("camera_drop", action="flag")]
@@ -279,6 +281,7 @@ def test_record_outcome_is_idempotent(registry):
     row = registry.episode_by_id("ep-000001")
     assert (row["status"], row["updated_at"], row["timestamps_ok"]) == (ACCEPTED, T0 + 20, True)
     assert json.loads(row["cameras"]) == ["head"]  # columns the replay did not name keep their values
+    assert (row["gates_checked"], row["gates_failed"], row["quality_score"]) == (3, 0, 1.0)  # counted once
 
 
 def test_post_stage_updates_the_episode_without_source_bytes(registry):
@@ -296,6 +299,7 @@ def test_post_stage_updates_the_episode_without_source_bytes(registry):
     assert registry.counts() == counts(landed_files=1, ingest_batches=1, episodes=1, quality_results=2)
     assert [(r["stage"], r["gate"], r["pipeline_version"]) for r in registry.gate_results(key)] == [
         ("post", "decodable", "2.0"), ("pre", "readable", "1.0")]
+    assert (row["gates_checked"], row["gates_failed"], row["quality_score"]) == (2, 0, 1.0)  # both stages
 
     # An update for an episode the registry does not know adds no row.
     registry.record_outcome(source_path="site-a/unknown.h5", batch_key=key, stage="post", gates=[],
