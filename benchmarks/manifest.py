@@ -364,7 +364,7 @@ def main(argv: list[str]) -> int:
                              "load_speedup": result["load_speedup"] >= TARGETS["load_speedup"]}
 
     def row(name, ours, base, ratio, target):
-        print(f"  {name:<34}{ours:>16}{base:>18}{ratio:>12}   {target}")
+        print(f"  {name:<46}{ours:>20}{base:>14}{ratio:>8}   {target}")
 
     print()
     print(f"manifest benchmark ({'quick' if args.quick else 'full'}; {ncpu} cores)")
