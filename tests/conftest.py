@@ -39,3 +39,4 @@ def replace_spec(spec: EpisodeSpec, **changes) -> EpisodeSpec:
 
 from tests.postgres import postgres_url, registry  # noqa: E402,F401  (fixtures: SQLite and a throwaway PostgreSQL)
 from tests.gcs import gcs, gcs_emulator, gcs_unreachable  # noqa: E402,F401  (fixtures: a GCS emulator on 127.0.0.1)
+from tests.s3 import s3, s3_server, s3_unreachable_endpoint  # noqa: E402,F401  (fixtures: a moto S3 server on 127.0.0.1)

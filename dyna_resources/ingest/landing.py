@@ -16,12 +16,9 @@ import os
 from pathlib import Path
 
 from ..catalog.registry import LandedFile
+from ..storage.stores import StoreUnavailableError  # the landing store cannot be listed or read: the run or tick fails
 
 RAW_SUFFIXES = (".h5", ".hdf5")
-
-
-class StoreUnavailableError(RuntimeError):
-    """The landing store cannot be listed or read: critical, the run or tick must fail."""
 
 
 class LandingZone:
@@ -38,7 +35,7 @@ class LandingZone:
 
     def check(self) -> None:
         if not self.root.is_dir() or not os.access(self.root, os.R_OK | os.X_OK):
-            raise StoreUnavailableError(f"landing zone {self.root} is missing or unreadable")
+            raise StoreUnavailableError(str(self.root), "landing zone missing or unreadable")
 
     def scan(self, after: str | None = None, limit: int | None = None) -> list[LandedFile]:
         """Raw files whose key sorts after ``after``, in key order, at most ``limit`` of them."""
@@ -54,7 +51,7 @@ class LandingZone:
         except FileNotFoundError:
             return True  # vanished between listing its parent and opening it
         except PermissionError as e:
-            raise StoreUnavailableError(f"cannot list {folder}: {e.strerror}") from None
+            raise StoreUnavailableError(str(folder), f"cannot list: {e.strerror}") from None
         # A folder's keys are "<name>/...": sort it as "<name>/" so the order is the keys' byte order.
         keyed = sorted(((prefix + e.name + "/" if e.is_dir(follow_symlinks=False) else prefix + e.name), e)
                        for e in entries)
