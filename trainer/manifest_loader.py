@@ -34,6 +34,8 @@ import fsspec
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
+from dyna_resources.storage.stores import redact as _redact  # no credential reaches a log through an error
+
 DEFAULT_PARALLEL = 8
 # Large enough that per-request latency is small next to the transfer, small enough that
 # the parts buffered while waiting to be hashed in order (2 x parallel) stay ~256 MiB.
@@ -140,12 +142,6 @@ def _version(info: dict) -> tuple:
 def _store_error(url: str, doing: str, e: BaseException) -> ManifestError:
     return ManifestError(f"{_redact(url)}: object store unreachable or refused the request while {doing} "
                          f"({type(e).__name__}: {_redact(str(e))})")
-
-
-def _redact(text: str) -> str:
-    """Drop userinfo and token-like query values, so no credential reaches a log through an error."""
-    text = re.sub(r"(?<=//)[^/@\s]+@", "***@", text)
-    return re.sub(r"(?i)([?&][\w.-]*(?:token|key|sig|signature|credential)[\w.-]*=)[^&\s]+", r"\1***", text)
 
 
 # --- the download -------------------------------------------------------------------------
