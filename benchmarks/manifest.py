@@ -181,12 +181,17 @@ def walk(pairs: list[tuple[Path, Path]]) -> tuple[float, int]:
 
 # -- the load -------------------------------------------------------------------------------
 
-def _pss_bytes() -> int:
-    with open("/proc/self/smaps_rollup") as f:
+def _proc_kib_field(path: str, name: str) -> int:
+    """A ``Name:  N kB`` line of a /proc file, in bytes."""
+    with open(path) as f:
         for line in f:
-            if line.startswith("Pss:"):
+            if line.startswith(name + ":"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def _pss_bytes() -> int:
+    return _proc_kib_field("/proc/self/smaps_rollup", "Pss")
 
 
 def _touch(table) -> int:
@@ -265,11 +270,7 @@ def _naive_probe(parquet: str) -> float:
 
 
 def mem_available() -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return 0
+    return _proc_kib_field("/proc/meminfo", "MemAvailable")
 
 
 def main(argv: list[str]) -> int:

@@ -138,11 +138,15 @@ class CurationSpec:
 
     def dictionaries(self) -> list[tuple[str, dict]]:
         """Statements making one temporary ENUM type per dictionary column, of the values the
-        chosen episodes hold (so the manifest's bytes, hence its hash, depend on its rows only)."""
+        chosen episodes hold (so the manifest's bytes, hence its hash, depend on its rows only).
+        One scan collects every column's values; each type then reads that small table."""
         chosen, params = self._chosen()
         used = {k: params[k] for k in re.findall(r"\$(\w+)", chosen)}  # DuckDB refuses unused parameters
-        return [(f"CREATE OR REPLACE TEMP TYPE {_enum(col)} AS ENUM (SELECT DISTINCT {col} FROM ({chosen}) "
-                 f"WHERE weight > 0 AND {col} IS NOT NULL ORDER BY ALL)", used) for col in DICTIONARY]
+        values = "manifest_dictionary_values"
+        return [(f"CREATE OR REPLACE TEMP TABLE {values} AS SELECT DISTINCT {', '.join(DICTIONARY)} "
+                 f"FROM ({chosen}) WHERE weight > 0", used)] + [
+            (f"CREATE OR REPLACE TEMP TYPE {_enum(col)} AS ENUM (SELECT DISTINCT {col} FROM {values} "
+             f"WHERE {col} IS NOT NULL ORDER BY ALL)", {}) for col in DICTIONARY]
 
     def compile(self) -> tuple[str, dict]:
         """The one query, and its parameters (DuckDB ``$name`` placeholders)."""

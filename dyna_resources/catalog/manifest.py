@@ -259,9 +259,7 @@ class _Stats:
 
 def _ints(arr: pa.Array) -> np.ndarray:
     """A null-free integer array as numpy, zero-copy (``to_numpy`` imports pandas: 0.2 s)."""
-    width = arr.type.bit_width // 8
-    return np.frombuffer(arr.buffers()[1], dtype=arr.type.to_pandas_dtype())[arr.offset:arr.offset + len(arr)] \
-        if width else np.zeros(0, np.int64)
+    return np.frombuffer(arr.buffers()[1], dtype=arr.type.to_pandas_dtype())[arr.offset:arr.offset + len(arr)]
 
 
 def _protocols(fs) -> set[str]:
