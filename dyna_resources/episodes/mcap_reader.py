@@ -179,6 +179,10 @@ class EpisodeReader:
             lst.sort(key=lambda c: (c.message_start_time, c.chunk_start_offset))
         self._starts = {cid: [c.message_start_time for c in lst] for cid, lst in self._chunks_of.items()}
 
+    def chunks_of(self, topic: str) -> list[ChunkIndex]:
+        """The chunk index entries holding ``topic``'s messages, in time order (read nothing)."""
+        return list(self._chunks_of[self._channel(topic, "")])
+
     @property
     def cameras(self) -> list[str]:
         return sorted(t[len(CAMERA_PREFIX):] for t in self.topic_ids if is_camera_topic(t))

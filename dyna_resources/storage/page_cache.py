@@ -1,0 +1,706 @@
+"""A node-local page cache in front of object stores: an accelerator, never a dependency.
+
+Objects are cut into fixed pages (default 4 MiB). A page is keyed by (logical URL, content
+version, page index), so a rewritten object never serves old pages: its new version has new keys.
+Layout under ``root``::
+
+    index.sqlite          which pages exist, their dataset, size and access times (WAL, shared)
+    locks                 a lock file: byte-range locks, one slot per page key (fetch-once)
+    pages/ab/<object>/N   page N of one object version: header, per-block checksums, data
+
+Why not fsspec's own caching filesystems (``blockcache``, ``filecache``): they have no size-based
+eviction and their metadata is a per-process JSON file, unsafe with many DataLoader workers and
+ranks on one node. Why SQLite for the index: it is the well-kept multi-process transactional store
+Python ships with; eviction needs a consistent "least recently used, by dataset" view across
+processes, which file mtimes alone cannot give without scanning the tree.
+
+- **Integrity**: a page file is written to a temp name and renamed; its header carries an xxh3
+  checksum per 64 KiB block, checked on every hit for the blocks that hit reads (xxh3 runs at
+  memory speed, so a warm read stays at the disk's own speed). A bad page is dropped and refetched.
+- **Concurrency**: a miss takes the page's lock (a thread lock in the process, a byte-range
+  ``lockf`` slot across processes), re-checks, and only then fetches: concurrent misses for one
+  page cost one origin read. Missing pages of one read are fetched in parallel.
+- **Eviction**: before a page is added, least-recently-used pages are dropped until it fits under
+  ``capacity_bytes`` and under its dataset's quota, so usage never exceeds either. Hits record
+  access times in memory and write them to the index in batches (approximate LRU, like most caches).
+- **TTL**: ``ttl_s`` bounds how long a page is served after it was fetched; ``metadata_ttl_s``
+  bounds how long an object's (size, version) is trusted without asking the origin (0: every
+  ``info``/open asks, so a rewrite is seen at once). If the origin cannot be reached, the last known
+  version is used and a warning counted (stale-if-error).
+- **Fallback**: if the cache directory is missing, full, unwritable or corrupt, reads go straight to
+  the origin and ``stats.warnings`` counts it; the next operations try to rebuild the cache. Only
+  origin failures (unreachable, missing object, changed mid-read) reach the caller.
+
+Plain Python, no Dagster import: DataLoader workers import it. Forked processes reopen the index
+and the lock file on first use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import shutil
+import sqlite3
+import struct
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Self
+
+import xxhash
+
+from .origins import ObjectChangedError, Origins, normalize_url
+from .stores import ObjectInfo, StoreUnavailableError, redact
+
+log = logging.getLogger("dyna.cache")
+
+MiB = 1 << 20
+_MAGIC = b"DYPG"
+_FORMAT = 1
+_HEADER = struct.Struct("<4sBxHIQd")  # magic, format, block count, block size, data length, fetched at
+_LOCK_SLOTS = 1 << 20  # byte-range lock slots; two page keys sharing one only serialize their fetches
+_TOUCH_BATCH = 512
+_TOUCH_EVERY_S = 2.0
+_RETRY_BROKEN_S = 5.0
+_WARN_EVERY_S = 30.0
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    root: str
+    page_size: int = 4 * MiB
+    capacity_bytes: int = 16 << 30
+    quotas: Mapping[str, int] = field(default_factory=dict)  # dataset -> bytes
+    ttl_s: float | None = None  # serve a page at most this long after it was fetched
+    metadata_ttl_s: float = 0.0  # trust an object's (size, version) this long without asking the origin
+    block_size: int = 64 << 10  # checksum granularity inside a page
+    fetch_threads: int = 8  # parallel origin reads of the missing pages of one read
+
+    def __post_init__(self):
+        if self.page_size <= 0 or self.block_size <= 0 or self.page_size % self.block_size:
+            raise ValueError("page_size must be a positive multiple of block_size")
+        if self.page_size // self.block_size > 0xFFFF:
+            raise ValueError("too many checksum blocks per page: raise block_size")
+        if self.capacity_bytes < 0 or any(q < 0 for q in self.quotas.values()):
+            raise ValueError("capacity and quotas are byte counts >= 0")
+
+    @classmethod
+    def from_env(cls, default_root: str | os.PathLike, **overrides) -> CacheConfig:
+        """``DYNA_CACHE_DIR``, ``DYNA_CACHE_CAPACITY_GB``, ``DYNA_CACHE_PAGE_MB``, ``DYNA_CACHE_TTL_S``."""
+        env = os.environ
+        kw: dict = {"root": env.get("DYNA_CACHE_DIR") or os.fspath(default_root)}
+        if env.get("DYNA_CACHE_CAPACITY_GB"):
+            kw["capacity_bytes"] = int(float(env["DYNA_CACHE_CAPACITY_GB"]) * (1 << 30))
+        if env.get("DYNA_CACHE_PAGE_MB"):
+            kw["page_size"] = int(float(env["DYNA_CACHE_PAGE_MB"]) * MiB)
+        if env.get("DYNA_CACHE_TTL_S"):
+            kw["ttl_s"] = float(env["DYNA_CACHE_TTL_S"])
+        kw.update(overrides)
+        return cls(**kw)
+
+
+@dataclass
+class CacheStats:
+    """Counters of this process (every field only grows)."""
+
+    hit_pages: int = 0
+    hit_bytes: int = 0
+    miss_pages: int = 0
+    origin_requests: int = 0
+    origin_bytes: int = 0
+    shared_fills: int = 0  # misses another thread or process filled while this one waited
+    corrupt_pages: int = 0
+    expired_pages: int = 0
+    evicted_pages: int = 0
+    warnings: int = 0  # reads that fell back to the origin because the cache could not serve them
+    last_warning: str = ""
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+class PageCache:
+    def __init__(self, config: CacheConfig, origins: Origins | None = None):
+        self.config = config
+        self.origins = origins or Origins()
+        self.root = Path(config.root)
+        self.stats = CacheStats()
+        self._stats_lock = threading.Lock()
+        self._state_lock = threading.RLock()
+        self._pid = -1
+        self._db: sqlite3.Connection | None = None
+        self._db_ino: tuple[int, int] | None = None
+        self._page_locks: dict[str, list] = {}  # key -> [threading.Lock, users]
+        self._pool: ThreadPoolExecutor | None = None
+        self._touched: dict[str, float] = {}
+        self._touched_at = time.monotonic()
+        self._broken_until = 0.0
+        self._warned: dict[str, float] = {}
+        self._objects: dict[str, tuple[ObjectInfo, float]] = {}
+        self._ready()
+
+    # ---- public API ---------------------------------------------------------------------------
+    def info(self, url: str) -> ObjectInfo:
+        """Size and content version of ``url`` (asks the origin unless known within metadata_ttl_s)."""
+        url = normalize_url(url)
+        known = self._objects.get(url)
+        if known is None and self.config.metadata_ttl_s > 0:
+            known = self._known_object(url)
+        if known and time.time() - known[1] < self.config.metadata_ttl_s:
+            return known[0]
+        try:
+            info = self.origins.info(url)
+        except StoreUnavailableError as e:
+            known = known or self._known_object(url)
+            if known is None:
+                raise
+            self._warn("origin-down", f"{e}; serving the last known version of {redact(url)}")
+            return known[0]
+        now = time.time()
+        self._objects[url] = (info, now)
+        if known is None or known[0] != info:  # remembered for metadata_ttl_s and for stale-if-error
+            self._with_index(lambda db: db.execute(
+                "INSERT OR REPLACE INTO objects VALUES (?, ?, ?, ?)", (url, info.version, info.size, now)))
+        return info
+
+    def read(self, url: str, start: int, end: int, *, info: ObjectInfo | None = None,
+             dataset: str = "") -> bytearray:
+        """Bytes ``[start, end)`` of ``url`` (clamped to its size) at ``info``'s version."""
+        url = normalize_url(url)
+        info = info or self.info(url)
+        start, end = max(0, start), min(end, info.size)
+        if start >= end:
+            return bytearray()
+        out = bytearray(end - start)
+        view = memoryview(out)
+        ps = self.config.page_size
+        missing = []
+        for p in range(start // ps, (end - 1) // ps + 1):
+            lo, hi = max(start, p * ps), min(end, (p + 1) * ps)
+            if not self._hit(url, info, p, lo - p * ps, hi - p * ps, view[lo - start:hi - start]):
+                missing.append((p, lo, hi))
+        if missing:
+            def fill(item):
+                p, lo, hi = item
+                page, _ = self._fill(url, info, p, dataset)
+                view[lo - start:hi - start] = memoryview(page)[lo - p * ps:hi - p * ps]
+            self._run_all(fill, missing)
+        self._maybe_flush_touches()
+        return out
+
+    def warm(self, url: str, start: int, end: int, *, info: ObjectInfo | None = None,
+             dataset: str = "") -> tuple[int, int, int, int]:
+        """Make the pages of ``[start, end)`` present without reading them back.
+        Returns (pages fetched, bytes fetched, pages already warm, bytes already warm)."""
+        url = normalize_url(url)
+        info = info or self.info(url)
+        ps = self.config.page_size
+        start, end = max(0, start), min(end, info.size)
+        fetched = fetched_bytes = warm = warm_bytes = 0
+        for p in range(start // ps, (end - 1) // ps + 1) if start < end else ():
+            n = min(info.size, (p + 1) * ps) - p * ps
+            if self._present(url, info, p, n):
+                warm, warm_bytes = warm + 1, warm_bytes + n
+                self._touch(self._key(url, info, p))
+                continue
+            _, from_origin = self._fill(url, info, p, dataset)
+            if from_origin:  # else another thread or process filled it meanwhile
+                fetched, fetched_bytes = fetched + 1, fetched_bytes + n
+            else:
+                warm, warm_bytes = warm + 1, warm_bytes + n
+        return fetched, fetched_bytes, warm, warm_bytes
+
+    def usage(self) -> dict[str, int]:
+        """Bytes cached per dataset (``""``: pages read without a dataset)."""
+        rows = self._with_index(lambda db: db.execute("SELECT dataset, bytes FROM usage WHERE bytes > 0").fetchall())
+        return dict(rows or [])
+
+    def page_count(self) -> int:
+        return self._with_index(lambda db: db.execute("SELECT count(*) FROM pages").fetchone()[0]) or 0
+
+    def expire(self) -> int:
+        """Drop every page fetched more than ``ttl_s`` ago; returns how many."""
+        if self.config.ttl_s is None:
+            return 0
+        cutoff = time.time() - self.config.ttl_s
+
+        def drop(db):
+            with _immediate(db):
+                keys = [k for (k,) in db.execute("SELECT key FROM pages WHERE fetched_at < ?", (cutoff,))]
+                db.executemany("DELETE FROM pages WHERE key = ?", [(k,) for k in keys])
+            return keys
+        keys = self._with_index(drop) or []
+        for k in keys:
+            _unlink(self.root / "pages" / k)
+        self._count(expired_pages=len(keys))
+        return len(keys)
+
+    def flush(self) -> None:
+        """Write pending access times to the index."""
+        self._flush_touches()
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._flush_touches()
+        with self._state_lock:
+            if self._pool is not None and self._pid == os.getpid():
+                self._pool.shutdown(wait=True)
+            self._pool = None
+            self._close_handles()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---- keys and files -----------------------------------------------------------------------
+    def _key(self, url: str, info: ObjectInfo, page: int) -> str:
+        digest = xxhash.xxh3_128_hexdigest(f"{url}\0{info.version}\0{self.config.page_size}".encode())
+        return f"{digest[:2]}/{digest}/{page}"
+
+    def _page_path(self, key: str) -> Path:
+        return self.root / "pages" / key
+
+    # ---- hits ---------------------------------------------------------------------------------
+    def _hit(self, url, info, page, a, b, dest: memoryview, *, count: bool = True) -> bool:
+        """Copy bytes [a, b) of a verified cached page into ``dest``; False on a miss."""
+        if not self._usable():
+            return False
+        key = self._key(url, info, page)
+        want = min(info.size, (page + 1) * self.config.page_size) - page * self.config.page_size
+        try:
+            fd = os.open(self._page_path(key), os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        except OSError as e:
+            self._warn("read", f"cache page unreadable ({e.strerror}): reading from the origin")
+            return False
+        try:
+            sums, data_at = self._header(fd, want)
+            if sums is None:
+                return self._drop_bad(key, "corrupt header")
+            if sums is False:
+                return self._drop_expired(key)
+            bs = self.config.block_size
+            k_first, k_last = a // bs, (b - 1) // bs
+            # Whole blocks inside [a, b) are read straight into dest; the edge blocks via a buffer.
+            inner_lo = -(-a // bs)
+            inner_hi = b // bs if b < want else k_last + 1
+            if inner_lo < inner_hi:
+                off = inner_lo * bs
+                n = min(inner_hi * bs, want) - off
+                part = dest[off - a:off - a + n]
+                if os.preadv(fd, [part], data_at + off) != n:
+                    return self._drop_bad(key, "short page file")
+                for k in range(inner_lo, inner_hi):
+                    blk = part[k * bs - off:min((k + 1) * bs, want) - off]
+                    if xxhash.xxh3_64_intdigest(blk) != sums[k]:
+                        return self._drop_bad(key, f"checksum mismatch in block {k}")
+            for k in {k_first, k_last}:
+                if inner_lo <= k < inner_hi:
+                    continue
+                lo, hi = k * bs, min((k + 1) * bs, want)
+                blk = os.pread(fd, hi - lo, data_at + lo)
+                if len(blk) != hi - lo or xxhash.xxh3_64_intdigest(blk) != sums[k]:
+                    return self._drop_bad(key, f"checksum mismatch in block {k}")
+                s, e = max(a, lo), min(b, hi)
+                dest[s - a:e - a] = blk[s - lo:e - lo]
+        except OSError as e:
+            self._warn("read", f"cache page unreadable ({e.strerror or e}): reading from the origin")
+            return False
+        finally:
+            os.close(fd)
+        if count:
+            self._count(hit_pages=1, hit_bytes=b - a)
+        self._touch(key)
+        return True
+
+    def _header(self, fd: int, want: int):
+        """(checksums, data offset); (None, 0) if the header is bad, (False, 0) if expired."""
+        head = os.pread(fd, _HEADER.size, 0)
+        if len(head) != _HEADER.size:
+            return None, 0
+        magic, fmt, nblocks, bs, length, fetched_at = _HEADER.unpack(head)
+        if (magic != _MAGIC or fmt != _FORMAT or bs != self.config.block_size or length != want
+                or nblocks != -(-length // bs)):
+            return None, 0
+        if self.config.ttl_s is not None and time.time() - fetched_at > self.config.ttl_s:
+            return False, 0
+        raw = os.pread(fd, 8 * nblocks, _HEADER.size)
+        if len(raw) != 8 * nblocks:
+            return None, 0
+        return memoryview(raw).cast("Q"), _HEADER.size + 8 * nblocks
+
+    def _present(self, url, info, page, want) -> bool:
+        """A page file with a valid header and the full length exists (checksums verified on read)."""
+        if not self._usable():
+            return False
+        key = self._key(url, info, page)
+        try:
+            fd = os.open(self._page_path(key), os.O_RDONLY)
+        except OSError:
+            return False
+        try:
+            sums, data_at = self._header(fd, want)
+            return bool(sums) and os.fstat(fd).st_size == data_at + want
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+
+    def _drop_bad(self, key: str, reason: str) -> bool:
+        self._count(corrupt_pages=1)
+        log.warning("cache page %s dropped: %s; refetching", key, reason)
+        self._forget(key)
+        return False
+
+    def _drop_expired(self, key: str) -> bool:
+        self._count(expired_pages=1)
+        self._forget(key)
+        return False
+
+    def _forget(self, key: str) -> None:
+        _unlink(self._page_path(key))
+        self._with_index(lambda db: db.execute("DELETE FROM pages WHERE key = ?", (key,)))
+
+    # ---- misses -------------------------------------------------------------------------------
+    def _fill(self, url: str, info: ObjectInfo, page: int, dataset: str) -> tuple[bytes, bool]:
+        """(the page's bytes, whether they came from the origin): from the cache if another reader
+        filled it meanwhile, else from the origin, then stored (best effort)."""
+        ps = self.config.page_size
+        lo, hi = page * ps, min(info.size, (page + 1) * ps)
+        key = self._key(url, info, page)
+        self._count(miss_pages=1)
+        with self._page_lock(key) as locked:
+            if locked:
+                buf = bytearray(hi - lo)
+                if self._hit(url, info, page, 0, hi - lo, memoryview(buf), count=False):
+                    self._count(shared_fills=1)
+                    return buf, False
+            else:
+                self._warn("fallback", f"cache at {self.root} unusable: reading {redact(url)} from the origin")
+            data = self.origins.read(url, lo, hi, info.version)
+            self._count(origin_requests=1, origin_bytes=len(data))
+            if len(data) != hi - lo:
+                raise ObjectChangedError(url, info.version, f"a short read ({len(data)} of {hi - lo} bytes)")
+            if locked:
+                self._store(key, data, dataset)
+            return data, True
+
+    def _store(self, key: str, data: bytes, dataset: str) -> None:
+        size = len(data)
+        limit = min(self.config.capacity_bytes, self.config.quotas.get(dataset, self.config.capacity_bytes))
+        if size > limit:
+            self._warn("full", f"page of {size} bytes does not fit the cache ({limit} bytes for dataset "
+                               f"{dataset!r}): read from the origin")
+            return
+        victims = self._with_index(lambda db: self._reserve(db, key, size, dataset))
+        if victims is None:
+            return
+        for v in victims:
+            _unlink(self._page_path(v))
+        self._count(evicted_pages=len(victims))
+        path = self._page_path(key)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            bs = self.config.block_size
+            view = memoryview(data)
+            sums = [xxhash.xxh3_64_intdigest(view[i:i + bs]) for i in range(0, size, bs)]
+            head = _HEADER.pack(_MAGIC, _FORMAT, len(sums), bs, size, time.time())
+            with open(tmp, "wb") as f:
+                f.write(head)
+                f.write(struct.pack(f"<{len(sums)}Q", *sums))
+                f.write(view)
+            os.replace(tmp, path)
+        except OSError as e:
+            _unlink(tmp)
+            self._with_index(lambda db: db.execute("DELETE FROM pages WHERE key = ?", (key,)))
+            reason = "cache disk full" if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) else e.strerror
+            self._warn("write", f"cannot store a page ({reason or e}): read from the origin")
+            if not self.root.is_dir() or not (self.root / "index.sqlite").exists():
+                self._mark_broken()
+
+    def _reserve(self, db: sqlite3.Connection, key: str, size: int, dataset: str) -> list[str]:
+        """Add the page to the index, evicting LRU pages first so that usage stays within the
+        capacity and the dataset's quota. Returns the evicted keys (their files are removed next)."""
+        self._flush_touches(db)
+        now = time.time()
+        victims: list[str] = []
+        with _immediate(db):
+            db.execute("DELETE FROM pages WHERE key = ?", (key,))
+            quota = self.config.quotas.get(dataset)
+            if quota is not None:
+                used = db.execute("SELECT coalesce(sum(bytes), 0) FROM usage WHERE dataset = ?",
+                                  (dataset,)).fetchone()[0]
+                victims += self._evict(db, used + size - quota, dataset)
+            used = db.execute("SELECT coalesce(sum(bytes), 0) FROM usage").fetchone()[0]
+            victims += self._evict(db, used + size - self.config.capacity_bytes, None)
+            db.execute("INSERT INTO pages VALUES (?, ?, ?, ?, ?)", (key, dataset, size, now, now))
+        return victims
+
+    @staticmethod
+    def _evict(db: sqlite3.Connection, need: int, dataset: str | None) -> list[str]:
+        if need <= 0:
+            return []
+        where, args = ("WHERE dataset = ?", (dataset,)) if dataset is not None else ("", ())
+        victims, freed = [], 0
+        for key, size in db.execute(f"SELECT key, size FROM pages {where} ORDER BY accessed_at", args):
+            victims.append(key)
+            freed += size
+            if freed >= need:
+                break
+        db.executemany("DELETE FROM pages WHERE key = ?", [(k,) for k in victims])
+        return victims
+
+    @contextlib.contextmanager
+    def _page_lock(self, key: str) -> Iterator[bool]:
+        """Holds the page's lock in this process and across processes; yields False (no lock, no
+        caching) when the cache is unusable."""
+        with self._state_lock:
+            entry = self._page_locks.setdefault(key, [threading.Lock(), 0])
+            entry[1] += 1
+        try:
+            with entry[0]:
+                fd = -1
+                if self._usable():
+                    try:
+                        fd = _lock_slot(self.root / "locks", xxhash.xxh3_64_intdigest(key.encode()) % _LOCK_SLOTS)
+                    except OSError as e:
+                        self._warn("lock", f"cannot lock the cache ({e.strerror or e}): read from the origin")
+                        self._mark_broken()  # the next operation rebuilds the folder if it can
+                if fd < 0:
+                    yield False
+                    return
+                try:
+                    yield True
+                finally:
+                    os.close(fd)  # releases the lock
+        finally:
+            with self._state_lock:
+                entry[1] -= 1
+                if entry[1] == 0:
+                    self._page_locks.pop(key, None)
+
+    def _run_all(self, fn, items) -> None:
+        if len(items) == 1 or self.config.fetch_threads <= 1:
+            for it in items:
+                fn(it)
+            return
+        with self._state_lock:
+            if self._pool is None or self._pid != os.getpid():
+                self._pool = ThreadPoolExecutor(self.config.fetch_threads, thread_name_prefix="dyna-cache")
+            pool = self._pool
+        for f in [pool.submit(fn, it) for it in items]:
+            f.result()
+
+    # ---- access times -------------------------------------------------------------------------
+    def _touch(self, key: str) -> None:
+        with self._state_lock:
+            self._touched[key] = time.time()
+
+    def _maybe_flush_touches(self) -> None:
+        if len(self._touched) >= _TOUCH_BATCH or time.monotonic() - self._touched_at > _TOUCH_EVERY_S:
+            self._flush_touches()
+
+    def _flush_touches(self, db: sqlite3.Connection | None = None) -> None:
+        self._touched_at = time.monotonic()
+        with self._state_lock:
+            if not self._touched:
+                return
+            batch, self._touched = self._touched, {}
+        rows = [(t, k) for k, t in batch.items()]
+        update = "UPDATE pages SET accessed_at = max(accessed_at, ?) WHERE key = ?"
+        if db is not None:
+            db.executemany(update, rows)
+        else:
+            self._with_index(lambda d: d.executemany(update, rows))
+
+    # ---- the index and its health -------------------------------------------------------------
+    def _usable(self) -> bool:
+        if self._pid == os.getpid() and self._db is not None:
+            return True
+        return self._ready()
+
+    def _ready(self) -> bool:
+        """Open (or reopen after a fork, or rebuild after the folder vanished) the index."""
+        with self._state_lock:
+            if self._pid == os.getpid() and self._db is not None:
+                return True
+            if time.monotonic() < self._broken_until:
+                return False
+            self._close_handles()
+            try:
+                try:
+                    self._db, self._db_ino = _open_index(self.root)
+                except sqlite3.DatabaseError as e:
+                    if not _is_corruption(e):
+                        raise
+                    self._warn("corrupt", f"cache index corrupt ({e}): resetting the cache")
+                    self._reset()
+                    self._db, self._db_ino = _open_index(self.root)
+                self._pid = os.getpid()
+                return True
+            except (OSError, sqlite3.Error) as e:
+                self._broken_until = time.monotonic() + _RETRY_BROKEN_S
+                self._warn("open", f"cache at {self.root} unusable ({e}): reading from the origin")
+                return False
+
+    def _with_index(self, fn):
+        """Runs ``fn(db)`` under the index lock; on failure marks the cache broken, returns None."""
+        if not self._usable():
+            return None
+        with self._state_lock:
+            db = self._db
+            try:
+                if db is None:
+                    return None
+                if self._index_moved():
+                    raise OSError(errno.ENOENT, "cache index vanished")
+                return fn(db)
+            except sqlite3.DatabaseError as e:
+                if _is_corruption(e):
+                    self._warn("corrupt", f"cache index corrupt ({e}): resetting the cache")
+                    self._reset()
+                else:
+                    self._warn("index", f"cache index error ({e}): reading from the origin")
+                    self._mark_broken()
+            except OSError as e:
+                self._warn("index", f"cache index unavailable ({e.strerror or e}): reading from the origin")
+                self._mark_broken()
+            return None
+
+    def _index_moved(self) -> bool:
+        try:
+            st = os.stat(self.root / "index.sqlite")
+        except FileNotFoundError:
+            return True
+        return (st.st_dev, st.st_ino) != self._db_ino
+
+    def _mark_broken(self) -> None:
+        with self._state_lock:
+            self._close_handles()
+            self._pid = -1  # the next operation tries to rebuild
+
+    def _reset(self) -> None:
+        with self._state_lock:
+            self._close_handles()
+            with contextlib.suppress(OSError):
+                shutil.rmtree(self.root / "pages")
+            for name in ("index.sqlite", "index.sqlite-wal", "index.sqlite-shm"):
+                _unlink(self.root / name)
+            self._pid = -1
+
+    def _close_handles(self) -> None:
+        if self._db is not None:
+            with contextlib.suppress(Exception):
+                self._db.close()
+        self._db = None
+
+    def _known_object(self, url: str):
+        row = self._with_index(lambda db: db.execute(
+            "SELECT version, size, checked_at FROM objects WHERE url = ?", (url,)).fetchone())
+        if not row:
+            return None
+        return ObjectInfo(key=url, size=row[1], version=row[0]), row[2]
+
+    # ---- counters and warnings ----------------------------------------------------------------
+    def _count(self, **delta: int) -> None:
+        with self._stats_lock:
+            for k, v in delta.items():
+                setattr(self.stats, k, getattr(self.stats, k) + v)
+
+    def _warn(self, kind: str, message: str) -> None:
+        message = redact(message)
+        with self._stats_lock:
+            self.stats.warnings += 1
+            self.stats.last_warning = message
+            now = time.monotonic()
+            loud = now - self._warned.get(kind, -1e9) > _WARN_EVERY_S
+            if loud:
+                self._warned[kind] = now
+        if loud:
+            log.warning(message)
+
+
+def _open_index(root: Path) -> tuple[sqlite3.Connection, tuple[int, int]]:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "pages").mkdir(exist_ok=True)
+    path = root / "index.sqlite"
+    db = sqlite3.connect(path, timeout=60, isolation_level=None, check_same_thread=False)
+    try:
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.executescript("""
+            CREATE TABLE IF NOT EXISTS pages (
+                key TEXT PRIMARY KEY, dataset TEXT NOT NULL, size INTEGER NOT NULL,
+                fetched_at REAL NOT NULL, accessed_at REAL NOT NULL) WITHOUT ROWID;
+            CREATE INDEX IF NOT EXISTS pages_lru ON pages (accessed_at);
+            CREATE INDEX IF NOT EXISTS pages_dataset_lru ON pages (dataset, accessed_at);
+            CREATE INDEX IF NOT EXISTS pages_fetched ON pages (fetched_at);
+            CREATE TABLE IF NOT EXISTS usage (dataset TEXT PRIMARY KEY, bytes INTEGER NOT NULL);
+            CREATE TRIGGER IF NOT EXISTS pages_added AFTER INSERT ON pages BEGIN
+                INSERT INTO usage VALUES (new.dataset, new.size)
+                ON CONFLICT (dataset) DO UPDATE SET bytes = bytes + new.size;
+            END;
+            CREATE TRIGGER IF NOT EXISTS pages_removed AFTER DELETE ON pages BEGIN
+                UPDATE usage SET bytes = bytes - old.size WHERE dataset = old.dataset;
+            END;
+            CREATE TABLE IF NOT EXISTS objects (
+                url TEXT PRIMARY KEY, version TEXT NOT NULL, size INTEGER NOT NULL, checked_at REAL NOT NULL);
+        """)
+        st = os.stat(path)
+    except BaseException:
+        db.close()
+        raise
+    return db, (st.st_dev, st.st_ino)
+
+
+# struct flock on Linux (l_type, l_whence, l_start, l_len, l_pid), native alignment: 32 bytes
+_FLOCK = struct.Struct("@hhqqi4x")
+
+
+def _lock_slot(path: Path, slot: int) -> int:
+    """A descriptor holding an exclusive lock on byte ``slot`` of the lock file; closing it unlocks.
+
+    Open-file-description locks (F_OFD_SETLKW), not lockf: POSIX record locks belong to the
+    process, so the fetch threads of one process would share them, and the kernel reports a
+    deadlock when two processes' threads wait on each other's slots."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLKW, _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, slot, 1, 0))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _is_corruption(e: sqlite3.Error) -> bool:
+    return "malformed" in str(e) or "not a database" in str(e)
+
+
+@contextlib.contextmanager
+def _immediate(db: sqlite3.Connection) -> Iterator[None]:
+    db.execute("BEGIN IMMEDIATE")  # takes the write lock up front: no upgrade deadlocks between processes
+    try:
+        yield
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+
+
+def _unlink(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        os.unlink(path)
+
+
+__all__ = ["CacheConfig", "CacheStats", "PageCache"]

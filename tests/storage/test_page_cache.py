@@ -1,0 +1,379 @@
+"""The node page cache: byte-identical reads, eviction, TTL, integrity, fetch-once across processes,
+versioned keys, and fallback to the origin when the cache directory is missing, full, unwritable
+or corrupt."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import resource
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import fsspec
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dyna_resources.storage import page_cache as page_cache_module
+from dyna_resources.storage.cache_fs import CachedFileSystem
+from dyna_resources.storage.origins import ObjectChangedError, Origins
+from dyna_resources.storage.page_cache import CacheConfig, PageCache
+from dyna_resources.storage.stores import StoreUnavailableError
+
+KiB = 1024
+PAGE = 64 * KiB
+BLOCK = 4 * KiB
+
+
+def small_config(root, **kw) -> CacheConfig:
+    return CacheConfig(root=str(root), page_size=PAGE, block_size=BLOCK, capacity_bytes=kw.pop("capacity", 1 << 30),
+                       **kw)
+
+
+def write(path: Path, n: int, seed: int = 0) -> bytes:
+    data = os.urandom(n) if seed == 0 else bytes((i * seed + i // 7) % 251 for i in range(n))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return data
+
+
+def url(path: Path) -> str:
+    return f"file://{path}"
+
+
+@pytest.fixture(scope="module")
+def objects(tmp_path_factory):
+    root = tmp_path_factory.mktemp("origin")
+    sizes = {"empty": 0, "tiny": 17, "page": PAGE, "odd": 5 * PAGE + 1234, "big": 11 * PAGE - 1}
+    return {name: (url(root / name), write(root / name, n)) for name, n in sizes.items()}
+
+
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory):
+    with PageCache(small_config(tmp_path_factory.mktemp("cache"), capacity=6 * PAGE)) as cache:
+        yield cache
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=st.sampled_from(["empty", "tiny", "page", "odd", "big"]), a=st.integers(0, 12 * PAGE),
+       n=st.integers(0, 4 * PAGE))
+def test_random_ranges_are_byte_identical_to_the_origin(objects, shared_cache, name, a, n):
+    u, data = objects[name]
+    assert bytes(shared_cache.read(u, a, a + n)) == data[a:a + n]
+    assert sum(shared_cache.usage().values()) <= 6 * PAGE  # the small capacity forces evictions on the way
+
+
+def test_second_read_is_served_from_pages_without_the_origin(tmp_path, objects):
+    u, data = objects["odd"]
+    with PageCache(small_config(tmp_path / "c")) as cache:
+        assert bytes(cache.read(u, 0, len(data))) == data
+        assert (cache.stats.miss_pages, cache.stats.origin_bytes) == (6, len(data))
+        assert bytes(cache.read(u, 100, len(data) - 5)) == data[100:-5]
+        assert cache.stats.origin_bytes == len(data)
+        assert cache.stats.hit_pages == 6
+        assert cache.page_count() == 6
+
+
+def test_eviction_keeps_usage_under_capacity_and_drops_least_recently_used(tmp_path):
+    origin = tmp_path / "o"
+    files = {i: write(origin / f"f{i}", 2 * PAGE) for i in range(6)}
+    with PageCache(small_config(tmp_path / "c", capacity=5 * PAGE)) as cache:
+        for i in (0, 1):
+            cache.read(url(origin / f"f{i}"), 0, 2 * PAGE)
+        cache.read(url(origin / "f0"), 0, 2 * PAGE)  # f0 is now more recent than f1
+        cache.flush()
+        for i in (2, 3):
+            cache.read(url(origin / f"f{i}"), 0, 2 * PAGE)
+            assert sum(cache.usage().values()) <= 5 * PAGE
+        assert cache.page_count() == 5
+        before = cache.stats.origin_bytes
+        assert bytes(cache.read(url(origin / "f3"), 0, 2 * PAGE)) == files[3]
+        assert cache.stats.origin_bytes == before  # the newest stayed
+        cache.read(url(origin / "f1"), 0, PAGE)
+        assert cache.stats.origin_bytes == before + PAGE  # f1 (least recent) was evicted first
+        assert cache.stats.evicted_pages >= 3
+
+
+def test_quota_per_dataset(tmp_path):
+    origin = tmp_path / "o"
+    data = write(origin / "a", 8 * PAGE)
+    other = write(origin / "b", 2 * PAGE)
+    with PageCache(small_config(tmp_path / "c", capacity=20 * PAGE, quotas={"small": 3 * PAGE})) as cache:
+        assert bytes(cache.read(url(origin / "a"), 0, 8 * PAGE, dataset="small")) == data
+        assert cache.usage()["small"] <= 3 * PAGE
+        cache.read(url(origin / "b"), 0, 2 * PAGE, dataset="big")
+        assert cache.usage() == {"small": 3 * PAGE, "big": 2 * PAGE}
+        assert bytes(cache.read(url(origin / "b"), 0, 2 * PAGE, dataset="small")) == other
+
+
+def test_pages_expire_after_ttl(tmp_path, monkeypatch):
+    origin = tmp_path / "o"
+    data = write(origin / "a", 3 * PAGE)
+    clock = [1_000_000.0]
+    monkeypatch.setattr(page_cache_module.time, "time", lambda: clock[0])
+    with PageCache(small_config(tmp_path / "c", ttl_s=60)) as cache:
+        cache.read(url(origin / "a"), 0, 3 * PAGE)
+        clock[0] += 30
+        cache.read(url(origin / "a"), 0, 3 * PAGE)
+        assert cache.stats.origin_bytes == 3 * PAGE
+        clock[0] += 31  # 61 s after the fetch
+        assert bytes(cache.read(url(origin / "a"), 0, PAGE)) == data[:PAGE]
+        assert cache.stats.expired_pages == 1
+        assert cache.stats.origin_bytes == 4 * PAGE
+        clock[0] += 100  # now every page is over 60 s old, the refetched one included
+        assert cache.expire() == 3
+        assert cache.page_count() == 0
+
+
+def test_expire_drops_exactly_the_old_pages(tmp_path, monkeypatch):
+    origin = tmp_path / "o"
+    write(origin / "a", 4 * PAGE)
+    clock = [5_000.0]
+    monkeypatch.setattr(page_cache_module.time, "time", lambda: clock[0])
+    with PageCache(small_config(tmp_path / "c", ttl_s=10)) as cache:
+        cache.read(url(origin / "a"), 0, 2 * PAGE)
+        clock[0] += 8
+        cache.read(url(origin / "a"), 2 * PAGE, 4 * PAGE)
+        clock[0] += 5  # first two pages 13 s old, the others 5 s
+        assert cache.expire() == 2
+        assert cache.page_count() == 2
+
+
+def test_corrupt_page_is_detected_and_refetched(tmp_path, objects):
+    u, data = objects["odd"]
+    with PageCache(small_config(tmp_path / "c")) as cache:
+        cache.read(u, 0, len(data))
+        pages = sorted((p for p in (tmp_path / "c" / "pages").rglob("*") if p.is_file() and p.name.isdigit()),
+                       key=lambda p: int(p.name))
+        raw = bytearray(pages[2].read_bytes())
+        raw[-100] ^= 0xFF  # one flipped bit pattern in the data of page 2
+        pages[2].write_bytes(raw)
+        pages[4].write_bytes(pages[4].read_bytes()[:1000])  # a truncated page
+        assert bytes(cache.read(u, 0, len(data))) == data
+        assert cache.stats.corrupt_pages == 2
+        assert cache.stats.origin_bytes == len(data) + 2 * PAGE
+        assert bytes(cache.read(u, 0, len(data))) == data  # repaired: no more origin reads
+        assert cache.stats.origin_bytes == len(data) + 2 * PAGE
+
+
+class SlowCountingOrigins(Origins):
+    """A file origin that takes ``delay`` per read, so two readers' misses overlap."""
+
+    def __init__(self, delay: float):
+        super().__init__()
+        self.delay = delay
+
+    def read(self, url, start, end, version):
+        time.sleep(self.delay)
+        return super().read(url, start, end, version)
+
+
+def _read_in_process(root: str, target: str, n: int, barrier, results) -> None:
+    cache = PageCache(small_config(root), SlowCountingOrigins(0.4))
+    barrier.wait()
+    data = bytes(cache.read(target, 0, n))
+    results.put((len(data), cache.stats.origin_requests, cache.stats.shared_fills, cache.stats.hit_pages))
+    cache.close()
+
+
+def test_two_processes_missing_the_same_pages_fetch_each_once(tmp_path):
+    data = write(tmp_path / "o" / "a", 3 * PAGE)
+    ctx = mp.get_context("spawn")
+    barrier, results = ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=_read_in_process, args=(str(tmp_path / "c"), url(tmp_path / "o" / "a"),
+                                                         len(data), barrier, results)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    got = [results.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(60)
+    assert all(n == len(data) for n, *_ in got)
+    assert sum(r for _, r, _, _ in got) == 3  # three pages, one origin read each, across both processes
+    assert sum(s + h for _, _, s, h in got) == 3  # the other process got each page from the cache
+
+
+def test_threads_missing_the_same_page_fetch_it_once(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    data = write(tmp_path / "o" / "a", PAGE)
+    with PageCache(small_config(tmp_path / "c"), SlowCountingOrigins(0.3)) as cache:
+        with ThreadPoolExecutor(6) as pool:
+            outs = list(pool.map(lambda _: bytes(cache.read(url(tmp_path / "o" / "a"), 0, PAGE)), range(6)))
+        assert outs == [data] * 6
+        assert cache.stats.origin_requests == 1
+
+
+def test_changed_object_is_never_served_from_old_pages(tmp_path):
+    path = tmp_path / "o" / "a"
+    old = write(path, 3 * PAGE)
+    fs = CachedFileSystem(PageCache(small_config(tmp_path / "c")))
+    assert fs.cat_file(url(path)) == old
+    pinned = fs.open(url(path))  # pinned to the old version; its first page is cached
+    assert pinned.read(10) == old[:10]
+    new = write(path, 3 * PAGE, seed=3)
+    os.utime(path, ns=(1, 1))  # a different mtime even on coarse clocks
+    assert fs.cat_file(url(path)) == new
+    assert fs.cat_file(url(path), 5, 100) == new[5:100]
+    pinned.seek(PAGE)  # a page of the old version that the cache may hold or not
+    try:
+        assert pinned.read(10) == old[PAGE:PAGE + 10]
+    except ObjectChangedError as e:
+        assert "changed while reading" in str(e)
+
+
+def test_rewrite_during_fetch_is_refused(tmp_path):
+    path = tmp_path / "o" / "a"
+    write(path, 2 * PAGE)
+    cache = PageCache(small_config(tmp_path / "c"))
+    info = cache.info(url(path))
+    write(path, 2 * PAGE, seed=5)
+    with pytest.raises(ObjectChangedError, match="changed while reading"):
+        cache.read(url(path), 0, 10, info=info)
+    assert cache.page_count() == 0
+
+
+def test_deleting_the_cache_dir_mid_read_falls_back_and_rebuilds(tmp_path, objects):
+    u, data = objects["big"]
+    root = tmp_path / "c"
+    fs = CachedFileSystem(PageCache(small_config(root)))
+    with fs.open(u) as f:
+        assert f.read(3 * PAGE) == data[:3 * PAGE]
+        shutil.rmtree(root)
+        assert f.read(3 * PAGE) == data[3 * PAGE:6 * PAGE]
+        assert f.read() == data[6 * PAGE:]
+    assert fs.cache.stats.warnings >= 1
+    assert fs.cat_file(u) == data  # the cache came back
+    assert (root / "index.sqlite").exists() and fs.cache.page_count() > 0
+
+
+def _read_with_file_size_limit(root: str, target: str, limit: int, results) -> None:
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG instead
+    cache = PageCache(small_config(root))
+    cache.read(target, 0, 1)  # the index exists before the limit
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    data = bytes(cache.read(target, 0, 1 << 30))
+    results.put((data, cache.stats.warnings, cache.stats.last_warning))
+
+
+def test_full_cache_disk_falls_back_to_the_origin(tmp_path, objects):
+    u, data = objects["big"]
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    p = ctx.Process(target=_read_with_file_size_limit, args=(str(tmp_path / "c"), u, PAGE // 2, results))
+    p.start()
+    got, warnings, last = results.get(timeout=120)
+    p.join(60)
+    assert got == data
+    # whichever write hits the limit first, a page file ("disk full") or the index's WAL ("disk I/O error")
+    assert warnings >= 1 and ("full" in last or "disk I/O error" in last)
+
+
+def test_capacity_below_one_page_reads_through(tmp_path, objects):
+    u, data = objects["odd"]
+    with PageCache(small_config(tmp_path / "c", capacity=PAGE // 2)) as cache:
+        assert bytes(cache.read(u, 0, len(data))) == data
+        assert cache.page_count() == 1  # only the 1234-byte tail page fits
+        assert cache.stats.warnings == 5
+
+
+def test_unwritable_cache_location_reads_from_the_origin(tmp_path, objects):
+    u, data = objects["odd"]
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    cache = PageCache(small_config(blocker / "cache"))
+    assert bytes(cache.read(u, 0, len(data))) == data
+    assert cache.stats.warnings >= 1 and cache.stats.origin_bytes == len(data)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores folder permissions")
+def test_read_only_cache_folder_reads_from_the_origin(tmp_path, objects):
+    u, data = objects["odd"]
+    root = tmp_path / "c"
+    root.mkdir()
+    root.chmod(0o500)
+    try:
+        cache = PageCache(small_config(root))
+        assert bytes(cache.read(u, 0, len(data))) == data
+        assert cache.stats.warnings >= 1
+    finally:
+        root.chmod(0o700)
+
+
+def test_corrupt_index_resets_the_cache(tmp_path, objects):
+    u, data = objects["odd"]
+    root = tmp_path / "c"
+    with PageCache(small_config(root)) as cache:
+        cache.read(u, 0, len(data))
+    for name in ("index.sqlite-wal", "index.sqlite-shm"):
+        (root / name).unlink(missing_ok=True)
+    (root / "index.sqlite").write_bytes(b"garbage" * 1000)
+    with PageCache(small_config(root)) as cache:
+        assert bytes(cache.read(u, 0, len(data))) == data
+        assert cache.stats.warnings >= 1
+        assert cache.page_count() == 6
+
+
+class DownOrigins(Origins):
+    def info(self, url):
+        raise StoreUnavailableError(url, "connection refused")
+
+
+def test_origin_down_serves_the_last_known_version_from_the_cache(tmp_path, objects):
+    u, data = objects["odd"]
+    root = tmp_path / "c"
+    with PageCache(small_config(root)) as cache:
+        cache.read(u, 0, len(data))
+    with PageCache(small_config(root), DownOrigins()) as cache:
+        assert bytes(cache.read(u, 0, len(data))) == data
+        assert cache.stats.origin_bytes == 0 and cache.stats.warnings == 1
+        assert "last known version" in cache.stats.last_warning
+
+
+def test_origin_down_and_nothing_cached_is_an_error_naming_the_store(tmp_path, objects):
+    u, _ = objects["odd"]
+    with PageCache(small_config(tmp_path / "c"), DownOrigins()) as cache, \
+            pytest.raises(StoreUnavailableError, match="connection refused"):
+        cache.read(u, 0, 10)
+
+
+def test_missing_object_is_file_not_found(tmp_path):
+    with PageCache(small_config(tmp_path / "c")) as cache, pytest.raises(FileNotFoundError):
+        cache.read(url(tmp_path / "nope"), 0, 10)
+
+
+def test_fsspec_url_chaining_and_file_api(tmp_path, objects):
+    u, data = objects["odd"]
+    with fsspec.open(f"dynacache::{u}", dynacache={"cache_dir": str(tmp_path / "c"), "page_size": PAGE,
+                                                   "block_size": BLOCK}) as f:
+        f.seek(-1000, os.SEEK_END)
+        assert f.read() == data[-1000:]
+        f.seek(7)
+        buf = bytearray(50)
+        assert f.readinto(buf) == 50 and bytes(buf) == data[7:57]
+    fs = CachedFileSystem(cache_dir=str(tmp_path / "c"), page_size=PAGE, block_size=BLOCK)
+    assert fs.info(u)["size"] == len(data)
+    assert fs.cat_file(u, -10) == data[-10:]
+    with pytest.raises(NotImplementedError, match="read-only"):
+        fs.open(u, "wb")
+
+
+def test_gcs_generations_key_the_pages(tmp_path, gcs):
+    from dyna_resources.storage.stores import Store
+
+    gcs.fs.pipe_file(f"{gcs.bucket}/cache/a.bin", b"A" * (2 * PAGE + 5))
+    origins = Origins(stores={f"gs://{gcs.bucket}": Store.from_url(f"gs://{gcs.bucket}", fs=gcs.fs)})
+    fs = CachedFileSystem(PageCache(small_config(tmp_path / "c"), origins))
+    u = gcs.url("cache/a.bin")
+    assert fs.cat_file(u) == b"A" * (2 * PAGE + 5)
+    gcs.emulator.clear()
+    assert fs.cat_file(u, 3, 9) == b"A" * 6
+    assert gcs.emulator.media_gets(u) == []  # served from pages
+    gcs.fs.pipe_file(f"{gcs.bucket}/cache/a.bin", b"B" * (2 * PAGE + 5))
+    assert fs.cat_file(u, 3, 9) == b"B" * 6  # the new generation, fetched anew
+    assert len(gcs.emulator.media_gets(u)) == 1
+
+
+from tests.gcs import gcs, gcs_emulator  # noqa: F401

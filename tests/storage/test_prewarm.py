@@ -1,0 +1,160 @@
+"""Prewarm plans exactly a manifest's working set from the MCAP chunk index; after it, reading every
+sample of the manifest costs the origin nothing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from dyna_resources.episodes.codec import VideoSettings
+from dyna_resources.episodes.mcap_reader import EpisodeReader
+from dyna_resources.episodes.transcode import TranscodeSettings, transcode_episode
+from dyna_resources.storage.cache_fs import CachedFileSystem
+from dyna_resources.storage.page_cache import CacheConfig, PageCache
+from dyna_resources.storage.prewarm import (
+    ReadSet,
+    _overlaps,
+    _union,
+    plan_manifest,
+    prewarm,
+    prewarm_manifest,
+)
+
+PAGE = 64 * 1024
+SEGMENT_NS, STRIDE_NS = 2_000_000_000, 1_000_000_000
+
+
+@pytest.fixture(scope="module")
+def fleet(episode_factory, tmp_path_factory):
+    """Three transcoded episodes (1 s GOPs); the manifest uses two of them."""
+    out = tmp_path_factory.mktemp("mcap")
+    uris = []
+    for i in range(3):
+        gen = episode_factory(episode_id=f"ep-prewarm-{i}", seed=100 + i, duration_s=6.0, width=160, height=120)
+        path = out / f"ep{i}.mcap"
+        transcode_episode(gen.path, path, TranscodeSettings(video=VideoSettings(gop_frames=30)))
+        uris.append(f"file://{path}")
+    return uris
+
+
+def segments(uris: list[str]) -> pa.Table:
+    rows = {"uri": [], "start_ns": [], "end_ns": []}
+    for u in uris:
+        with EpisodeReader(u.removeprefix("file://")) as r:
+            start, end = r.start_ns, r.end_ns
+        t = start
+        while t + SEGMENT_NS <= end:
+            rows["uri"].append(u)
+            rows["start_ns"].append(t)
+            rows["end_ns"].append(t + SEGMENT_NS)
+            t += STRIDE_NS
+    return pa.table({"uri": pa.array(rows["uri"]).dictionary_encode(), "start_ns": rows["start_ns"],
+                     "end_ns": rows["end_ns"]})
+
+
+def read_every_sample(fs: CachedFileSystem, manifest: pa.Table, *, frames: bool = True) -> int:
+    n = 0
+    for row in manifest.to_pylist():
+        with fs.open(row["uri"]) as f, EpisodeReader(f) as r:
+            r.metadata()
+            mid = (row["start_ns"] + row["end_ns"]) // 2
+            times = [row["start_ns"], mid, row["end_ns"]] if frames else []
+            got, streams = r.read_window(row["start_ns"], row["end_ns"], frame_times_ns=times, decode=False)
+            assert streams and (not frames or all(len(fr.timestamps_ns) == 3 for fr in got.values()))
+            n += 1
+    return n
+
+
+def cache_at(path) -> PageCache:
+    return PageCache(CacheConfig(root=str(path), page_size=PAGE, block_size=4096))
+
+
+def test_prewarm_then_every_sample_reads_nothing_from_the_origin(tmp_path, fleet):
+    manifest = segments(fleet[:2])
+    with cache_at(tmp_path / "c") as cache:
+        report = prewarm_manifest(manifest, cache, dataset="train-a", parallel=4)
+        assert report.errors == {}
+        assert (report.files, report.segments) == (2, len(manifest))
+        assert report.fetched_pages > 0 and report.warm_pages >= 0
+        assert report.pages == report.fetched_pages + report.warm_pages
+        assert set(cache.usage()) == {"train-a"}
+        before = cache.stats.origin_bytes
+        fs = CachedFileSystem(cache, dataset="train-a")
+        assert read_every_sample(fs, manifest) == len(manifest)
+        assert cache.stats.origin_bytes == before  # zero bytes from the origin after prewarm
+
+        again = prewarm_manifest(manifest, cache, dataset="train-a")
+        assert (again.fetched_pages, again.fetched_bytes) == (0, 0)
+        assert again.warm_pages == again.pages == report.pages
+
+        # an episode outside the manifest was not warmed
+        other = segments(fleet[2:])
+        before = cache.stats.origin_bytes
+        read_every_sample(fs, other.slice(0, 1))
+        assert cache.stats.origin_bytes > before
+
+
+def test_plan_covers_only_the_groups_read(tmp_path, fleet):
+    manifest = segments(fleet[:1])
+    with cache_at(tmp_path / "c") as cache:
+        fs = CachedFileSystem(cache)
+        full = plan_manifest(manifest, fs)
+        proprio = plan_manifest(manifest, fs, ReadSet(groups=("proprio",)))
+        assert 0 < proprio.bytes < full.bytes / 3  # the camera chunks are most of the file
+        prewarm(proprio, cache)
+        before = cache.stats.origin_bytes
+        read_every_sample(fs, manifest, frames=False)
+        assert cache.stats.origin_bytes == before
+        read_every_sample(fs, manifest.slice(0, 1), frames=True)
+        assert cache.stats.origin_bytes > before  # frames were not in the proprio working set
+
+
+def test_plan_of_a_short_window_holds_what_a_read_fetches_and_little_else(tmp_path, fleet):
+    u = fleet[0]
+    with EpisodeReader(u.removeprefix("file://")) as r:
+        lo, hi = r.start_ns + 2_000_000_000, r.start_ns + 2_500_000_000
+        whole = (r.start_ns, r.end_ns)
+        r.metadata()
+        r.read_window(lo, hi, frame_times_ns=np.linspace(lo, hi, 16).astype(np.int64).tolist(), decode=False)
+        fetched = [(f.offset, f.offset + f.length) for f in r.open_log.fetches + r.log.fetches]
+    with cache_at(tmp_path / "c") as cache:
+        fs = CachedFileSystem(cache)
+        plan = plan_manifest(pa.table({"uri": [u], "start_ns": [lo], "end_ns": [hi]}), fs)
+        full = plan_manifest(pa.table({"uri": [u], "start_ns": [whole[0]], "end_ns": [whole[1]]}), fs)
+    ranges = plan.files[0].ranges
+    for s, e in fetched:
+        assert any(a <= s and e <= b for a, b in ranges), (s, e)
+    assert plan.bytes < 0.75 * full.bytes  # half a second of a six-second episode
+
+
+def test_missing_file_is_reported_and_the_rest_is_warmed(tmp_path, fleet):
+    manifest = pa.concat_tables([
+        segments(fleet[:1]).cast(pa.schema([("uri", pa.string()), ("start_ns", pa.int64()), ("end_ns", pa.int64())])),
+        pa.table({"uri": [f"file://{tmp_path}/gone.mcap"], "start_ns": [0], "end_ns": [1]})])
+    with cache_at(tmp_path / "c") as cache:
+        report = prewarm_manifest(manifest, cache)
+        assert list(report.errors) == [f"file://{tmp_path}/gone.mcap"]
+        assert "not found" in report.errors[f"file://{tmp_path}/gone.mcap"]
+        assert report.files == 1 and report.fetched_pages > 0
+
+
+def test_corrupt_mcap_is_reported_not_raised(tmp_path, fleet):
+    bad = tmp_path / "bad.mcap"
+    bad.write_bytes(b"not an mcap at all" * 100)
+    manifest = pa.table({"uri": [f"file://{bad}"], "start_ns": [0], "end_ns": [1]})
+    with cache_at(tmp_path / "c") as cache:
+        report = prewarm_manifest(manifest, cache)
+    assert report.files == 0 and "MCAP" in report.errors[f"file://{bad}"]
+
+
+def test_unknown_group_is_refused():
+    with pytest.raises(ValueError, match="unknown topic groups"):
+        ReadSet(groups=("cameras", "lidar"))
+
+
+def test_interval_helpers():
+    s, e = _union(np.array([5, 0, 2, 20]), np.array([6, 3, 4, 25]))
+    assert s.tolist() == [0, 5, 20] and e.tolist() == [4, 6, 25]
+    hit = _overlaps(np.array([-5, 4, 7, 10, 25, 26]), np.array([-1, 4, 9, 19, 30, 27]), s, e)
+    assert hit.tolist() == [False, True, False, False, True, False]
