@@ -77,11 +77,20 @@ def main(argv: list[str] | None = None) -> int:
     manifest = materialize([defs.get_assets_def("manifests")], instance=instance, resources=resources,
                            partition_key=spec.stem, run_config=quiet, raise_on_error=False)
     results.append(manifest)
+    warmed = replica = None
+    if manifest.success:  # what the prewarm sensor does when the manifest's DataVersion changes
+        warmed = materialize([defs.get_assets_def("cache_sets")], instance=instance, resources=resources,
+                             partition_key=spec.stem, run_config=quiet, raise_on_error=False)
+        replica = materialize([defs.get_assets_def("mcap_replica")], instance=instance, resources=resources,
+                              partition_key=spec.stem, run_config=quiet, raise_on_error=False)
+        results += [warmed, replica]
     failed = [r for r in results if not r.success]
     print_summary(home, ingest, results)
     print_warehouse(resources["warehouse"])
     if manifest.success:
         print_manifest(home, spec, manifest)
+    if warmed is not None and warmed.success and replica is not None and replica.success:
+        print_cache(spec.stem, warmed, replica)
     if failed:
         print(f"{len(failed)} run(s) failed: {[r.run_id for r in failed]}", file=sys.stderr)
         return 1
@@ -109,6 +118,20 @@ def print_manifest(home: DynaHome, spec: Path, result) -> None:
     print(f"  Parquet {md['parquet']}\n  Arrow IPC {md['arrow']}")
     print(f"  node copy {node_copy} (checksum verified); 4 ranks mmap it and take {slices} rows, zero-copy")
     print(f"  by task: {md['by_task']}")
+    print("=" * 86)
+
+
+def print_cache(partition: str, warmed, replica) -> None:
+    c = {k: getattr(v, "value", v) for k, v in warmed.asset_materializations_for_node("cache_sets")[0].metadata.items()}
+    r = {k: getattr(v, "value", v) for k, v in replica.asset_materializations_for_node("mcap_replica")[0].metadata.items()}
+    mib = 1 << 20
+    print(f"cache set {partition}: working set {c['working_set_bytes'] / mib:.1f} MiB of {c['files']} MCAP files in "
+          f"{c['pages']} pages; fetched {c['fetched_pages']} ({c['fetched_bytes'] / mib:.1f} MiB), "
+          f"{c['already_warm_pages']} already warm, {c['seconds']:.2f} s")
+    print(f"  node page cache {c['cache_dir']}  (training reads dynacache:: URLs; misses and a broken cache go to "
+          f"the origin)")
+    print(f"  second origin {r['replica']}: {r['copied']} copied, {r['skipped_current']} already current, "
+          f"{r['bytes_copied'] / mib:.1f} MiB, each verified by sha256")
     print("=" * 86)
 
 
@@ -173,7 +196,9 @@ def print_summary(home: DynaHome, ingest: IngestResource, results) -> None:
     print("  Dagster UI:   make ui    then open http://127.0.0.1:3000 : assets raw_episodes / mcap_episodes,")
     print("                one partition per ingest batch, gate checks, per-partition metadata; the landing")
     print("                sensor picks up new files dropped into the landing zone, the drift sensor")
-    print("                backfills only stale batches after PIPELINE_VERSION changes (dyna_resources/versions.py)")
+    print("                backfills only stale batches after PIPELINE_VERSION changes (dyna_resources/versions.py);")
+    print("                manifests -> cache_sets: the prewarm sensor warms a manifest's pages when its")
+    print("                DataVersion changes; mcap_replica copies its files to the second origin")
     if files:
         print(f"  Rerun:        .venv/bin/rerun {files[0]}")
         print(f"  Foxglove:     open {files[0]} in Foxglove (desktop app or app.foxglove.dev: Open local file)")

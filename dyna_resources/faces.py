@@ -22,6 +22,10 @@ from .ingest.batches import IngestStores
 from .ingest.gates import GateConfig
 from .ingest.landing import LandingZone
 from .ingest.tick import LandingSettings
+from .storage.origins import Origins
+from .storage.page_cache import CacheConfig, PageCache
+from .storage.prewarm import ReadSet
+from .storage.stores import Store
 
 _REGISTRIES: dict[str, Registry] = {}  # one engine (connection pool) per process and URL
 
@@ -38,6 +42,10 @@ class HomeResource(ConfigurableResource):
 
     def manifests_url(self) -> str:
         return self.manifest_store or os.environ.get("DYNA_MANIFEST_STORE") or str(self.home().manifests)
+
+    def manifest_arrow_url(self, name: str) -> str:
+        """The Arrow IPC copy of manifest ``name`` (what ranks and prewarm load)."""
+        return f"{self.manifests_url().rstrip('/')}/{name}.arrow"
 
 
 class RegistryResource(ConfigurableResource):
@@ -113,3 +121,61 @@ class TranscodeResource(ConfigurableResource):
 
     def pool_size(self) -> int:
         return self.workers or os.cpu_count() or 1
+
+
+class CacheResource(ConfigurableResource):
+    """The node-local page cache and how a run's working set is read. Empty fields fall back to
+    ``$DYNA_CACHE_DIR`` (else ``<home>/page-cache``), ``$DYNA_CACHE_CAPACITY_GB`` (else 16),
+    ``$DYNA_ORIGIN_ROUTES`` and ``$DYNA_S3_ENDPOINT_URL`` (reading another origin, see
+    ``storage.origins``). At cluster scale, ``$DYNA_ALLUXIO_*`` makes prewarm an Alluxio load job."""
+
+    root: str = ""
+    home_root: str = ""
+    capacity_gb: float = 0.0
+    page_mb: float = 4.0
+    quotas_gb: dict[str, float] = {}
+    ttl_s: float = 0.0  # 0: pages do not expire
+    groups: list[str] = ["cameras", "proprio"]  # topic groups a training sample reads
+    parallel: int = 16
+
+    def cache(self) -> PageCache:
+        home = HomeResource(root=self.home_root).home()
+        overrides: dict[str, Any] = {"page_size": int(self.page_mb * (1 << 20)),
+                                     "quotas": {k: int(v * (1 << 30)) for k, v in self.quotas_gb.items()}}
+        if self.root:
+            overrides["root"] = self.root
+        if self.capacity_gb:
+            overrides["capacity_bytes"] = int(self.capacity_gb * (1 << 30))
+        if self.ttl_s:
+            overrides["ttl_s"] = self.ttl_s
+        return PageCache(CacheConfig.from_env(home.root / "page-cache", **overrides), Origins.from_env())
+
+    def read_set(self) -> ReadSet:
+        return ReadSet(groups=tuple(self.groups))
+
+    def alluxio(self):
+        """An ``AlluxioFront`` when ``$DYNA_ALLUXIO_*`` configures a cluster, else None."""
+        from .storage.alluxio import AlluxioConfig, AlluxioFront
+
+        config = AlluxioConfig.from_env()
+        return AlluxioFront(config) if config else None
+
+
+class ReplicaResource(ConfigurableResource):
+    """The second, neutral origin (S3-compatible) that datasets are copied to. Empty ``target``:
+    ``$DYNA_REPLICA_STORE``, else ``<home>/replica`` (a local stand-in for the embedded defaults);
+    empty ``endpoint_url``: ``$DYNA_S3_ENDPOINT_URL``; empty ``source_prefix``: the home's MCAP store."""
+
+    target: str = ""
+    endpoint_url: str = ""
+    source_prefix: str = ""
+    home_root: str = ""
+
+    def store(self) -> Store:
+        home = HomeResource(root=self.home_root).home()
+        target = self.target or os.environ.get("DYNA_REPLICA_STORE") or str(home.root / "replica")
+        endpoint = self.endpoint_url or os.environ.get("DYNA_S3_ENDPOINT_URL") or None
+        return Store.from_url(target, endpoint_url=endpoint if target.startswith("s3://") else None)
+
+    def source(self) -> str:
+        return self.source_prefix or HomeResource(root=self.home_root).home().mcap.resolve().as_uri()

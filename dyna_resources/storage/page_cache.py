@@ -46,6 +46,7 @@ import sqlite3
 import struct
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -68,6 +69,7 @@ _TOUCH_BATCH = 512
 _TOUCH_EVERY_S = 2.0
 _RETRY_BROKEN_S = 5.0
 _WARN_EVERY_S = 30.0
+_HEADER_MEMO = 8192  # parsed page headers kept per process (~0.6 KiB each for 4 MiB pages)
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,8 @@ class PageCache:
         self.config = config
         self.origins = origins or Origins()
         self.root = Path(config.root)
+        self._pages = os.path.join(os.fspath(self.root), "pages")  # str: pathlib costs a third of a small hit
+        self._headers: dict[str, tuple] = {}  # key -> parsed header; the same key always holds the same bytes
         self.stats = CacheStats()
         self._stats_lock = threading.Lock()
         self._state_lock = threading.RLock()
@@ -142,6 +146,7 @@ class PageCache:
         self._broken_until = 0.0
         self._warned: dict[str, float] = {}
         self._objects: dict[str, tuple[ObjectInfo, float]] = {}
+        _LIVE.add(self)
         self._ready()
 
     # ---- public API ---------------------------------------------------------------------------
@@ -236,7 +241,7 @@ class PageCache:
             return keys
         keys = self._with_index(drop) or []
         for k in keys:
-            _unlink(self.root / "pages" / k)
+            _unlink(self._page_path(k))
         self._count(expired_pages=len(keys))
         return len(keys)
 
@@ -264,8 +269,8 @@ class PageCache:
         digest = xxhash.xxh3_128_hexdigest(f"{url}\0{info.version}\0{self.config.page_size}".encode())
         return f"{digest[:2]}/{digest}/{page}"
 
-    def _page_path(self, key: str) -> Path:
-        return self.root / "pages" / key
+    def _page_path(self, key: str) -> str:
+        return f"{self._pages}/{key}"
 
     # ---- hits ---------------------------------------------------------------------------------
     def _hit(self, url, info, page, a, b, dest: memoryview, *, count: bool = True) -> bool:
@@ -282,7 +287,7 @@ class PageCache:
             self._warn("read", f"cache page unreadable ({e.strerror}): reading from the origin")
             return False
         try:
-            sums, data_at = self._header(fd, want)
+            sums, data_at = self._header(fd, want, key)
             if sums is None:
                 return self._drop_bad(key, "corrupt header")
             if sums is False:
@@ -321,8 +326,17 @@ class PageCache:
         self._touch(key)
         return True
 
-    def _header(self, fd: int, want: int):
-        """(checksums, data offset); (None, 0) if the header is bad, (False, 0) if expired."""
+    def _header(self, fd: int, want: int, key: str | None = None):
+        """(checksums, data offset); (None, 0) if the header is bad, (False, 0) if expired.
+
+        Parsed headers are remembered per key: a page file under one key always holds the same
+        bytes (a refetch writes identical data), and the data itself is verified on every read."""
+        known = self._headers.get(key) if key is not None else None
+        if known is not None:
+            sums, data_at, fetched_at = known
+            if self.config.ttl_s is not None and time.time() - fetched_at > self.config.ttl_s:
+                return False, 0
+            return sums, data_at
         head = os.pread(fd, _HEADER.size, 0)
         if len(head) != _HEADER.size:
             return None, 0
@@ -335,7 +349,12 @@ class PageCache:
         raw = os.pread(fd, 8 * nblocks, _HEADER.size)
         if len(raw) != 8 * nblocks:
             return None, 0
-        return memoryview(raw).cast("Q"), _HEADER.size + 8 * nblocks
+        sums, data_at = memoryview(raw).cast("Q"), _HEADER.size + 8 * nblocks
+        if key is not None:
+            if len(self._headers) >= _HEADER_MEMO:
+                self._headers.clear()
+            self._headers[key] = (sums, data_at, fetched_at)
+        return sums, data_at
 
     def _present(self, url, info, page, want) -> bool:
         """A page file with a valid header and the full length exists (checksums verified on read)."""
@@ -366,6 +385,7 @@ class PageCache:
         return False
 
     def _forget(self, key: str) -> None:
+        self._headers.pop(key, None)
         _unlink(self._page_path(key))
         self._with_index(lambda db: db.execute("DELETE FROM pages WHERE key = ?", (key,)))
 
@@ -406,7 +426,7 @@ class PageCache:
         for v in victims:
             _unlink(self._page_path(v))
         self._count(evicted_pages=len(victims))
-        path = self._page_path(key)
+        path = Path(self._page_path(key))
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -597,6 +617,19 @@ class PageCache:
                 _unlink(self.root / name)
             self._pid = -1
 
+    def _after_fork(self) -> None:
+        """In a forked child (DataLoader workers): fresh locks, no inherited pool, and the parent's
+        SQLite connection left alone (closing it here would disturb the parent's locks)."""
+        self._stats_lock = threading.Lock()
+        self._state_lock = threading.RLock()
+        self._page_locks = {}
+        self._pool = None
+        self._touched = {}
+        if self._db is not None:
+            _INHERITED.append(self._db)
+        self._db = None
+        self._pid = -1
+
     def _close_handles(self) -> None:
         if self._db is not None:
             with contextlib.suppress(Exception):
@@ -627,6 +660,18 @@ class PageCache:
                 self._warned[kind] = now
         if loud:
             log.warning(message)
+
+
+_LIVE: weakref.WeakSet[PageCache] = weakref.WeakSet()
+_INHERITED: list[sqlite3.Connection] = []  # a parent's connections, kept open (never used) in a forked child
+
+
+def _reinit_after_fork() -> None:
+    for cache in list(_LIVE):
+        cache._after_fork()
+
+
+os.register_at_fork(after_in_child=_reinit_after_fork)
 
 
 def _open_index(root: Path) -> tuple[sqlite3.Connection, tuple[int, int]]:
@@ -698,7 +743,7 @@ def _immediate(db: sqlite3.Connection) -> Iterator[None]:
     db.execute("COMMIT")
 
 
-def _unlink(path: Path) -> None:
+def _unlink(path: str | Path) -> None:
     with contextlib.suppress(FileNotFoundError, NotADirectoryError):
         os.unlink(path)
 

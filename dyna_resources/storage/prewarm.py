@@ -92,7 +92,7 @@ class PrewarmReport:
 
     @property
     def fetched_MBps(self) -> float:
-        return self.fetched_bytes / 1e6 / self.fetch_s if self.fetch_s > 0 else 0.0
+        return self.fetched_bytes / 1e6 / self.seconds if self.seconds > 0 else 0.0
 
     def as_dict(self) -> dict:
         d = dict(self.__dict__)
@@ -208,9 +208,19 @@ def prewarm_manifest(manifest: pa.Table, cache: PageCache, read_set: ReadSet = R
                      parallel: int = 16, progress: bool | Callable[[int, int], None] = False) -> PrewarmReport:
     """``plan_manifest`` then ``prewarm``: the one call a launcher makes before training."""
     t0 = time.perf_counter()
+    pages0, bytes0 = cache.stats.origin_requests, cache.stats.origin_bytes
     plan = plan_manifest(manifest, CachedFileSystem(cache, dataset=dataset), read_set, parallel=min(parallel, 8))
-    return prewarm(plan, cache, dataset=dataset, parallel=parallel, progress=progress,
-                   plan_s=time.perf_counter() - t0)
+    report = prewarm(plan, cache, dataset=dataset, parallel=parallel, progress=progress,
+                     plan_s=time.perf_counter() - t0)
+    # Planning read each file's summary through the cache: those pages were fetched by this prewarm too.
+    pages, nbytes = cache.stats.origin_requests - pages0 - report.fetched_pages, \
+        cache.stats.origin_bytes - bytes0 - report.fetched_bytes
+    pages, nbytes = min(pages, report.warm_pages), min(nbytes, report.warm_bytes)
+    report.fetched_pages += pages
+    report.fetched_bytes += nbytes
+    report.warm_pages -= pages
+    report.warm_bytes -= nbytes
+    return report
 
 
 # ---- helpers -------------------------------------------------------------------------------------
@@ -250,11 +260,12 @@ def _merge(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
 
 def _progress_bar(total: int, progress):
     if callable(progress):
-        done = [0]
+        count = [0]
 
-        def step(n, done_flag=False):
-            done[0] += n
-            progress(done[0], total)
+        def step(n, done=False):
+            count[0] += n
+            if n or done:
+                progress(count[0], total)
         return step
     if not progress:
         return lambda n, done=False: None

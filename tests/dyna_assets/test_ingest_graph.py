@@ -242,3 +242,27 @@ def test_warehouse_follows_the_registry_and_its_sensor_fires_only_when_changes_a
         assert m["rows"] == t.num_rows and set(t["episode_id"].to_pylist()) == {"ep-g0", "ep-g1"}
         assert m["episodes"] == 2 and 6 <= m["rows"] <= 8 and "SELECT" in m["sql"]
         assert sum(rank_slice(t, r, 3).num_rows for r in range(3)) == t.num_rows
+
+        # the manifest's working set is prewarmed into the node cache; its files are copied to the second origin
+        from dyna_assets.cache.sensors import manifest_prewarm_sensor
+        from dyna_resources.faces import CacheResource, ReplicaResource
+
+        res["cache"] = CacheResource(home_root=str(home), page_mb=0.25)
+        res["replica"] = ReplicaResource(home_root=str(home))
+        fired = manifest_prewarm_sensor(sensor_ctx())
+        assert [r.partition_key for r in fired.run_requests] == ["first-two"]
+        assert not manifest_prewarm_sensor(build_sensor_context(instance=instance, cursor=fired.cursor)).run_requests
+        cache_sets = defs.get_assets_def("cache_sets")
+        warmed = materialize([cache_sets], instance=instance, resources=res, partition_key="first-two")
+        c = md(warmed, "cache_sets", "first-two")
+        assert c["files"] == 2 and c["segments"] == t.num_rows and c["errors"] == {}
+        assert c["fetched_pages"] == c["pages"] > 0 and c["already_warm_pages"] == 0
+        assert 0 < c["working_set_bytes"] <= c["page_bytes"] == c["fetched_bytes"]
+        assert all(e.passed for e in warmed.get_asset_check_evaluations())
+        again = md(materialize([cache_sets], instance=instance, resources=res, partition_key="first-two"),
+                   "cache_sets", "first-two")
+        assert (again["fetched_pages"], again["already_warm_pages"]) == (0, c["pages"])
+        replica = materialize([defs.get_assets_def("mcap_replica")], instance=instance, resources=res,
+                              partition_key="first-two")
+        r = md(replica, "mcap_replica", "first-two")
+        assert r["files"] == 2 and r["failed"] == {} and r["copied"] + r["skipped_current"] == 2

@@ -377,3 +377,29 @@ def test_gcs_generations_key_the_pages(tmp_path, gcs):
 
 
 from tests.gcs import gcs, gcs_emulator  # noqa: F401
+
+
+def _read_in_fork(cache: PageCache, target: str, n: int, results) -> None:
+    data = bytes(cache.read(target, 0, n))
+    results.put((data, cache.stats.hit_pages, cache.stats.origin_requests))
+
+
+def test_forked_workers_share_the_parents_cache(tmp_path, objects):
+    """DataLoader workers are forked after the dataset (and its cache) was built in the parent."""
+    u, data = objects["odd"]
+    with PageCache(small_config(tmp_path / "c")) as cache:
+        cache.read(u, 0, 3 * PAGE)  # the parent caches the first three pages
+        ctx = mp.get_context("fork")
+        results = ctx.Queue()
+        procs = [ctx.Process(target=_read_in_fork, args=(cache, u, len(data), results)) for _ in range(2)]
+        for p in procs:
+            p.start()
+        got = [results.get(timeout=60) for _ in procs]
+        for p in procs:
+            p.join(30)
+        assert all(d == data for d, _, _ in got)
+        assert all(hits >= 3 for _, hits, _ in got)  # the parent's pages
+        # the other three pages: fetched once between both children (whose counters start at the parent's 3)
+        assert sum(r - 3 for _, _, r in got) == 3
+        assert bytes(cache.read(u, 0, len(data))) == data  # and the parent still works
+        assert cache.stats.origin_requests == 3

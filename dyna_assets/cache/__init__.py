@@ -1,0 +1,1 @@
+"""Cache sets (prewarmed working sets) and the second origin."""

@@ -1,0 +1,100 @@
+"""Cache sets and replicas, one partition per curation spec (like the manifests they follow).
+
+No ``from __future__ import annotations`` here: Dagster reads the context annotation at runtime.
+"""
+
+import hashlib
+import json
+
+from dagster import (AssetCheckResult, AssetCheckSpec, AssetExecutionContext, DataVersion, MaterializeResult,
+                     MetadataValue, asset)
+
+from dyna_resources.faces import CacheResource, HomeResource, ReplicaResource
+from dyna_resources.storage.prewarm import prewarm_manifest
+from dyna_resources.storage.replicate import replicate
+from trainer.manifest_loader import local_copy, open_manifest
+
+from ..curation.assets import curation_specs
+
+
+def _manifest(context: AssetExecutionContext, home: HomeResource):
+    """This partition's manifest, through the node's verified local copy (what every rank maps)."""
+    h = home.home()
+    path = local_copy(home.manifest_arrow_url(context.partition_key), h.root / "node-cache")
+    return path, open_manifest(path)
+
+
+@asset(partitions_def=curation_specs, deps=["manifests"], group_name="cache", tags={"dyna/stage": "cache"},
+       check_specs=[AssetCheckSpec("complete", asset="cache_sets",
+                                   description="every file of the manifest was prewarmed")],
+       description="Exactly the pages a training run on this manifest will read (chunks of the read profile's "
+                   "topic groups, found through each MCAP's chunk index), fetched into the node-local page "
+                   "cache before training; or an Alluxio load job when $DYNA_ALLUXIO_* configures a cluster.")
+def cache_sets(context: AssetExecutionContext, home: HomeResource, cache: CacheResource):
+    path, table = _manifest(context, home)
+    manifest_sha = path.stem
+    read_set = cache.read_set()
+    version = hashlib.sha256(json.dumps([manifest_sha, list(read_set.groups)]).encode()).hexdigest()
+    front = cache.alluxio()
+    if front is not None:
+        report = front.load(sorted(set(table.column("uri").to_pylist())))
+        return MaterializeResult(
+            metadata={"backend": "alluxio", "manifest_sha256": manifest_sha, **report.as_metadata(),
+                      "failed": MetadataValue.json(dict(report.failed))},
+            check_results=[AssetCheckResult(passed=report.ok, metadata={"failed": len(report.failed)})],
+            data_version=DataVersion(version))
+
+    def progress(done: int, total: int):
+        if done == total or done % max(1, total // 10) == 0:
+            context.log.info(f"prewarm: {done}/{total} pages")
+
+    with cache.cache() as page_cache:
+        report = prewarm_manifest(table, page_cache, read_set, dataset=context.partition_key,
+                                  parallel=cache.parallel, progress=progress)
+        usage = page_cache.usage()
+        root = str(page_cache.root)
+    for url, why in report.errors.items():
+        context.log.warning(f"not prewarmed: {url}: {why}")
+    return MaterializeResult(
+        metadata={
+            "backend": "page-cache",
+            "cache_dir": MetadataValue.path(root),
+            "manifest_sha256": manifest_sha,
+            "groups": MetadataValue.json(list(read_set.groups)),
+            "files": report.files,
+            "segments": report.segments,
+            "working_set_bytes": report.ranges_bytes,
+            "pages": report.pages,
+            "page_bytes": report.bytes,
+            "fetched_pages": report.fetched_pages,
+            "fetched_bytes": report.fetched_bytes,
+            "already_warm_pages": report.warm_pages,
+            "seconds": round(report.seconds, 3),
+            "fetched_MBps": round(report.fetched_MBps, 1),
+            "dataset_bytes_cached": usage.get(context.partition_key, 0),
+            "errors": MetadataValue.json(report.errors),
+        },
+        check_results=[AssetCheckResult(passed=not report.errors, metadata={"files_not_prewarmed": len(report.errors)})],
+        data_version=DataVersion(version),
+    )
+
+
+@asset(partitions_def=curation_specs, deps=["manifests"], group_name="cache", tags={"dyna/stage": "replica"},
+       check_specs=[AssetCheckSpec("complete", asset="mcap_replica",
+                                   description="every MCAP file of the manifest is on the second origin")],
+       description="The manifest's MCAP files copied to the second, neutral origin (S3-compatible): only what "
+                   "is missing, each verified by SHA-256 after upload and tagged with the primary's version so "
+                   "the page cache keys stay the same whichever origin a cluster reads.")
+def mcap_replica(context: AssetExecutionContext, home: HomeResource, replica: ReplicaResource):
+    _, table = _manifest(context, home)
+    uris = sorted(set(table.column("uri").to_pylist()))
+    store = replica.store()
+    report = replicate(uris, replica.source(), store)
+    for url, why in report.failed.items():
+        context.log.warning(f"not replicated: {url}: {why}")
+    return MaterializeResult(
+        metadata={"replica": store.root, "files": len(uris), "copied": len(report.copied),
+                  "skipped_current": len(report.skipped), "bytes_copied": report.bytes_copied,
+                  "seconds": round(report.seconds, 3), "failed": MetadataValue.json(report.failed)},
+        check_results=[AssetCheckResult(passed=not report.failed, metadata={"failed": len(report.failed)})],
+    )
