@@ -84,6 +84,11 @@ def main(argv: list[str] | None = None) -> int:
         replica = materialize([defs.get_assets_def("mcap_replica")], instance=instance, resources=resources,
                               partition_key=spec.stem, run_config=quiet, raise_on_error=False)
         results += [warmed, replica]
+    trained = None
+    if warmed is not None and warmed.success:  # the first checkpoints of a model trained on that cache set
+        trained = materialize([defs.get_assets_def("checkpoints")], instance=instance, resources=resources,
+                              partition_key=spec.stem, run_config=quiet, raise_on_error=False)
+        results.append(trained)
     failed = [r for r in results if not r.success]
     print_summary(home, ingest, results)
     print_warehouse(resources["warehouse"])
@@ -91,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         print_manifest(home, spec, manifest)
     if warmed is not None and warmed.success and replica is not None and replica.success:
         print_cache(spec.stem, warmed, replica)
+    if trained is not None and trained.success:
+        print_training(spec.stem, trained)
     if failed:
         print(f"{len(failed)} run(s) failed: {[r.run_id for r in failed]}", file=sys.stderr)
         return 1
@@ -132,6 +139,15 @@ def print_cache(partition: str, warmed, replica) -> None:
           f"the origin)")
     print(f"  second origin {r['replica']}: {r['copied']} copied, {r['skipped_current']} already current, "
           f"{r['bytes_copied'] / mib:.1f} MiB, each verified by sha256")
+    print("=" * 86)
+
+
+def print_training(partition: str, trained) -> None:
+    m = {k: getattr(v, "value", v) for k, v in trained.asset_materializations_for_node("checkpoints")[0].metadata.items()}
+    print(f"checkpoints {partition}: {m['steps']} steps, loss {m['loss_first']:.3f} -> {m['loss_last']:.3f}, "
+          f"{m['samples_per_s']:.1f} samples/s, data wait {m['data_wait_fraction']:.1%}, optimizer {m['optimizer_mode']}")
+    print(f"  {m['checkpoints_dir']}  (async, sharded; each COMPLETE.json records the manifest, versions and commit "
+          f"{m['lineage'].get('code_commit', '?')[:12]})")
     print("=" * 86)
 
 
@@ -198,7 +214,8 @@ def print_summary(home: DynaHome, ingest: IngestResource, results) -> None:
     print("                sensor picks up new files dropped into the landing zone, the drift sensor")
     print("                backfills only stale batches after PIPELINE_VERSION changes (dyna_resources/versions.py);")
     print("                manifests -> cache_sets: the prewarm sensor warms a manifest's pages when its")
-    print("                DataVersion changes; mcap_replica copies its files to the second origin")
+    print("                DataVersion changes; mcap_replica copies its files to the second origin;")
+    print("                checkpoints trains on it (torchrun through Dagster Pipes, metrics in the run log)")
     if files:
         print(f"  Rerun:        .venv/bin/rerun {files[0]}")
         print(f"  Foxglove:     open {files[0]} in Foxglove (desktop app or app.foxglove.dev: Open local file)")

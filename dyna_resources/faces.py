@@ -7,7 +7,11 @@ default; production switches by environment variables (``DYNA_HOME``, ``DYNA_REG
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -138,6 +142,11 @@ class CacheResource(ConfigurableResource):
     groups: list[str] = ["cameras", "proprio"]  # topic groups a training sample reads
     parallel: int = 16
 
+    def root_dir(self) -> str:
+        if self.root:
+            return self.root
+        return CacheConfig.from_env(HomeResource(root=self.home_root).home().root / "page-cache").root
+
     def cache(self) -> PageCache:
         home = HomeResource(root=self.home_root).home()
         overrides: dict[str, Any] = {"page_size": int(self.page_mb * (1 << 20)),
@@ -179,3 +188,87 @@ class ReplicaResource(ConfigurableResource):
 
     def source(self) -> str:
         return self.source_prefix or HomeResource(root=self.home_root).home().mcap.resolve().as_uri()
+
+
+@dataclass
+class TrainingRun:
+    run_dir: Path
+    config: dict
+    command: list[str]
+    env: dict[str, str]
+    resuming: bool
+
+
+class TrainerResource(ConfigurableResource):
+    """How a ``checkpoints`` partition trains, and how the trainer is launched: a local ``torchrun``
+    (``nproc_per_node`` processes, ``max_restarts`` in-place restarts) by default. Production
+    launchers (Slurm, Kubernetes) replace ``launch_command``; the trainer is the same. The run folder
+    is keyed by the manifest's hash and the config, so materializing again with the same inputs
+    resumes (or finds finished) the same run, and any change starts a new one."""
+
+    nproc_per_node: int = 1
+    max_restarts: int = 2
+    steps: int = 60
+    batch_size: int = 8
+    workers: int = 1
+    checkpoint_every: int = 20
+    keep_checkpoints: int = 3
+    checkpoint_store: str = ""  # empty: $DYNA_CHECKPOINT_STORE, else checkpoints stay in the run folder
+    optimizer_mode: str = "auto"
+    image_size: int = 64
+    seed: int = 0
+
+    def launch_command(self, config_path: Path) -> list[str]:
+        train = ["-m", "trainer.train", "--config", str(config_path)]
+        if self.nproc_per_node == 1 and self.max_restarts == 0:
+            return [sys.executable, *train]
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={self.nproc_per_node}",
+                f"--max-restarts={self.max_restarts}", *train]
+
+    def prepare(self, home: HomeResource, cache: CacheResource, partition: str) -> TrainingRun:
+        from trainer.dataset import SampleSpec
+        from trainer.manifest_loader import local_copy
+        from trainer.model import ModelConfig
+        from trainer.train import TrainConfig
+
+        from . import versions
+
+        h = home.home()
+        manifest_url = home.manifest_arrow_url(partition)
+        manifest_sha = local_copy(manifest_url, h.root / "node-cache").stem
+        size = (self.image_size, self.image_size)
+        cfg = TrainConfig(
+            manifest=manifest_url, run_dir="", steps=self.steps, batch_size=self.batch_size, seed=self.seed,
+            optimizer_mode=self.optimizer_mode, workers=self.workers, checkpoint_every=self.checkpoint_every,
+            keep_checkpoints=self.keep_checkpoints,
+            checkpoint_store=self.checkpoint_store or os.environ.get("DYNA_CHECKPOINT_STORE", ""),
+            cache_dir=cache.root_dir(), model=ModelConfig(image_size=size), sample=SampleSpec(image_size=size),
+            lineage={"curation_spec": partition, "manifest": manifest_url, "manifest_sha256": manifest_sha,
+                     "schema_version": versions.SCHEMA_VERSION, "pipeline_version": versions.PIPELINE_VERSION,
+                     "code_commit": _code_commit()})
+        key = hashlib.sha256(cfg.to_json().encode()).hexdigest()[:12]
+        run_dir = h.root / "runs" / partition / key
+        cfg.run_dir = str(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        config_path = run_dir / "config.json"
+        config_path.write_text(cfg.to_json())
+        env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # torchrun restarts hang without it (DESIGN.md)
+               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // 2)))}
+        return TrainingRun(run_dir=run_dir, config=json.loads(cfg.to_json()), command=self.launch_command(config_path),
+                           env=env, resuming=(run_dir / "checkpoints" / "latest").exists())
+
+
+def _code_commit() -> str:
+    """The checkout's commit (``-dirty`` with uncommitted changes), or ``unknown`` outside git."""
+    import subprocess
+
+    repo = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return head.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"

@@ -42,8 +42,9 @@ import pyarrow as pa
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from dyna_resources.episodes.codec import resized_rgb
 from dyna_resources.episodes.errors import WindowError
-from dyna_resources.episodes.mcap_reader import EpisodeReader
+from dyna_resources.episodes.mcap_reader import EpisodeReader, FrameCache
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,7 @@ class ManifestDataset(IterableDataset):
     shuffle_buffer: int = 64
     open_file: object = None
     readers_per_worker: int = 8
+    frames_per_reader: int = 4096  # decoded frames kept per open episode (at 64x64: 48 MiB)
     position: LoaderPosition = field(default_factory=LoaderPosition)
 
     def __post_init__(self):
@@ -112,6 +114,9 @@ class ManifestDataset(IterableDataset):
         self._uris = uris.to_pylist()
         self._start = self.manifest.column("start_ns").slice(self.first_row, per_rank).to_numpy()
         self._end = self.manifest.column("end_ns").slice(self.first_row, per_rank).to_numpy()
+        self._passes = 0  # full passes this process's copy started (persistent DataLoader workers)
+        self._readers: OrderedDict = OrderedDict()
+        self._readers_pid = os.getpid()
 
     # ---- position (the data part of a checkpoint) ---------------------------------------------
     @property
@@ -168,20 +173,29 @@ class ManifestDataset(IterableDataset):
     # ---- iteration ----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict]:
         info = get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info else (0, 1)
-        epoch, start = self.position.epoch, self.position.batches
+        if info is None:  # in the training process: its position is the truth
+            worker, workers = 0, 1
+            epoch, start = self.position.epoch, self.position.batches
+        else:
+            # A persistent worker's copy never sees the training process's advance(): it counts its own
+            # passes from the position it was created with (the DataLoader is built after a resume).
+            worker, workers = info.id, info.num_workers
+            passes, self._passes = self._passes, self._passes + 1
+            epoch = self.position.epoch + passes
+            start = self.position.batches if passes == 0 else 0
         # Rotate the worker assignment so batch `start` comes from worker 0: the DataLoader always
         # asks worker 0 first, and the round-robin then matches the batch order exactly.
-        readers: OrderedDict[str, EpisodeReader] = OrderedDict()
-        try:
-            for j in range(start, self.batches_per_epoch):
-                if (j - start) % workers != worker:
-                    continue
-                rows = self.order_cache(epoch)[j * self.batch_size:(j + 1) * self.batch_size]
-                yield self.collate([self.sample(int(r), readers) for r in rows])
-        finally:
-            for r in readers.values():
-                r.close()
+        for j in range(start, self.batches_per_epoch):
+            if (j - start) % workers != worker:
+                continue
+            rows = self.order_cache(epoch)[j * self.batch_size:(j + 1) * self.batch_size]
+            yield self.collate([self.sample(int(r), self._readers) for r in rows])
+
+    def close(self) -> None:
+        """Close this process's open episodes (their decoded frames go with them)."""
+        for r, _ in self._readers.values():
+            r.close()
+        self._readers.clear()
 
     def order_cache(self, epoch: int) -> np.ndarray:
         cached = getattr(self, "_order_memo", None)
@@ -190,22 +204,28 @@ class ManifestDataset(IterableDataset):
         return self._order_memo[1]
 
     # ---- one sample ---------------------------------------------------------------------------
-    def _reader(self, uri: str, readers: OrderedDict) -> EpisodeReader:
-        r = readers.get(uri)
-        if r is not None:
+    def _reader(self, uri: str, readers: OrderedDict) -> tuple[EpisodeReader, FrameCache]:
+        """An open reader per episode, with its decoded-frame cache (a worker's readers are LRU)."""
+        if readers is self._readers and self._readers_pid != os.getpid():
+            # A forked worker must not share the parent's open files (their offsets are shared).
+            readers.clear()
+            self._readers_pid = os.getpid()
+        entry = readers.get(uri)
+        if entry is not None:
             readers.move_to_end(uri)
-            return r
+            return entry
         if len(readers) >= self.readers_per_worker:
-            readers.popitem(last=False)[1].close()
+            readers.popitem(last=False)[1][0].close()
         opener = self.open_file or _fsspec_open
-        r = readers[uri] = EpisodeReader(opener(uri))
-        return r
+        entry = readers[uri] = (EpisodeReader(opener(uri)),
+                                FrameCache(resized_rgb(*self.spec.image_size), max_frames=self.frames_per_reader))
+        return entry
 
     def sample(self, local_row: int, readers: OrderedDict | None = None) -> dict:
         readers = OrderedDict() if readers is None else readers
         spec = self.spec
         uri, start, end = self._uris[local_row], int(self._start[local_row]), int(self._end[local_row])
-        r = self._reader(uri, readers)
+        r, frame_cache = self._reader(uri, readers)
         t_now = spec.anchor_ns(start, end)
         cams = list(spec.cameras) if spec.cameras is not None else r.cameras
         times = [t_now + int(round(o * 1e9)) for o in spec.frame_offsets_s]
@@ -214,11 +234,10 @@ class ManifestDataset(IterableDataset):
         action_t = t_now + np.arange(1, spec.action_chunk + 1) * int(round(1e9 / spec.action_hz))
         names = sorted({s for s, _ in spec.proprio_streams} | {spec.action_stream[0]})
         memo: dict = {}
-        frames = r.read_frames(cams, [*times, future_t], memo=memo)
+        frames = r.read_frames(cams, [*times, future_t], memo=memo, cache=frame_cache)
         streams = r.read_streams(names, int(proprio_t[0]) - _ns(spec.tolerance_s),
                                  int(action_t[-1]) + _ns(spec.tolerance_s), memo=memo)
-        images = np.stack([frames[c].images for c in cams])  # (C, K+1, H, W, 3)
-        images = _resize(images, spec.image_size)
+        images = torch.from_numpy(np.stack([frames[c].images for c in cams]))  # (C, K+1, 3, h, w) uint8
         proprio = np.concatenate([_on_grid(streams[s], f, proprio_t, spec.tolerance_s, r.path)
                                   for s, f in spec.proprio_streams], axis=1)
         actions = _on_grid(streams[spec.action_stream[0]], spec.action_stream[1], action_t, spec.tolerance_s, r.path)
@@ -259,15 +278,6 @@ def _on_grid(stream, field_name: str, grid_ns: np.ndarray, tolerance_s: float, p
                                 f"grid points)", stream.name)
     out = np.asarray(values[nearest], dtype=np.float32)
     return out.reshape(len(grid_ns), -1)
-
-
-def _resize(images: np.ndarray, size: tuple[int, int]) -> torch.Tensor:
-    """(C, K, H, W, 3) uint8 -> (C, K, 3, h, w) uint8 by area averaging."""
-    c, k, h, w, _ = images.shape
-    x = torch.from_numpy(images).reshape(c * k, h, w, 3).permute(0, 3, 1, 2)
-    if (h, w) != tuple(size):
-        x = torch.nn.functional.interpolate(x.float(), size=size, mode="area").round_().clamp_(0, 255).to(torch.uint8)
-    return x.reshape(c, k, 3, *size)
 
 
 def _fsspec_open(uri: str):

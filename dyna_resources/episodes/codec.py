@@ -229,6 +229,32 @@ class H264Decoder:
         return frames
 
 
+class StreamingH264Decoder:
+    """Decodes access units one at a time (a GOP read in several steps keeps its decoder between
+    them instead of decoding again from the keyframe). One frame out per unit in: no B-frames."""
+
+    def __init__(self):
+        self._ctx = av.CodecContext.create("h264", "r")
+        self._ctx.thread_type = "NONE"
+        self._pts = 0
+
+    def feed(self, access_unit: bytes) -> list[av.VideoFrame]:
+        packet = av.Packet(access_unit)
+        packet.pts = self._pts
+        self._pts += 1
+        return list(self._ctx.decode(packet))
+
+
+def resized_rgb(height: int, width: int):
+    """A frame transform: RGB at (height, width) straight from the decoded YUV by swscale's area
+    filter, (3, height, width) uint8: far cheaper than full-size RGB then a resize."""
+
+    def transform(frame: av.VideoFrame) -> np.ndarray:
+        rgb = frame.to_ndarray(width=width, height=height, format="rgb24", interpolation="AREA")
+        return np.ascontiguousarray(rgb.transpose(2, 0, 1))
+    return transform
+
+
 def decoded_to_rgb(frame: av.VideoFrame) -> np.ndarray:
     if frame.format.name in ("yuv420p", "yuvj420p") and frame.width % 2 == 0 and frame.height % 2 == 0:
         full = frame.format.name == "yuvj420p" or frame.color_range == FULL_RANGE

@@ -17,6 +17,7 @@ import json
 import os
 import struct
 import zlib
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +35,7 @@ from mcap.stream_reader import CRCValidationError, StreamReader
 from mcap.writer import MCAP0_MAGIC
 
 from . import blocks
-from .codec import H264Decoder, is_keyframe
+from .codec import H264Decoder, StreamingH264Decoder, decoded_to_rgb, is_keyframe
 from .errors import McapFormatError, WindowError
 from .raw_format import SampleStream
 from .topics import CAMERA_PREFIX, EPISODE_METADATA, camera_topic, is_camera_topic, stream_topic
@@ -83,6 +84,43 @@ class Frames:
     images: np.ndarray  # empty when read with decode=False
     # The encoded runs that were (or would be) decoded: keyframe .. last wanted frame, Annex B.
     runs: list[list[bytes]] = field(default_factory=list)
+
+
+class FrameCache:
+    """Decoded frames of one reader, kept after a transform (e.g. a resize to the model's input), plus
+    the live decoder of recently read GOPs: a later frame of the same GOP continues that decode, an
+    earlier one is already here. A training worker reads overlapping windows of the same episodes
+    over and over, and decoding from the keyframe each time is what a long GOP makes expensive.
+    Bounded by frame count and live decoders, least recently used first out."""
+
+    def __init__(self, transform=None, *, max_frames: int = 2048, max_decoders: int = 6):
+        self.transform = transform or decoded_to_rgb  # av.VideoFrame -> np.ndarray
+        self.max_frames, self.max_decoders = max_frames, max_decoders
+        self.frames: OrderedDict[tuple, np.ndarray] = OrderedDict()
+        self.decoders: OrderedDict[tuple, tuple[StreamingH264Decoder, tuple[int, int]]] = OrderedDict()
+        self.decoded = 0  # frames this cache decoded (hits cost none)
+
+    def get(self, key: tuple) -> np.ndarray | None:
+        frame = self.frames.get(key)
+        if frame is not None:
+            self.frames.move_to_end(key)
+        return frame
+
+    def put(self, key: tuple, frame: np.ndarray) -> None:
+        self.frames[key] = frame
+        self.frames.move_to_end(key)
+        while len(self.frames) > self.max_frames:
+            self.frames.popitem(last=False)
+
+    def take_decoder(self, key: tuple, first_needed: tuple[int, int]):
+        """The GOP's live decoder and its next position, if it has not passed ``first_needed``."""
+        entry = self.decoders.pop(key, None)
+        return entry if entry is not None and entry[1] <= first_needed else None
+
+    def keep_decoder(self, key: tuple, decoder: StreamingH264Decoder, next_pos: tuple[int, int]) -> None:
+        self.decoders[key] = (decoder, next_pos)
+        while len(self.decoders) > self.max_decoders:
+            self.decoders.popitem(last=False)
 
 
 class _RangeSource:
@@ -241,20 +279,23 @@ class EpisodeReader:
     # -- video --------------------------------------------------------------------------
     def read_frames(self, cameras: Iterable[str] | None, timestamps_ns: Sequence[int], *,
                     tolerance_ns: int | None = None, decode: bool = True,
-                    memo: dict | None = None) -> dict[str, Frames]:
+                    memo: dict | None = None, cache: FrameCache | None = None) -> dict[str, Frames]:
         """For each camera, the frame nearest each requested timestamp, decoded to RGB.
 
         ``tolerance_ns`` (default: one frame period of the camera) bounds how far the
         nearest frame may be; a dropped or dead stretch raises :class:`WindowError`
         naming the camera and timestamp instead of silently returning a distant frame.
+
+        ``cache``: keep decoded (transformed) frames and live GOP decoders between calls; the
+        images are then the transformed frames.
         """
         memo = {} if memo is None else memo
         cameras = self.cameras if cameras is None else list(cameras)
         targets = np.asarray(timestamps_ns, dtype=np.int64)
-        return {cam: self._read_camera(cam, targets, tolerance_ns, decode, memo) for cam in cameras}
+        return {cam: self._read_camera(cam, targets, tolerance_ns, decode, memo, cache) for cam in cameras}
 
     def _read_camera(self, camera: str, targets: np.ndarray, tolerance_ns: int | None, decode: bool,
-                     memo: dict) -> Frames:
+                     memo: dict, cache: FrameCache | None = None) -> Frames:
         topic = camera_topic(camera)
         cid = self._channel(topic, "camera")
         chunks = self._chunks_of[cid]
@@ -277,6 +318,8 @@ class EpisodeReader:
                 near = "" if best is None else f"; nearest frame is {best[0] / 1e6:.1f} ms away"
                 raise WindowError(self.path, f"no frame within {tolerance_ns / 1e6:.1f} ms of {t}{near}", topic)
             picks.append((best[1], best[2]))
+        if cache is not None and decode:
+            return self._cached_frames(cid, picks, targets, memo, cache)
 
         # Decode each GOP once, from its keyframe up to the last frame wanted in it.
         runs: dict[tuple[int, int], list[tuple[int, int]]] = {}
@@ -311,6 +354,37 @@ class EpisodeReader:
         images = np.stack([decoded[p] for p in picks]) if picks and decode else np.empty((0, 0, 0, 3), np.uint8)
         return Frames(requested_ns=targets, timestamps_ns=np.array([stamps[p] for p in picks], dtype=np.int64),
                       images=images, runs=encoded)
+
+    def _cached_frames(self, cid: int, picks: list[tuple[int, int]], targets: np.ndarray, memo: dict,
+                       cache: FrameCache) -> Frames:
+        chunks = self._chunks_of[cid]
+        topic = self.channels[cid].topic
+        stamps = [self._load_chunk(chunks[j], memo)[cid][k].log_time for j, k in picks]
+        missing = sorted({p for p in picks if cache.get((cid, p)) is None})
+        runs: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        for pos in missing:
+            runs.setdefault(self._keyframe_before(cid, pos, memo), []).append(pos)
+        for key, wanted in runs.items():
+            live = cache.take_decoder((cid, key), min(wanted))
+            decoder, (j, k) = live if live is not None else (StreamingH264Decoder(), key)
+            last = max(wanted)
+            try:
+                while (j, k) <= last:
+                    msgs = self._load_chunk(chunks[j], memo).get(cid, [])
+                    if k >= len(msgs):
+                        j, k = j + 1, 0
+                        continue
+                    for frame in decoder.feed(_video_payload(msgs[k].data)):
+                        cache.decoded += 1
+                        cache.put((cid, (j, k)), cache.transform(frame))
+                    k += 1
+            except (av.FFmpegError, ValueError) as e:
+                raise McapFormatError(self.path, f"H.264 decode failed: {e}", topic) from None
+            cache.keep_decoder((cid, key), decoder, (j, k))
+        images = [cache.get((cid, p)) for p in picks]
+        if any(im is None for im in images):
+            raise McapFormatError(self.path, "decoder produced fewer frames than access units", topic)
+        return Frames(requested_ns=targets, timestamps_ns=np.array(stamps, dtype=np.int64), images=np.stack(images))
 
     def _keyframe_before(self, cid: int, pos: tuple[int, int], memo: dict) -> tuple[int, int]:
         chunks = self._chunks_of[cid]

@@ -59,6 +59,7 @@ class Origins:
     routes: Mapping[str, str | Route] = field(default_factory=dict)
     endpoint_urls: Mapping[str, str] = field(default_factory=dict)
     stores: Mapping[str, Store] = field(default_factory=dict)  # any keys; each serves below its root
+    s3_endpoint_url: str | None = None  # every other s3:// origin is at this S3-compatible endpoint
 
     def __post_init__(self):
         self._routes = sorted(
@@ -78,12 +79,7 @@ class Origins:
             if not sep or not logical or not physical:
                 raise ValueError(f"DYNA_ORIGIN_ROUTES: expected logical=physical, got {redact(item)!r}")
             routes[logical] = physical
-        endpoint = os.environ.get("DYNA_S3_ENDPOINT_URL")
-        endpoints = {}
-        if endpoint:
-            endpoints = {_root_of(r if isinstance(r, str) else r.origin): endpoint for r in routes.values()
-                         if (r if isinstance(r, str) else r.origin).startswith("s3://")}
-        return cls(routes=routes, endpoint_urls=endpoints)
+        return cls(routes=routes, s3_endpoint_url=os.environ.get("DYNA_S3_ENDPOINT_URL") or None)
 
     # ---- resolution ---------------------------------------------------------------------------
     def physical(self, url: str) -> tuple[str, Route | None]:
@@ -101,7 +97,8 @@ class Origins:
                 if physical.startswith(root + "/"):
                     return store, physical[len(root) + 1:], route
             root, key = _split(physical)
-            endpoint = (route.endpoint_url if route else None) or self.endpoint_urls.get(_root_of(root))
+            endpoint = ((route.endpoint_url if route else None) or self.endpoint_urls.get(_root_of(root))
+                        or (self.s3_endpoint_url if root.startswith("s3://") else None))
             self._stores[root] = Store.from_url(root, endpoint_url=endpoint)
             return self._stores[root], key, route
 

@@ -341,3 +341,27 @@ def test_reader_handles_files_without_message_indexes(transcoded, tmp_path):
             assert np.array_equal(fa[cam].images, fb[cam].images)
         for name in sa:
             assert np.array_equal(sa[name].timestamps_ns, sb[name].timestamps_ns)
+
+
+def test_frame_cache_gives_the_same_frames_and_continues_a_gop_instead_of_restarting(transcoded):
+    from dyna_resources.episodes.codec import resized_rgb
+    from dyna_resources.episodes.mcap_reader import FrameCache
+
+    _, out, _ = transcoded
+    with EpisodeReader(out) as r:
+        cam = r.cameras[0]
+        t0 = r.start_ns + 1_100_000_000  # inside the second 1 s GOP
+        times = [t0, t0 + 200_000_000]
+        plain = r.read_frames([cam], times)[cam]
+        cache = FrameCache()
+        cached = r.read_frames([cam], times, cache=cache)[cam]
+        assert np.array_equal(plain.images, cached.images) and np.array_equal(plain.timestamps_ns, cached.timestamps_ns)
+        first = cache.decoded
+        assert 6 <= first <= 10  # from the GOP's keyframe up to ~0.3 s in, at 30 Hz
+        later = r.read_frames([cam], [t0 + 400_000_000], cache=cache)[cam]  # same GOP, later: the decode goes on
+        assert cache.decoded - first == 6
+        assert np.array_equal(later.images, r.read_frames([cam], [t0 + 400_000_000])[cam].images)
+        r.read_frames([cam], times, cache=cache)  # already decoded: nothing more
+        assert cache.decoded - first == 6
+        small = r.read_frames([cam], times, cache=FrameCache(resized_rgb(24, 32)))[cam]
+        assert small.images.shape == (2, 3, 24, 32) and small.images.dtype == np.uint8

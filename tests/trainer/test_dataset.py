@@ -124,3 +124,20 @@ def test_bad_manifest_is_refused():
         ManifestDataset(pa.table({"uri": ["x"]}))
     with pytest.raises(ValueError, match="cannot feed 4 ranks"):
         ManifestDataset(pa.table({"uri": ["x"], "start_ns": [0], "end_ns": [1]}), world=4)
+
+
+def test_persistent_workers_follow_the_epochs(mcap_fleet):
+    _, manifest = mcap_fleet
+    make = lambda: ManifestDataset(manifest, SPEC, batch_size=3, seed=2, block=4, shuffle_buffer=4)  # noqa: E731
+    reference = make()
+    expected = []
+    for epoch in range(3):
+        reference.position.epoch = epoch
+        expected += rows_of(loader(reference, 0))
+    ds = make()
+    ds.advance(2)  # resumed two batches into epoch 0
+    dl = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True, multiprocessing_context="fork")
+    got = []
+    for _ in range(3):
+        got += rows_of(dl)
+    assert got == expected[2:]

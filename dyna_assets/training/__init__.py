@@ -1,0 +1,1 @@
+"""Training as a downstream asset: checkpoints per curation spec."""

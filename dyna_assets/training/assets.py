@@ -1,0 +1,33 @@
+"""Checkpoints, one partition per curation spec: the trainer launched through Dagster Pipes.
+
+No ``from __future__ import annotations`` here: Dagster reads the context annotation at runtime.
+"""
+
+from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, PipesSubprocessClient, asset
+
+from dyna_resources.faces import CacheResource, HomeResource, TrainerResource
+
+from ..curation.assets import curation_specs
+
+
+@asset(partitions_def=curation_specs, deps=["manifests", "cache_sets"], group_name="training",
+       tags={"dyna/stage": "train"}, pool="train",
+       description="A world-action model trained on the curation spec's manifest, read through the warm page "
+                   "cache: torchrun launched through Dagster Pipes (restarts in place, resumes from the latest "
+                   "complete checkpoint), async sharded checkpoints; each records its manifest, versions and "
+                   "code commit.")
+def checkpoints(context: AssetExecutionContext, home: HomeResource, cache: CacheResource, trainer: TrainerResource):
+    run = trainer.prepare(home, cache, context.partition_key)
+    context.log.info(f"training run {run.run_dir} ({'resuming' if run.resuming else 'new'}): {' '.join(run.command)}")
+    invocation = PipesSubprocessClient(env=run.env).run(command=run.command, context=context)
+    progress = [m for m in invocation.get_custom_messages() if isinstance(m, dict) and "step" in m]
+    (result,) = invocation.get_results()
+    metadata = dict(result.metadata or {})
+    metadata.update({
+        "config": MetadataValue.json(run.config),
+        "loss_curve": MetadataValue.json([{k: m[k] for k in ("step", "loss", "samples_per_s", "data_wait_fraction")
+                                           if k in m} for m in progress]),
+        "checkpoints_dir": MetadataValue.path(str(run.run_dir / "checkpoints")),
+        "attempts": len(list((run.run_dir / "attempts").iterdir())),
+    })
+    return MaterializeResult(metadata=metadata, data_version=result.data_version)

@@ -1,0 +1,319 @@
+"""The training entry point: one process or many under torchrun, restartable, resumable.
+
+    python -m trainer.train --config run.json                       # one process (the CPU demo)
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nproc-per-node 2 --max-restarts 2 \\
+        -m trainer.train --config run.json                          # many; a dead worker restarts all
+
+Each attempt (torchrun's TORCHELASTIC_RESTART_COUNT) writes its diagnostics into
+``<run_dir>/attempts/<n>/`` (one log per rank, and torchrun's error file when a rank fails), and
+starts from the latest complete checkpoint: model, optimizer, data position and RNG, so a resumed
+run continues with the losses it would have had. Checkpoints are written asynchronously to
+``<run_dir>/checkpoints`` and uploaded to ``checkpoint_store`` when one is set; each records the
+manifest it trained on and the versions and code commit (``lineage``).
+
+Reads go through the node page cache when ``cache_dir`` is set. Metrics (loss, samples/s, the
+fraction of step time spent waiting for data, checkpoint timings) go to ``<run_dir>/metrics.jsonl``
+and, when Dagster launched the run through Pipes, to Dagster as they happen (rank 0 only).
+
+No Dagster import: Pipes is the separate ``dagster-pipes`` package, opened only when present.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+from torch.utils.data import DataLoader
+
+from .checkpoint import AppState, CheckpointManager, RNGState
+from .dataset import ManifestDataset, SampleSpec, worker_init_threads
+from .manifest_loader import local_copy, open_manifest
+from .model import ModelConfig, WorldActionModel
+
+log = logging.getLogger("dyna.train")
+
+
+@dataclass
+class TrainConfig:
+    manifest: str  # the manifest's Arrow IPC URL (path, file://, gs://)
+    run_dir: str
+    steps: int = 60
+    batch_size: int = 8
+    seed: int = 0
+    lr: float = 2e-3  # AdamW (everything but hidden matrices)
+    muon_lr: float = 0.02
+    weight_decay: float = 0.01
+    optimizer_mode: str = "auto"  # auto | global | node_local
+    node_local_min_nodes: int = 2
+    workers: int = 1  # DataLoader workers per rank
+    prefetch: int = 4  # batches each worker keeps ready
+    checkpoint_every: int = 20
+    keep_checkpoints: int = 3
+    checkpoint_store: str = ""  # a store URL to upload checkpoints to ("" keeps them local)
+    cache_dir: str = ""  # the node page cache ("" reads the origin directly)
+    log_every: int = 5
+    lineage: dict = field(default_factory=dict)  # manifest data version, pipeline versions, code commit
+    model: ModelConfig = field(default_factory=ModelConfig)
+    sample: SampleSpec = field(default_factory=SampleSpec)
+    fault: dict = field(default_factory=dict)  # test hook: {"step": 7, "rank": 1, "attempt": 0} -> SIGKILL
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> TrainConfig:
+        d = json.loads(text)
+        d["model"] = ModelConfig.from_dict(d.get("model", {}))
+        sample = dict(d.get("sample", {}))
+        for k in ("cameras", "frame_offsets_s", "image_size", "action_stream"):
+            if sample.get(k) is not None:
+                sample[k] = tuple(sample[k])
+        if "proprio_streams" in sample:
+            sample["proprio_streams"] = tuple(tuple(x) for x in sample["proprio_streams"])
+        d["sample"] = SampleSpec(**sample)
+        return cls(**d)
+
+
+@dataclass
+class StepTimes:
+    """Wall time of the step loop split into waiting for data and the rest, over a window."""
+
+    wait_s: float = 0.0
+    total_s: float = 0.0
+    samples: int = 0
+
+    def fraction(self) -> float:
+        return self.wait_s / self.total_s if self.total_s > 0 else 0.0
+
+
+class DataPosition:
+    """The dataset's position as a checkpointable state (``Stateful``)."""
+
+    def __init__(self, ds: ManifestDataset):
+        self.ds = ds
+
+    def state_dict(self) -> dict:
+        return {f"rank{self.ds.rank}": self.ds.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.ds.load_state_dict(state[f"rank{self.ds.rank}"])
+
+
+class StepCounter:
+    def __init__(self):
+        self.step = 0
+
+    def state_dict(self) -> dict:
+        return {"step": self.step}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step = int(state["step"])
+
+
+def run(cfg: TrainConfig) -> dict:
+    """Train until ``cfg.steps``; returns the summary (also written to ``run_dir/result.json``)."""
+    from .muon import DistributedMuon, MuonConfig
+    from .topology import Topology
+
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    run_dir = Path(cfg.run_dir)
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if distributed and not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    topo = Topology.from_env() if distributed else Topology.single()
+    attempt_dir = run_dir / "attempts" / str(attempt)
+    attempt_dir.mkdir(parents=True, exist_ok=True)
+    _log_to(attempt_dir / f"rank{topo.rank}.log")
+    log.info("attempt %d, rank %d of %d (node %d of %d)", attempt, topo.rank, topo.world_size, topo.node,
+             topo.num_nodes)
+
+    manifest = open_manifest(local_copy(cfg.manifest, run_dir / "node-cache"))
+    open_file = None
+    cache = None
+    if cfg.cache_dir:
+        from dyna_resources.storage.cache_fs import CachedFileSystem
+        from dyna_resources.storage.origins import Origins
+        from dyna_resources.storage.page_cache import CacheConfig, PageCache
+
+        cache = PageCache(CacheConfig.from_env(cfg.cache_dir, root=cfg.cache_dir), Origins.from_env())
+        open_file = CachedFileSystem(cache).open
+    ds = ManifestDataset(manifest, cfg.sample, batch_size=cfg.batch_size, rank=topo.rank, world=topo.world_size,
+                         seed=cfg.seed, open_file=open_file)
+
+    torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+    model = WorldActionModel(cfg.model)
+    optimizer = DistributedMuon(model, MuonConfig(lr=cfg.muon_lr, weight_decay=cfg.weight_decay, adamw_lr=cfg.lr,
+                                                  adamw_weight_decay=cfg.weight_decay, mode=cfg.optimizer_mode,
+                                                  node_local_min_nodes=cfg.node_local_min_nodes), topo)
+    counter = StepCounter()
+    state = {"app": AppState(model, optimizer), "data": DataPosition(ds), "rng": RNGState(topo.rank),
+             "step": counter}
+    summary: dict = {"attempt": attempt, "world_size": topo.world_size, "optimizer_mode": optimizer.mode}
+    with ExitStack() as stack:
+        endpoint = os.environ.get("DYNA_S3_ENDPOINT_URL") if cfg.checkpoint_store.startswith("s3://") else None
+        ckpt = stack.enter_context(CheckpointManager(run_dir / "checkpoints", store_url=cfg.checkpoint_store or None,
+                                                     endpoint_url=endpoint, keep=cfg.keep_checkpoints))
+        latest = ckpt.latest()
+        if latest is not None:
+            ckpt.load(latest, state)
+            log.info("resumed from step %d (%s)", counter.step, latest.path)
+            summary["resumed_from"] = counter.step
+        pipes = stack.enter_context(_pipes()) if topo.rank == 0 else None
+        metrics = open(run_dir / "metrics.jsonl", "a") if topo.rank == 0 else None  # noqa: SIM115
+        if metrics is not None:
+            stack.callback(metrics.close)
+        summary.update(_loop(cfg, model, optimizer, ds, ckpt, counter, state, topo, attempt, metrics, pipes))
+        ckpt.wait()
+        summary["checkpoints"] = [h.timings() for h in ckpt.history]
+        if topo.rank == 0:
+            (run_dir / "result.json").write_text(json.dumps(summary, indent=1, default=str))
+            if pipes is not None:
+                pipes.report_asset_materialization(metadata=_pipes_metadata(summary, cfg),
+                                                   data_version=summary.get("checkpoint_sha", None))
+    if distributed:
+        dist.destroy_process_group()
+    return summary
+
+
+def _loop(cfg, model, optimizer, ds, ckpt, counter, state, topo, attempt, metrics, pipes) -> dict:
+    losses: dict[int, float] = {}
+    window, total = StepTimes(), StepTimes()
+    blocking: list[float] = []
+    compute: list[float] = []  # per step: the step itself, without waiting for data
+    # Persistent workers keep their open episodes and decoded frames from one epoch to the next.
+    loader = DataLoader(ds, batch_size=None, num_workers=cfg.workers, worker_init_fn=worker_init_threads,
+                        prefetch_factor=cfg.prefetch if cfg.workers else None, persistent_workers=cfg.workers > 0)
+    it = None
+    t_start = time.perf_counter()
+    while counter.step < cfg.steps:
+        if it is None:
+            it = iter(loader)
+        t0 = time.perf_counter()
+        try:
+            batch = next(it)
+        except StopIteration:  # the epoch is over: ds.advance() already moved the position on
+            it = None
+            continue
+        t1 = time.perf_counter()
+        loss, parts = model.loss(batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        model.update_target()
+        ds.advance()
+        counter.step += 1
+        step = counter.step
+        parts = _mean_across_ranks(parts)
+        losses[step] = parts["loss"]
+        t2 = time.perf_counter()
+        compute.append(t2 - t1)
+        n = len(batch["row"]) * topo.world_size
+        for w in (window, total):
+            w.wait_s += t1 - t0
+            w.total_s += t2 - t0
+            w.samples += n
+        _fault(cfg, step, topo, attempt, ckpt)
+        if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+            tc = time.perf_counter()
+            ckpt.save(step, state, extra={"lineage": cfg.lineage, "loss": parts["loss"], "attempt": attempt})
+            blocking.append(time.perf_counter() - tc)
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            record_ = {"step": step, "attempt": attempt, **{k: round(v, 6) for k, v in parts.items()},
+                       "samples_per_s": round(window.samples / window.total_s, 2) if window.total_s else 0.0,
+                       "data_wait_fraction": round(window.fraction(), 4)}
+            log.info("%s", record_)
+            if metrics is not None:
+                metrics.write(json.dumps(record_) + "\n")
+                metrics.flush()
+            if pipes is not None:  # live in the Dagster run's log; the curve also lands in the metadata
+                pipes.log.info(json.dumps(record_))
+                pipes.report_custom_message(record_)
+            window = StepTimes()
+    first = min(losses) if losses else None
+    return {"steps": counter.step, "losses": losses, "loss_first": losses.get(first) if first else None,
+            "loss_last": losses.get(counter.step), "samples_per_s": total.samples / total.total_s if total.total_s else 0,
+            "data_wait_fraction": total.fraction(), "checkpoint_blocking_s": blocking, "step_compute_s": compute,
+            "wall_s": time.perf_counter() - t_start}
+
+
+def _mean_across_ranks(parts: dict[str, float]) -> dict[str, float]:
+    if not dist.is_initialized():
+        return parts
+    keys = sorted(parts)
+    t = torch.tensor([parts[k] for k in keys], dtype=torch.float64)
+    dist.all_reduce(t)
+    return {k: float(v) / dist.get_world_size() for k, v in zip(keys, t.tolist(), strict=True)}
+
+
+def _fault(cfg: TrainConfig, step: int, topo, attempt: int, ckpt) -> None:
+    """Test hook: a worker dies hard (no cleanup, like an OOM kill or a lost node), after the
+    checkpoints in flight completed (``"wait": false`` kills at once, losing them)."""
+    f = cfg.fault
+    if f and step == f.get("step") and topo.rank == f.get("rank", 0) and attempt == f.get("attempt", 0):
+        if f.get("wait", True):
+            ckpt.wait()
+            time.sleep(0.5)  # rank 0 writes the completion marker after the shared hashes arrive
+        log.error("fault injection: SIGKILL at step %d", step)
+        logging.shutdown()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _pipes():
+    """Dagster Pipes when this process was launched by Dagster, else nothing."""
+    from contextlib import nullcontext
+
+    if "DAGSTER_PIPES_CONTEXT" not in os.environ:
+        return nullcontext(None)
+    from dagster_pipes import open_dagster_pipes
+
+    return open_dagster_pipes()
+
+
+def _pipes_metadata(summary: dict, cfg: TrainConfig) -> dict:
+    ck = summary.get("checkpoints") or []
+    return {
+        "steps": summary["steps"], "loss_first": summary["loss_first"], "loss_last": summary["loss_last"],
+        "samples_per_s": round(summary["samples_per_s"], 2),
+        "data_wait_fraction": round(summary["data_wait_fraction"], 4),
+        "checkpoint_blocking_s": max(summary["checkpoint_blocking_s"] or [0.0]),
+        "checkpoint_write_s": max((c.get("write_s") or 0.0 for c in ck), default=0.0),
+        "attempt": summary["attempt"], "world_size": summary["world_size"],
+        "optimizer_mode": summary["optimizer_mode"], "run_dir": cfg.run_dir,
+        "lineage": {"raw_value": cfg.lineage, "type": "json"},
+    }
+
+
+def _log_to(path: Path) -> None:
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+
+
+@record
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m trainer.train", description=__doc__.split("\n")[0])
+    ap.add_argument("--config", required=True, help="a TrainConfig as JSON")
+    args = ap.parse_args(argv)
+    cfg = TrainConfig.from_json(Path(args.config).read_text())
+    summary = run(cfg)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(json.dumps({k: v for k, v in summary.items() if k != "losses"}, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
