@@ -94,6 +94,8 @@ class ManifestDataset(IterableDataset):
     open_file: object = None
     readers_per_worker: int = 8
     frames_per_reader: int = 4096  # decoded frames kept per open episode (at 64x64: 48 MiB)
+    continuous: bool = False  # one iterator runs through every epoch: no DataLoader restart between epochs
+    chunks_per_reader: int = 16  # parsed chunks kept per open episode (a proprio chunk serves many samples)
     position: LoaderPosition = field(default_factory=LoaderPosition)
 
     def __post_init__(self):
@@ -184,16 +186,22 @@ class ManifestDataset(IterableDataset):
             epoch = self.position.epoch + passes
             start = self.position.batches if passes == 0 else 0
         # Rotate the worker assignment so batch `start` comes from worker 0: the DataLoader always
-        # asks worker 0 first, and the round-robin then matches the batch order exactly.
-        for j in range(start, self.batches_per_epoch):
-            if (j - start) % workers != worker:
-                continue
-            rows = self.order_cache(epoch)[j * self.batch_size:(j + 1) * self.batch_size]
+        # asks worker 0 first, and the round-robin then matches the batch order exactly. Batches are
+        # numbered through the epochs (every epoch has the same count), so a continuous stream just
+        # keeps counting into the next epoch without the DataLoader stopping and restarting.
+        per_epoch = self.batches_per_epoch
+        first = epoch * per_epoch + start
+        last = None if self.continuous else (epoch + 1) * per_epoch
+        g = first + worker
+        while last is None or g < last:
+            e, j = divmod(g, per_epoch)
+            rows = self.order_cache(e)[j * self.batch_size:(j + 1) * self.batch_size]
             yield self.collate([self.sample(int(r), self._readers) for r in rows])
+            g += workers
 
     def close(self) -> None:
         """Close this process's open episodes (their decoded frames go with them)."""
-        for r, _ in self._readers.values():
+        for r, *_ in self._readers.values():
             r.close()
         self._readers.clear()
 
@@ -204,7 +212,7 @@ class ManifestDataset(IterableDataset):
         return self._order_memo[1]
 
     # ---- one sample ---------------------------------------------------------------------------
-    def _reader(self, uri: str, readers: OrderedDict) -> tuple[EpisodeReader, FrameCache]:
+    def _reader(self, uri: str, readers: OrderedDict) -> tuple[EpisodeReader, FrameCache, ChunkMemo]:
         """An open reader per episode, with its decoded-frame cache (a worker's readers are LRU)."""
         if readers is self._readers and self._readers_pid != os.getpid():
             # A forked worker must not share the parent's open files (their offsets are shared).
@@ -215,17 +223,18 @@ class ManifestDataset(IterableDataset):
             readers.move_to_end(uri)
             return entry
         if len(readers) >= self.readers_per_worker:
-            readers.popitem(last=False)[1][0].close()
+            readers.popitem(last=False)[1][0].close()  # (reader, frames, chunks) of the oldest episode
         opener = self.open_file or _fsspec_open
         entry = readers[uri] = (EpisodeReader(opener(uri)),
-                                FrameCache(resized_rgb(*self.spec.image_size), max_frames=self.frames_per_reader))
+                                FrameCache(resized_rgb(*self.spec.image_size), max_frames=self.frames_per_reader),
+                                ChunkMemo(self.chunks_per_reader))
         return entry
 
     def sample(self, local_row: int, readers: OrderedDict | None = None) -> dict:
         readers = OrderedDict() if readers is None else readers
         spec = self.spec
         uri, start, end = self._uris[local_row], int(self._start[local_row]), int(self._end[local_row])
-        r, frame_cache = self._reader(uri, readers)
+        r, frame_cache, memo = self._reader(uri, readers)
         t_now = spec.anchor_ns(start, end)
         cams = list(spec.cameras) if spec.cameras is not None else r.cameras
         times = [t_now + int(round(o * 1e9)) for o in spec.frame_offsets_s]
@@ -233,7 +242,6 @@ class ManifestDataset(IterableDataset):
         proprio_t = t_now - np.arange(spec.proprio_steps - 1, -1, -1) * int(round(1e9 / spec.proprio_hz))
         action_t = t_now + np.arange(1, spec.action_chunk + 1) * int(round(1e9 / spec.action_hz))
         names = sorted({s for s, _ in spec.proprio_streams} | {spec.action_stream[0]})
-        memo: dict = {}
         frames = r.read_frames(cams, [*times, future_t], memo=memo, cache=frame_cache)
         streams = r.read_streams(names, int(proprio_t[0]) - _ns(spec.tolerance_s),
                                  int(action_t[-1]) + _ns(spec.tolerance_s), memo=memo)
@@ -251,6 +259,19 @@ class ManifestDataset(IterableDataset):
                 "proprio": torch.stack([s["proprio"] for s in samples]),
                 "actions": torch.stack([s["actions"] for s in samples]),
                 "row": torch.tensor([s["row"] for s in samples], dtype=torch.int64)}
+
+
+class ChunkMemo(OrderedDict):
+    """The reader's chunk memo kept across samples, bounded: oldest parsed chunk out first."""
+
+    def __init__(self, limit: int):
+        super().__init__()
+        self.limit = limit
+
+    def __setitem__(self, key, value) -> None:
+        super().__setitem__(key, value)
+        while len(self) > self.limit:
+            self.popitem(last=False)
 
 
 def _ns(seconds: float) -> int:

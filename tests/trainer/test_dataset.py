@@ -141,3 +141,18 @@ def test_persistent_workers_follow_the_epochs(mcap_fleet):
     for _ in range(3):
         got += rows_of(dl)
     assert got == expected[2:]
+
+
+def test_continuous_stream_runs_through_the_epochs_in_order(mcap_fleet):
+    _, manifest = mcap_fleet
+    make = lambda **kw: ManifestDataset(manifest, SPEC, batch_size=3, seed=4, block=4, shuffle_buffer=4, **kw)  # noqa: E731
+    reference = make()
+    expected = []
+    for epoch in range(2):
+        reference.position.epoch = epoch
+        expected += rows_of(loader(reference, 0))
+    ds = make(continuous=True)
+    ds.advance(1)
+    it = iter(loader(ds, 2))
+    got = [next(it)["row"].tolist() for _ in range(len(expected) - 1)]
+    assert got == expected[1:]
