@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
                               partition_key=spec.stem, run_config=quiet, raise_on_error=False)
         results.append(trained)
     failed = [r for r in results if not r.success]
-    print_summary(home, ingest, results)
+    files = print_summary(home, ingest, results)
     print_warehouse(resources["warehouse"])
     if manifest.success:
         print_manifest(home, spec, manifest)
@@ -98,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         print_cache(spec.stem, warmed, replica)
     if trained is not None and trained.success:
         print_training(spec.stem, trained)
+    print_howto(home, files)
     if failed:
         print(f"{len(failed)} run(s) failed: {[r.run_id for r in failed]}", file=sys.stderr)
         return 1
@@ -165,7 +166,7 @@ def print_warehouse(warehouse) -> None:
     print("=" * 86)
 
 
-def print_summary(home: DynaHome, ingest: IngestResource, results) -> None:
+def print_summary(home: DynaHome, ingest: IngestResource, results) -> list[Path]:
     from dyna_resources.episodes.mcap_reader import EpisodeReader
 
     registry = ingest.stores().registry
@@ -202,12 +203,18 @@ def print_summary(home: DynaHome, ingest: IngestResource, results) -> None:
             m = r.metadata()
         print(f"\nstamps on {files[0].name}: schema {m['schema_version']}, pipeline {m['pipeline_version']}, "
               f"robot software {m.get('robot_sw_version', '-')}, source sha256 {m['source_sha256'][:12]}…")
-    print()
+    return files
+
+
+def print_howto(home: DynaHome, files: list[Path]) -> None:
     print("Where things are:")
     print(f"  landing zone (HDF5):  {home.landing}")
     print(f"  MCAP episodes:        {home.mcap}")
     print(f"  registry (SQLite):    {home.root / 'registry.sqlite'}  (episodes, batches, gate results, quarantine)")
     print(f"  warehouse (DuckDB):   {home.root / 'warehouse.duckdb'}  (episodes, for curation queries)")
+    print(f"  manifests:            {home.manifests}")
+    print(f"  page cache:           {home.root / 'page-cache'}")
+    print(f"  training runs:        {home.root / 'runs'}  (config, checkpoints, attempts/<n>/ logs, metrics.jsonl)")
     print("How to look at them:")
     print("  Dagster UI:   make ui    then open http://127.0.0.1:3000 : assets raw_episodes / mcap_episodes,")
     print("                one partition per ingest batch, gate checks, per-partition metadata; the landing")
