@@ -1,1 +1,1 @@
-"""Cluster side: preflight checks, Slurm templates, Ansible playbook, Dagster deployment. Not built yet (cluster issue)."""
+"""Cluster side: preflight checks (infra.preflight), Slurm templates, Ansible playbook, Dagster deployment."""

@@ -14,6 +14,7 @@ from dyna_resources.storage.prewarm import prewarm_manifest
 from dyna_resources.storage.replicate import replicate
 from trainer.manifest_loader import local_copy, open_manifest
 
+from .. import k8s
 from ..curation.assets import curation_specs
 
 
@@ -25,6 +26,7 @@ def _manifest(context: AssetExecutionContext, home: HomeResource):
 
 
 @asset(partitions_def=curation_specs, deps=["manifests"], group_name="cache", tags={"dyna/stage": "cache"},
+       op_tags=k8s.PREWARM,
        check_specs=[AssetCheckSpec("complete", asset="cache_sets",
                                    description="every file of the manifest was prewarmed")],
        description="Exactly the pages a training run on this manifest will read (chunks of the read profile's "
@@ -80,6 +82,7 @@ def cache_sets(context: AssetExecutionContext, home: HomeResource, cache: CacheR
 
 
 @asset(partitions_def=curation_specs, deps=["manifests"], group_name="cache", tags={"dyna/stage": "replica"},
+       op_tags=k8s.REPLICA,
        check_specs=[AssetCheckSpec("complete", asset="mcap_replica",
                                    description="every MCAP file of the manifest is on the second origin")],
        description="The manifest's MCAP files copied to the second, neutral origin (S3-compatible): only what "

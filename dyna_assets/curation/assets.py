@@ -10,11 +10,13 @@ from dyna_resources.catalog.curation import CurationSpec, curate
 from dyna_resources.catalog.manifest import write_manifest
 from dyna_resources.faces import HomeResource, WarehouseResource
 
+from .. import k8s
+
 curation_specs = DynamicPartitionsDefinition(name="curation_specs")
 
 
 @asset(partitions_def=curation_specs, deps=["warehouse_episodes"], group_name="curation", pool="duckdb",
-       tags={"dyna/stage": "manifest"},
+       tags={"dyna/stage": "manifest"}, op_tags=k8s.MANIFEST,
        description="The curation spec's ONE SQL query over the warehouse, written as a zstd Parquet manifest "
                    "plus an Arrow IPC copy (fixed record batches) for mmap loading; content-hashed.")
 def manifests(context: AssetExecutionContext, home: HomeResource, warehouse: WarehouseResource):

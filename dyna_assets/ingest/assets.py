@@ -13,6 +13,7 @@ from dyna_resources.faces import GatesResource, IngestResource, TranscodeResourc
 from dyna_resources.ingest.batches import batch_summary, inventory_batch, transcode_batch
 from dyna_resources.ingest.gates import POST_GATES, PRE_GATES
 
+from .. import k8s
 from .checks import gate_check_results, gate_check_specs
 from .partitions import ingest_batches
 
@@ -61,7 +62,7 @@ def _log_totals(context, reports) -> None:
                      group_name="ingest", tags={"dyna/stage": "raw"},
                      description="Inventory of an ingest batch's raw files; pre-transform quality gates.")],
     check_specs=gate_check_specs("raw_episodes", PRE_GATES),
-    partitions_def=ingest_batches, backfill_policy=BACKFILL, can_subset=True,
+    partitions_def=ingest_batches, backfill_policy=BACKFILL, can_subset=True, op_tags=k8s.INGEST,
 )
 def raw_episodes(context: AssetExecutionContext, ingest: IngestResource, gates: GatesResource):
     stores, config = ingest.stores(), gates.config()
@@ -82,6 +83,7 @@ def raw_episodes(context: AssetExecutionContext, ingest: IngestResource, gates: 
                      description="H.264 MCAP per episode (topic-group chunks, version-stamped); post gates.")],
     check_specs=gate_check_specs("mcap_episodes", POST_GATES),
     partitions_def=ingest_batches, backfill_policy=BACKFILL, can_subset=True, pool="transcode",
+    op_tags=k8s.TRANSCODE,
 )
 def mcap_episodes(context: AssetExecutionContext, ingest: IngestResource, gates: GatesResource,
                   transcode: TranscodeResource):

@@ -7,11 +7,12 @@ from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, Pip
 
 from dyna_resources.faces import CacheResource, HomeResource, TrainerResource
 
+from .. import k8s
 from ..curation.assets import curation_specs
 
 
 @asset(partitions_def=curation_specs, deps=["manifests", "cache_sets"], group_name="training",
-       tags={"dyna/stage": "train"}, pool="train",
+       tags={"dyna/stage": "train"}, pool="train", op_tags=k8s.TRAIN,
        description="A world-action model trained on the curation spec's manifest, read through the warm page "
                    "cache: torchrun launched through Dagster Pipes (restarts in place, resumes from the latest "
                    "complete checkpoint), async sharded checkpoints; each records its manifest, versions and "

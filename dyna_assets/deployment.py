@@ -1,0 +1,72 @@
+"""Which resources the graph runs with, switched by one variable: ``DYNA_ENV``.
+
+- ``embedded`` (default): everything under ``$DYNA_HOME`` (SQLite registry, local files), what
+  ``make demo`` and the tests use;
+- ``production``: the registry in PostgreSQL, manifests and checkpoints in the object store, the
+  page cache on the nodes' NVMe. The settings come from the environment (secrets included, e.g.
+  the password inside ``DYNA_REGISTRY_URL``), read through ``EnvVar`` at launch, and their
+  presence is checked when the definitions load, so a missing one fails the deployment (and CI),
+  not a run at 3 a.m.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from dagster import EnvVar
+
+from dyna_resources.faces import (CacheResource, GatesResource, HomeResource, IngestResource, ReplicaResource,
+                                  TrainerResource, TranscodeResource, WarehouseResource)
+
+PRODUCTION_SETTINGS = {
+    "DYNA_HOME": "a shared folder (ReadWriteMany volume): landing zone, MCAP episodes, curation specs",
+    "DYNA_REGISTRY_URL": "the registry: postgresql+psycopg2://user:password@host/db",
+    "DYNA_WAREHOUSE_PATH": "the DuckDB warehouse file (one writer: the duckdb pool)",
+    "DYNA_MANIFEST_STORE": "where manifests go: gs://bucket/manifests",
+    "DYNA_CACHE_DIR": "the node page cache on local NVMe",
+    "DYNA_CHECKPOINT_STORE": "where checkpoints are uploaded: gs://bucket/checkpoints",
+}
+# Optional in production: DYNA_REPLICA_STORE + DYNA_S3_ENDPOINT_URL (second origin), DYNA_ORIGIN_ROUTES,
+# DYNA_CACHE_CAPACITY_GB / _PAGE_MB / _TTL_S, DYNA_ALLUXIO_* (cluster cache), GOOGLE_APPLICATION_CREDENTIALS.
+
+
+class MissingSettingsError(RuntimeError):
+    def __init__(self, missing: list[str]):
+        self.missing = missing
+        lines = "\n".join(f"  {name}: {PRODUCTION_SETTINGS[name]}" for name in missing)
+        super().__init__(f"DYNA_ENV=production needs {len(missing)} more setting(s) in the environment:\n{lines}")
+
+
+def embedded_resources() -> dict:
+    return {"home": HomeResource(), "ingest": IngestResource(), "gates": GatesResource(),
+            "transcode": TranscodeResource(), "warehouse": WarehouseResource(), "cache": CacheResource(),
+            "replica": ReplicaResource(), "trainer": TrainerResource()}
+
+
+def production_resources(environ: Mapping[str, str] | None = None) -> dict:
+    env = os.environ if environ is None else environ
+    missing = [name for name in PRODUCTION_SETTINGS if not env.get(name)]
+    if missing:
+        raise MissingSettingsError(missing)
+    home = EnvVar("DYNA_HOME")
+    return {
+        "home": HomeResource(root=home, manifest_store=EnvVar("DYNA_MANIFEST_STORE")),
+        "ingest": IngestResource(home_root=home, registry_url=EnvVar("DYNA_REGISTRY_URL")),
+        "gates": GatesResource(),
+        "transcode": TranscodeResource(),
+        "warehouse": WarehouseResource(path=EnvVar("DYNA_WAREHOUSE_PATH")),
+        "cache": CacheResource(root=EnvVar("DYNA_CACHE_DIR"), home_root=home),
+        "replica": ReplicaResource(home_root=home),  # DYNA_REPLICA_STORE / DYNA_S3_ENDPOINT_URL when set
+        "trainer": TrainerResource(checkpoint_store=EnvVar("DYNA_CHECKPOINT_STORE")),
+    }
+
+
+def resources(environ: Mapping[str, str] | None = None) -> dict:
+    env = os.environ if environ is None else environ
+    mode = env.get("DYNA_ENV", "embedded") or "embedded"
+    if mode == "embedded":
+        return embedded_resources()
+    if mode == "production":
+        return production_resources(env)
+    raise ValueError(f"DYNA_ENV={mode!r}: expected 'embedded' or 'production'")
