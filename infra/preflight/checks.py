@@ -218,8 +218,11 @@ def check_cache_mount(cache: CacheReadings | None, config: CacheConfig) -> Check
         return skipped(name, "no node cache configured")
     if not cache.exists:
         return failed(name, f"cache {cache.path} missing")
-    if config.require_mount and not cache.is_mount:
-        return failed(name, f"cache {cache.path} is not a mount point")
+    # The cache may be the mount point or a folder on it; what must not happen is the cache landing
+    # on the root disk because the NVMe did not mount.
+    on_own_mount = cache.is_mount or (cache.mount is not None and cache.mount.mount_point != "/")
+    if config.require_mount and not on_own_mount:
+        return failed(name, f"cache {cache.path} is not on a mounted volume (it would fill the root disk)")
     if cache.mount is not None and cache.mount.read_only:
         return failed(name, f"cache {cache.path} mounted read-only ({cache.mount.device})")
     where = f"{cache.mount.device} {cache.mount.fs_type}" if cache.mount else "mount unknown"

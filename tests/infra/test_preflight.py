@@ -183,10 +183,17 @@ def test_read_only_cache_mount_fails():
     assert results["cache_writable"].reason == "cache /mnt/nvme not writable: Read-only file system"
 
 
-def test_cache_that_is_not_a_mount_point_fails():
-    cache = CacheReadings("/mnt/nvme", exists=True, is_mount=False, mount=None, write_error=None, usage=None)
+def test_cache_on_the_root_disk_fails_and_a_folder_on_the_nvme_mount_passes():
+    from infra.preflight.disk import MountEntry
+
+    root = MountEntry("/dev/sda1", "/", "ext4", ("rw",))
+    cache = CacheReadings("/mnt/nvme", exists=True, is_mount=False, mount=root, write_error=None, usage=None)
     result = results_by_name(readings(cache=cache))["cache_mount"]
-    assert result.reason == "cache /mnt/nvme is not a mount point"
+    assert result.reason == "cache /mnt/nvme is not on a mounted volume (it would fill the root disk)"
+    nvme = MountEntry("/dev/nvme0n1", "/mnt/nvme", "xfs", ("rw",))
+    folder = CacheReadings("/mnt/nvme/dyna-cache", exists=True, is_mount=False, mount=nvme, write_error=None,
+                           usage=None)
+    assert results_by_name(readings(cache=folder))["cache_mount"].severity != FAIL
 
 
 def test_full_disk_fails_on_bytes_and_on_percent():
