@@ -9,16 +9,26 @@ STAMP  := $(VENV)/.installed-stamp
 export DYNA_HOME    ?= $(CURDIR)/.dyna
 export DAGSTER_HOME ?= $(DYNA_HOME)/dagster
 
-.PHONY: demo test ui bench-storage bench-ingest bench-manifest venv clean
+.PHONY: demo test ui bench-storage bench-ingest bench-manifest venv clean system-deps
 
 venv: $(STAMP)
 
 # torch is pinned to the CPU build that lies on local disk; an open range pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml
+	@$(MAKE) --no-print-directory system-deps
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "torch==2.13.0" -e ".[dev]"
 	@touch $(STAMP)
+
+# A real single-node Slurm for the Slurm tests (tests/infra/test_slurm.py): Debian's slurm-wlm, installed
+# when this runs as root with apt and it is missing; otherwise those tests skip and say why.
+system-deps:
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! command -v slurmctld >/dev/null; then \
+		echo "installing slurm-wlm (a single-node Slurm on loopback for the tests) ..."; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurm-wlm >/dev/null) \
+			|| echo "slurm-wlm not installed: the Slurm tests will skip"; \
+	fi
 
 demo: $(STAMP)
 	$(PY) -m dyna_assets.demo

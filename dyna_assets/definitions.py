@@ -4,7 +4,7 @@ from .cache.assets import cache_sets, mcap_replica
 from .cache.sensors import manifest_prewarm_sensor
 from .curation.assets import manifests
 from .curation.sensors import curation_spec_sensor
-from .deployment import resources
+from .deployment import executor, resources
 from .ingest.assets import mcap_episodes, raw_episodes
 from .ingest.sensors import landing_sensor, version_drift_sensor
 from .training.assets import checkpoints
@@ -16,4 +16,5 @@ defs = Definitions(
     sensors=[landing_sensor, version_drift_sensor, warehouse_sync_sensor, curation_spec_sensor,
              manifest_prewarm_sensor],
     resources=resources(),  # embedded defaults, or production by DYNA_ENV (dyna_assets/deployment.py)
+    executor=executor(),  # production: one Kubernetes pod per step
 )

@@ -70,3 +70,13 @@ def resources(environ: Mapping[str, str] | None = None) -> dict:
     if mode == "production":
         return production_resources(env)
     raise ValueError(f"DYNA_ENV={mode!r}: expected 'embedded' or 'production'")
+
+
+def executor(environ: Mapping[str, str] | None = None):
+    """Production runs each step in its own pod (sized by the asset's dagster-k8s/config tags)."""
+    env = os.environ if environ is None else environ
+    if env.get("DYNA_ENV") == "production":
+        from dagster_k8s import k8s_job_executor
+
+        return k8s_job_executor
+    return None

@@ -208,6 +208,12 @@ class TrainerResource(ConfigurableResource):
 
     nproc_per_node: int = 1
     max_restarts: int = 2
+    launcher: str = "torchrun"  # torchrun (local) | slurm (sbatch --wait of infra/slurm/train.sbatch.j2)
+    slurm_partition: str = ""
+    slurm_nodes: int = 1
+    slurm_gpus_per_node: int = 8
+    slurm_time_limit: str = ""
+    slurm_max_attempts: int = 3  # whole-job requeues, each resuming from the latest checkpoint
     steps: int = 60
     batch_size: int = 8
     workers: int = 1
@@ -219,6 +225,16 @@ class TrainerResource(ConfigurableResource):
     seed: int = 0
 
     def launch_command(self, config_path: Path) -> list[str]:
+        if self.launcher == "slurm":
+            from infra.slurm.launcher import SlurmLauncher, launch_command
+
+            slurm = SlurmLauncher(partition=self.slurm_partition, nodes=self.slurm_nodes,
+                                  gpus_per_node=self.slurm_gpus_per_node, time_limit=self.slurm_time_limit,
+                                  max_attempts=self.slurm_max_attempts, in_place_restarts=self.max_restarts,
+                                  workdir=str(Path(__file__).resolve().parent.parent))
+            return launch_command(config_path, config_path.parent, slurm)
+        if self.launcher != "torchrun":
+            raise ValueError(f"launcher {self.launcher!r}: expected 'torchrun' or 'slurm'")
         train = ["-m", "trainer.train", "--config", str(config_path)]
         if self.nproc_per_node == 1 and self.max_restarts == 0:
             return [sys.executable, *train]

@@ -130,12 +130,15 @@ def run(cfg: TrainConfig) -> dict:
     from .topology import Topology
 
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    # torchrun counts in-place restarts from 0 again in every Slurm requeue: name attempts by both
+    slurm_attempt = os.environ.get("SLURM_RESTART_COUNT")
+    attempt_name = f"{slurm_attempt}.{attempt}" if slurm_attempt is not None else str(attempt)
     run_dir = Path(cfg.run_dir)
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     if distributed and not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     topo = Topology.from_env() if distributed else Topology.single()
-    attempt_dir = run_dir / "attempts" / str(attempt)
+    attempt_dir = run_dir / "attempts" / attempt_name
     attempt_dir.mkdir(parents=True, exist_ok=True)
     _log_to(attempt_dir / f"rank{topo.rank}.log")
     log.info("attempt %d, rank %d of %d (node %d of %d)", attempt, topo.rank, topo.world_size, topo.node,
@@ -169,7 +172,8 @@ def run(cfg: TrainConfig) -> dict:
     counter = StepCounter()
     state = {"app": AppState(model, optimizer), "data": DataPosition(ds), "rng": RNGState(topo.rank),
              "step": counter}
-    summary: dict = {"attempt": attempt, "world_size": topo.world_size, "optimizer_mode": optimizer.mode}
+    summary: dict = {"attempt": attempt, "attempt_name": attempt_name, "world_size": topo.world_size,
+                     "optimizer_mode": optimizer.mode}
     with ExitStack() as stack:
         endpoint = os.environ.get("DYNA_S3_ENDPOINT_URL") if cfg.checkpoint_store.startswith("s3://") else None
         ckpt = stack.enter_context(CheckpointManager(run_dir / "checkpoints", store_url=cfg.checkpoint_store or None,
