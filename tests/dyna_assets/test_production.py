@@ -49,9 +49,9 @@ def test_production_resources_reach_postgres_and_the_object_store(tmp_path, post
         assert r.home.manifests_url() == f"gs://{gcs.bucket}/manifests"
         assert r.cache.root_dir() == str(tmp_path / "nvme-cache")
         assert r.trainer.checkpoint_store == f"gs://{gcs.bucket}/checkpoints"
-    store = Store.from_url(f"gs://{gcs.bucket}/manifests", fs=gcs.fs)
-    store.put_bytes("probe.txt", b"ok")
-    assert store.ls() == ["probe.txt"]
+    store = Store.from_url(f"gs://{gcs.bucket}/manifests", fs=gcs.fs)  # the emulator is shared by the session
+    store.put_bytes(f"probe-{tmp_path.name}.txt", b"ok")
+    assert store.cat(f"probe-{tmp_path.name}.txt") == b"ok"
     proc = subprocess.run([sys.executable, "-c", "from dyna_assets.definitions import defs; "
                            "print(sorted(defs.resources))"], cwd=ROOT, capture_output=True, text=True, timeout=120,
                           env={**os.environ, **env})
