@@ -4,6 +4,7 @@ from .cache.assets import cache_sets, mcap_replica
 from .cache.sensors import manifest_prewarm_sensor
 from .curation.assets import manifests
 from .curation.sensors import curation_spec_sensor
+from .datasets.assets import datasets
 from .deployment import executor, resources
 from .ingest.assets import mcap_episodes, raw_episodes
 from .ingest.sensors import landing_sensor, version_drift_sensor
@@ -12,7 +13,8 @@ from .warehouse.assets import warehouse_episodes
 from .warehouse.sensors import warehouse_sync_sensor
 
 defs = Definitions(
-    assets=[raw_episodes, mcap_episodes, warehouse_episodes, manifests, cache_sets, mcap_replica, checkpoints],
+    assets=[raw_episodes, mcap_episodes, warehouse_episodes, manifests, datasets, cache_sets, mcap_replica,
+            checkpoints],
     sensors=[landing_sensor, version_drift_sensor, warehouse_sync_sensor, curation_spec_sensor,
              manifest_prewarm_sensor],
     resources=resources(),  # embedded defaults, or production by DYNA_ENV (dyna_assets/deployment.py)

@@ -223,6 +223,7 @@ class TrainerResource(ConfigurableResource):
     optimizer_mode: str = "auto"
     image_size: int = 64
     seed: int = 0
+    dataset: str = ""  # name@version from the dataset registry; empty: the partition's current manifest
 
     def launch_command(self, config_path: Path) -> list[str]:
         if self.launcher == "slurm":
@@ -250,7 +251,15 @@ class TrainerResource(ConfigurableResource):
         from . import versions
 
         h = home.home()
-        manifest_url = home.manifest_arrow_url(partition)
+        dataset = ""
+        if self.dataset:  # training names data by name@version, never by path
+            from .catalog.datasets import resolve_manifest_url
+            from .catalog.registry import registry_url_from_env
+
+            manifest_url, _ = resolve_manifest_url(self.dataset, registry_url_from_env(h.root))
+            dataset = self.dataset
+        else:
+            manifest_url = home.manifest_arrow_url(partition)
         manifest_sha = local_copy(manifest_url, h.root / "node-cache").stem
         size = (self.image_size, self.image_size)
         cfg = TrainConfig(
@@ -259,7 +268,8 @@ class TrainerResource(ConfigurableResource):
             keep_checkpoints=self.keep_checkpoints,
             checkpoint_store=self.checkpoint_store or os.environ.get("DYNA_CHECKPOINT_STORE", ""),
             cache_dir=cache.root_dir(), model=ModelConfig(image_size=size), sample=SampleSpec(image_size=size),
-            lineage={"curation_spec": partition, "manifest": manifest_url, "manifest_sha256": manifest_sha,
+            lineage={"curation_spec": partition, "dataset": dataset or f"manifest:{manifest_sha[:16]}",
+                     "manifest": manifest_url, "manifest_sha256": manifest_sha,
                      "schema_version": versions.SCHEMA_VERSION, "pipeline_version": versions.PIPELINE_VERSION,
                      "code_commit": _code_commit()})
         key = hashlib.sha256(cfg.to_json().encode()).hexdigest()[:12]

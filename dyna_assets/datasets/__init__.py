@@ -1,0 +1,1 @@
+"""Datasets: a curation spec's manifest published as an immutable name@version."""

@@ -1,0 +1,91 @@
+"""Publish a curation spec's current manifest as a dataset version, one partition per spec.
+
+The dataset declaration sits beside the spec, in ``<curation>/datasets/<spec>.yaml``::
+
+    name: pretrain-mix
+    version: 2.1.0
+    notes: adds fold_towel from site B
+
+(Not a ``dataset:`` key in the spec: ``CurationSpec`` refuses unknown keys. Not
+``<spec>.dataset.yaml`` next to it either: the curation sensor would take that file for a spec.)
+
+No ``from __future__ import annotations`` here: Dagster reads the context annotation at runtime.
+"""
+
+import json
+from pathlib import Path
+
+import fsspec
+import yaml
+from dagster import (
+    AssetExecutionContext,
+    DataVersion,
+    Failure,
+    MaterializeResult,
+    MetadataValue,
+    asset,
+)
+
+from dyna_resources.catalog.datasets import DatasetError, DatasetRegistry
+from dyna_resources.catalog.registry import registry_url_from_env
+from dyna_resources.faces import HomeResource
+
+from ..curation.assets import curation_specs
+
+
+def dataset_declaration(curation_dir: Path, spec: str) -> dict | None:
+    path = curation_dir / "datasets" / f"{spec}.yaml"
+    if not path.exists():
+        return None
+    data = yaml.safe_load(path.read_text())
+    if not isinstance(data, dict) or set(data) - {"name", "version", "notes"} or not {"name", "version"} <= set(data):
+        raise Failure(f"{path}: expected a mapping with name, version and optional notes")
+    return {"name": str(data["name"]), "version": str(data["version"]), "notes": str(data.get("notes") or "")}
+
+
+@asset(partitions_def=curation_specs, deps=["manifests"], group_name="curation",
+       tags={"dyna/stage": "dataset"},
+       description="The spec's current manifest published as an immutable dataset version (name@version, "
+                   "declared in $DYNA_HOME/curation/datasets/<spec>.yaml), with the diff against the previous one.")
+def datasets(context: AssetExecutionContext, home: HomeResource):
+    h = home.home()
+    spec = context.partition_key
+    declared = dataset_declaration(h.curation, spec)
+    if declared is None:
+        return MaterializeResult(metadata={"published": False, "reason": "nothing to publish: no "
+                                           f"curation/datasets/{spec}.yaml"})
+    base = f"{home.manifests_url().rstrip('/')}/{spec}"
+    with fsspec.open(f"{base}.json", "rt") as f:
+        sidecar = json.load(f)
+    reg = DatasetRegistry(registry_url_from_env(h.root), home.manifests_url())
+    try:
+        try:
+            ref, new = reg.publish(declared["name"], declared["version"], spec,
+                                   (h.curation / f"{spec}.yaml").read_text(), sidecar,
+                                   arrow_url=f"{base}.arrow", parquet_url=f"{base}.parquet", notes=declared["notes"])
+        except DatasetError as e:
+            raise Failure(str(e)) from None
+        previous = reg.previous(ref.ref)
+        diff = reg.diff(previous.ref, ref.ref) if previous else None
+    finally:
+        reg.close()
+    metadata = {
+        "published": True,
+        "new": new,
+        "dataset": ref.ref,
+        "sha256": ref.sha256,
+        "rows": ref.rows,
+        "episodes": ref.episodes,
+        "segment_hours": ref.segment_hours,
+        "arrow": MetadataValue.path(ref.arrow_url),
+        "pipeline_versions": MetadataValue.json(ref.pipeline_versions),
+    }
+    if diff is not None:
+        d = diff.as_dict()
+        metadata["previous"] = previous.ref
+        metadata["diff"] = MetadataValue.json({**d, "episodes_added": d["episodes_added"][:100],
+                                               "episodes_removed": d["episodes_removed"][:100],
+                                               "n_added": len(diff.episodes_added),
+                                               "n_removed": len(diff.episodes_removed)})
+        metadata["diff_summary"] = MetadataValue.md(diff.markdown())
+    return MaterializeResult(metadata=metadata, data_version=DataVersion(ref.sha256))
