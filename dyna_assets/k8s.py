@@ -18,4 +18,7 @@ WAREHOUSE = pod("2", "8Gi")
 MANIFEST = pod("8", "64Gi")  # DuckDB sorts the segment rows in memory
 PREWARM = pod("4", "8Gi", pool="gpu")  # warms the cache of the GPU node it runs on
 REPLICA = pod("2", "4Gi")
+DATASET = pod("1", "4Gi")  # copies a manifest, diffs two
+EVALUATE = pod("4", "16Gi", gpus=1, pool="gpu")
+RELEASE = pod("1", "4Gi")
 TRAIN = pod("8", "64Gi", gpus=8, pool="gpu")  # the local torchrun launcher; Slurm launchers need far less

@@ -140,6 +140,8 @@ def run(cfg: TrainConfig) -> dict:
     topo = Topology.from_env() if distributed else Topology.single()
     attempt_dir = run_dir / "attempts" / attempt_name
     attempt_dir.mkdir(parents=True, exist_ok=True)
+    if topo.rank == 0 and not (run_dir / "config.json").exists():  # what evaluations and releases read back
+        (run_dir / "config.json").write_text(cfg.to_json())
     _log_to(attempt_dir / f"rank{topo.rank}.log")
     log.info("attempt %d, rank %d of %d (node %d of %d)", attempt, topo.rank, topo.world_size, topo.node,
              topo.num_nodes)

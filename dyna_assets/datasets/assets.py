@@ -30,6 +30,7 @@ from dyna_resources.catalog.datasets import DatasetError, DatasetRegistry
 from dyna_resources.catalog.registry import registry_url_from_env
 from dyna_resources.faces import HomeResource
 
+from .. import k8s
 from ..curation.assets import curation_specs
 
 
@@ -44,7 +45,7 @@ def dataset_declaration(curation_dir: Path, spec: str) -> dict | None:
 
 
 @asset(partitions_def=curation_specs, deps=["manifests"], group_name="curation",
-       tags={"dyna/stage": "dataset"},
+       tags={"dyna/stage": "dataset"}, op_tags=k8s.DATASET,
        description="The spec's current manifest published as an immutable dataset version (name@version, "
                    "declared in $DYNA_HOME/curation/datasets/<spec>.yaml), with the diff against the previous one.")
 def datasets(context: AssetExecutionContext, home: HomeResource):
