@@ -11,11 +11,12 @@ from .ingest.sensors import landing_sensor, version_drift_sensor
 from .training.assets import checkpoints
 from .training.evaluations import evaluations, released_models
 from .warehouse.assets import warehouse_episodes
+from .warehouse.review import review_pool
 from .warehouse.sensors import warehouse_sync_sensor
 
 defs = Definitions(
     assets=[raw_episodes, mcap_episodes, warehouse_episodes, manifests, datasets, cache_sets, mcap_replica,
-            checkpoints, evaluations, released_models],
+            checkpoints, evaluations, released_models, review_pool],
     sensors=[landing_sensor, version_drift_sensor, warehouse_sync_sensor, curation_spec_sensor,
              manifest_prewarm_sensor],
     resources=resources(),  # embedded defaults, or production by DYNA_ENV (dyna_assets/deployment.py)

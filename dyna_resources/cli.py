@@ -3,6 +3,10 @@
     dyna generate OUT_DIR [--episodes N] [--width W --height H] [--faults truncated=1,corrupt_jpeg=1]
     dyna transcode SRC.h5 DST.mcap [--gop-frames N] [--crf X] [--preset P]
     dyna inspect EPISODE.mcap
+    dyna review list
+    dyna review set EPISODE_ID accept|reject --by NAME [--note TEXT]
+
+The review commands use the registry at $DYNA_REGISTRY_URL, else $DYNA_HOME/registry.sqlite.
 """
 
 from __future__ import annotations
@@ -51,6 +55,40 @@ def _inspect(args) -> int:
     return 0
 
 
+def _registry():
+    from .catalog.registry import Registry, registry_url_from_env
+    from .home import DynaHome
+
+    return Registry(registry_url_from_env(DynaHome.from_env().root))
+
+
+def _review_list(args) -> int:
+    reg = _registry()
+    try:
+        pool = reg.review_pool()
+    finally:
+        reg.close()
+    for r in pool:
+        reasons = "; ".join(f"{x['check']}: {x['detail']}" for x in r["quality_reasons"])
+        print(f"{r['episode_id']}  smooth {r['smoothness_score']}  sensors {r['sensor_health_score']}  "
+              f"task {r['task_score']}  {reasons}")
+    print(f"{len(pool)} episode(s) to review", file=sys.stderr)
+    return 0
+
+
+def _review_set(args) -> int:
+    reg = _registry()
+    try:
+        reg.review(args.episode_id, args.verdict, args.by, note=args.note)
+    except (KeyError, ValueError) as e:
+        print(f"error: {e.args[0]}", file=sys.stderr)
+        return 1
+    finally:
+        reg.close()
+    print(f"{args.episode_id}: {args.verdict} by {args.by}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="dyna", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -73,6 +111,15 @@ def main(argv: list[str] | None = None) -> int:
     i = sub.add_parser("inspect", help="print an MCAP episode's stamps and chunk layout")
     i.add_argument("mcap")
     i.set_defaults(fn=_inspect)
+    r = sub.add_parser("review", help="the review pool: episodes the quality scores could not decide")
+    rsub = r.add_subparsers(dest="review_cmd", required=True)
+    rsub.add_parser("list", help="episodes waiting for a verdict, with reasons").set_defaults(fn=_review_list)
+    rs = rsub.add_parser("set", help="record a verdict (a registry write; reaches the warehouse by CDC)")
+    rs.add_argument("episode_id")
+    rs.add_argument("verdict", choices=["accept", "reject"])
+    rs.add_argument("--by", required=True, help="reviewer's name")
+    rs.add_argument("--note", default=None)
+    rs.set_defaults(fn=_review_set)
     args = ap.parse_args(argv)
     try:
         return args.fn(args)

@@ -6,4 +6,4 @@ written by the old pipeline become stale and are reprocessed, and only those).
 """
 
 SCHEMA_VERSION = "1.0"
-PIPELINE_VERSION = "1.1"  # 1.1: records mcap_uri, quality scores and dark-frame fraction
+PIPELINE_VERSION = "1.2"  # 1.1: mcap_uri, gate-based quality score, dark frames; 1.2: quality scorers

@@ -10,8 +10,10 @@ from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, ass
 
 from dyna_resources.faces import IngestResource
 
+from .. import k8s
 
-@asset(group_name="warehouse", deps=["mcap_episodes"], tags={"dyna/stage": "review"},
+
+@asset(group_name="warehouse", deps=["mcap_episodes"], tags={"dyna/stage": "review"}, op_tags=k8s.INGEST,
        description="Episodes with quality verdict 'review' and no reviewer's verdict yet, with their reasons; "
                    "decide with `dyna review set EPISODE_ID accept|reject --by NAME`.")
 def review_pool(context: AssetExecutionContext, ingest: IngestResource):

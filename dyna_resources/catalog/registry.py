@@ -30,6 +30,7 @@ from . import schema as t
 # only when raw_episodes is replayed); transcoded: MCAP written and post gates passed;
 # quarantined: transcode or a post gate failed (retried once the pipeline version changes).
 ACCEPTED, REJECTED, TRANSCODED, QUARANTINED = "accepted", "rejected", "transcoded", "quarantined"
+REVIEW_VERDICTS = ("accept", "reject")
 
 
 class RegistryUnavailableError(RuntimeError):
@@ -267,6 +268,35 @@ class Registry:
             q = q.where(t.episodes.c.batch_key == batch_key)
         with self._begin() as c:
             return [dict(r) for r in c.execute(q).mappings()]
+
+    # -- review of the episodes the quality scores could not decide --------------------------
+    def review(self, episode_id: str, verdict: str, reviewer: str, note: str | None = None, *,
+               now: float | None = None) -> None:
+        """Record a reviewer's verdict ('accept' | 'reject') on an episode; it reaches the warehouse
+        (and curation) by CDC like any registry write. A later verdict replaces an earlier one."""
+        if verdict not in REVIEW_VERDICTS:
+            raise ValueError(f"review verdict must be one of {REVIEW_VERDICTS}, not {verdict!r}")
+        if not reviewer or not reviewer.strip():
+            raise ValueError("a review needs the reviewer's name")
+        with self._begin() as c:
+            n = c.execute(update(t.episodes).where(t.episodes.c.episode_id == episode_id).values(
+                review_verdict=verdict, reviewed_by=reviewer.strip(), review_note=note,
+                reviewed_at=time.time() if now is None else now)).rowcount
+        if n == 0:
+            raise KeyError(f"no episode {episode_id!r} in the registry")
+
+    def review_pool(self) -> list[dict]:
+        """Episodes whose quality verdict is 'review' and that no reviewer has judged yet, with
+        their scores and reasons (decoded)."""
+        e = t.episodes.c
+        q = (select(e.episode_id, e.batch_key, e.source_path, e.task, e.robot_id, e.smoothness_score,
+                    e.sensor_health_score, e.task_score, e.quality_reasons)
+             .where(e.quality_verdict == "review", e.review_verdict.is_(None)).order_by(e.episode_id))
+        with self._begin() as c:
+            rows = [dict(r) for r in c.execute(q).mappings()]
+        for r in rows:
+            r["quality_reasons"] = json.loads(r["quality_reasons"] or "[]")
+        return rows
 
     def _stale(self, schema_version: str, pipeline_version: str):
         """Episodes whose output is missing or was written (or failed) under other versions."""

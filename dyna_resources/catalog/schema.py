@@ -66,6 +66,16 @@ episodes = Table(
     Column("gates_failed", Integer, nullable=True),
     Column("quality_score", Float, nullable=True),
     Column("dark_frame_fraction", Float, nullable=True),  # worst camera: dark frames / frames
+    # quality scores computed at ingest (ingest/quality.py), and a reviewer's verdict on the 'review' ones
+    Column("smoothness_score", Float, nullable=True),
+    Column("sensor_health_score", Float, nullable=True),
+    Column("task_score", Float, nullable=True),
+    Column("quality_verdict", String(8), nullable=True),  # 'pass' | 'review' | 'fail'
+    Column("quality_reasons", Text, nullable=True),  # JSON list of {"check", "detail"}
+    Column("review_verdict", String(8), nullable=True),  # 'accept' | 'reject' | NULL (not reviewed)
+    Column("reviewed_by", String(128), nullable=True),
+    Column("reviewed_at", Float, nullable=True),
+    Column("review_note", Text, nullable=True),
     # output, stamped with the versions that wrote it
     Column("schema_version", String(16), nullable=True),
     Column("pipeline_version", String(16), nullable=True),

@@ -23,11 +23,13 @@ from pathlib import Path
 from .. import versions
 from ..catalog.registry import ACCEPTED, QUARANTINED, REJECTED, TRANSCODED, Registry
 from ..episodes.errors import EpisodeError
+from ..episodes.raw_format import RawEpisode
 from ..episodes.transcode import TranscodeSettings, transcode_episode
 from .gates import GateConfig, GateResult
 from .landing import LandingZone
 from .post_gates import post_gates
 from .pre_gates import Inspection, inspect_file
+from .quality import score_episode
 
 
 @dataclass(frozen=True)
@@ -235,6 +237,11 @@ def _transcode_one(src: str, dst: str, sha256: str, quarantine_dir: str, setting
         results = post_gates(Path(dst), report, gates)
         failed = [r for r in results if not r.passed and r.action == "quarantine"]
         out.update(report=report, gates=results)
+        try:  # the raw file just read cleanly; scoring it costs a re-read of its small streams
+            with RawEpisode(src) as raw:
+                out["quality"] = score_episode(raw, report["cameras"], gates.quality_config()).as_row()
+        except EpisodeError:
+            pass
         if failed:
             held = Path(quarantine_dir) / Path(dst).name
             shutil.move(dst, held)
@@ -270,6 +277,7 @@ def _record(stores: IngestStores, rep: StageReport, row: dict, out: dict, log: C
                                                     if v["frames"]), default=0.0), 6)
         if dark:
             episode.update(camera_dead=True, quality_ok=False)
+        episode.update(out.get("quality") or {})
         rep.processed.append(row["episode_id"])
     stores.registry.record_outcome(source_path=row["source_path"], batch_key=rep.batch_key, stage="post",
                                    gates=[g.as_record(pv) for g in results], episode=episode,

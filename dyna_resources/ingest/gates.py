@@ -74,6 +74,12 @@ class GateConfigError(ValueError):
 @dataclass(frozen=True)
 class GateConfig:
     gates: Mapping[str, GateSetting] = field(default_factory=lambda: dict(DEFAULTS))
+    quality: Mapping = field(default_factory=dict)  # the ``quality:`` section: see quality.QualityConfig
+
+    def quality_config(self):
+        from .quality import QualityConfig
+
+        return QualityConfig.from_mapping(self.quality)
 
     def __getitem__(self, name: str) -> GateSetting:
         return self.gates[name]
@@ -88,9 +94,20 @@ class GateConfig:
     @classmethod
     def from_mapping(cls, overrides: Mapping | None, *, source: str = "gates config") -> GateConfig:
         """Defaults overlaid with ``{gate: {enabled, action, blocking, max_failed_fraction, params}}``;
-        a boolean instead of a mapping switches the gate on or off."""
+        a boolean instead of a mapping switches the gate on or off; ``quality`` holds the quality
+        score settings."""
+        from .quality import QualityConfig, QualityConfigError
+
         gates = dict(DEFAULTS)
-        for name, value in (overrides or {}).items():
+        overrides = dict(overrides or {})
+        quality = overrides.pop("quality", None) or {}
+        if not isinstance(quality, Mapping):
+            raise GateConfigError(f"{source}: quality must be a mapping")
+        try:
+            QualityConfig.from_mapping(quality, source=source)
+        except QualityConfigError as e:
+            raise GateConfigError(str(e)) from None
+        for name, value in overrides.items():
             if name not in DEFAULTS:
                 raise GateConfigError(f"{source}: unknown gate {name!r}; known: {', '.join(DEFAULTS)}")
             if isinstance(value, bool):
@@ -114,7 +131,7 @@ class GateConfig:
                                       action=value.get("action", gates[name].action),
                                       blocking=bool(value.get("blocking", gates[name].blocking)),
                                       max_failed_fraction=frac, params=params)
-        return cls(gates)
+        return cls(gates, dict(quality))
 
     @classmethod
     def load(cls, path: str | Path | None, overrides: Mapping | None = None, *, required: bool = False) -> GateConfig:
@@ -127,6 +144,8 @@ class GateConfig:
             if not isinstance(data, Mapping):
                 raise GateConfigError(f"{path}: expected a mapping of gate names")
             merged.update(data.get("gates", data))
+            if "gates" in data and "quality" in data:
+                merged["quality"] = data["quality"]
         for k, v in (overrides or {}).items():
             if isinstance(v, Mapping) and isinstance(merged.get(k), Mapping):
                 merged[k] = {**merged[k], **v}
