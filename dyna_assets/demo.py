@@ -73,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     spec = home.curation / "demo-clean.yaml"
     if not spec.exists():
         spec.write_text(SAMPLE_SPEC)
+    declared = home.curation / "datasets" / "demo-clean.yaml"  # publish the manifest as a dataset version
+    if not declared.exists():
+        declared.parent.mkdir(parents=True, exist_ok=True)
+        declared.write_text("name: demo-clean\nversion: 1.0.0\nnotes: the make demo sample fleet\n")
     instance.add_dynamic_partitions("curation_specs", [spec.stem])
     manifest = materialize([defs.get_assets_def("manifests")], instance=instance, resources=resources,
                            partition_key=spec.stem, run_config=quiet, raise_on_error=False)
@@ -89,6 +93,17 @@ def main(argv: list[str] | None = None) -> int:
         trained = materialize([defs.get_assets_def("checkpoints")], instance=instance, resources=resources,
                               partition_key=spec.stem, run_config=quiet, raise_on_error=False)
         results.append(trained)
+    later = {}
+    if manifest.success:
+        later["datasets"] = materialize([defs.get_assets_def("datasets")], instance=instance, resources=resources,
+                                        partition_key=spec.stem, run_config=quiet, raise_on_error=False)
+    if trained is not None and trained.success:  # evaluate the checkpoint, then release its weights
+        for name in ("evaluations", "released_models"):
+            later[name] = materialize([defs.get_assets_def(name)], instance=instance, resources=resources,
+                                      partition_key=spec.stem, run_config=quiet, raise_on_error=False)
+    later["review_pool"] = materialize([defs.get_assets_def("review_pool")], instance=instance, resources=resources,
+                                       run_config=quiet, raise_on_error=False)
+    results += list(later.values())
     failed = [r for r in results if not r.success]
     files = print_summary(home, ingest, results)
     print_warehouse(resources["warehouse"])
@@ -98,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         print_cache(spec.stem, warmed, replica)
     if trained is not None and trained.success:
         print_training(spec.stem, trained)
+    print_flywheel(later)
     print_howto(home, files)
     if failed:
         print(f"{len(failed)} run(s) failed: {[r.run_id for r in failed]}", file=sys.stderr)
@@ -149,6 +165,28 @@ def print_training(partition: str, trained) -> None:
           f"{m['samples_per_s']:.1f} samples/s, data wait {m['data_wait_fraction']:.1%}, optimizer {m['optimizer_mode']}")
     print(f"  {m['checkpoints_dir']}  (async, sharded; each COMPLETE.json records the manifest, versions and commit "
           f"{m['lineage'].get('code_commit', '?')[:12]})")
+    print("=" * 86)
+
+
+def print_flywheel(results: dict) -> None:
+    def md(name):
+        r = results.get(name)
+        if r is None or not r.success:
+            return None
+        return {k: getattr(v, "value", v) for k, v in r.asset_materializations_for_node(name)[0].metadata.items()}
+
+    d, e, rel, pool = md("datasets"), md("evaluations"), md("released_models"), md("review_pool")
+    if d and d.get("dataset"):
+        print(f"dataset {d['dataset']}: {d['rows']} segments, {d['episodes']} episodes, manifest {d['sha256'][:12]}… "
+              f"(immutable; training can name it instead of a path)")
+    if e:
+        print(f"evaluation of step {e['checkpoint_step']}: action MSE {e['action_mse']:.4f}, latent MSE "
+              f"{e['latent_mse']:.4f} ({e.get('note', 'held-out manifest')})")
+    if rel:
+        print(f"released model {rel['url']} (sha256 {rel['sha256'][:12]}…, "
+              f"{'already released' if rel['already_released'] else 'new'})")
+    if pool:
+        print(f"review pool: {pool['episodes']} episode(s) waiting (dyna review list / dyna review set …)")
     print("=" * 86)
 
 
