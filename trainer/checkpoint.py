@@ -409,8 +409,7 @@ class CheckpointManager:
         tmp = dest.with_name(f".{dest.name}.tmp-{uuid.uuid4().hex}")
         try:
             h, size = hashlib.sha256(), 0
-            # info() refreshes s3fs's cached listing; open() alone may send a stale ETag (IfMatch)
-            if self.store.info(key).size != expect["size"]:
+            if self.store.info(key).size != expect["size"]:  # refuse before downloading anything
                 raise _Damaged(f"{self._store_name()}/{key} does not match {MARKER} (size)")
             with self.store.open(key, "rb") as src, open(tmp, "wb") as out:
                 while chunk := src.read(8 << 20):

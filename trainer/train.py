@@ -155,7 +155,6 @@ def run(cfg: TrainConfig) -> dict:
 
     manifest = open_manifest(local_copy(cfg.manifest, run_dir / "node-cache"))
     open_file = None
-    cache = None
     if cfg.cache_dir:
         from dyna_resources.storage.cache_fs import CachedFileSystem
         from dyna_resources.storage.origins import Origins

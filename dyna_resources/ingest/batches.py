@@ -32,6 +32,18 @@ from .pre_gates import Inspection, inspect_file
 from .quality import score_episode
 
 
+def quality_row(src: str | Path, cameras: dict, gates: GateConfig) -> dict:
+    """The episode's quality columns. The raw file just transcoded cleanly, so scoring it only
+    re-reads its small streams; if that fails anyway, the episode goes to review with the reason
+    instead of passing unscored."""
+    try:
+        with RawEpisode(src) as raw:
+            return score_episode(raw, cameras, gates.quality_config()).as_row()
+    except EpisodeError as e:
+        reason = {"check": "scoring", "detail": f"quality not scored: {e.reason}"}
+        return {"quality_verdict": "review", "quality_reasons": json.dumps([reason])}
+
+
 @dataclass(frozen=True)
 class IngestStores:
     registry: Registry
@@ -237,11 +249,7 @@ def _transcode_one(src: str, dst: str, sha256: str, quarantine_dir: str, setting
         results = post_gates(Path(dst), report, gates)
         failed = [r for r in results if not r.passed and r.action == "quarantine"]
         out.update(report=report, gates=results)
-        try:  # the raw file just read cleanly; scoring it costs a re-read of its small streams
-            with RawEpisode(src) as raw:
-                out["quality"] = score_episode(raw, report["cameras"], gates.quality_config()).as_row()
-        except EpisodeError:
-            pass
+        out["quality"] = quality_row(src, report["cameras"], gates)
         if failed:
             held = Path(quarantine_dir) / Path(dst).name
             shutil.move(dst, held)

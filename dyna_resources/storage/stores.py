@@ -209,6 +209,8 @@ class Store:
         with self._guard(key):
             if mode == "wb" and self.protocol == "file":
                 return _AtomicLocalWriter(path)
+            if self.protocol != "file":  # s3fs opens with the cached ETag (If-Match): a rewrite would fail the read
+                self.filesystem.invalidate_cache(path)
             return self.filesystem.open(path, mode)
 
     def cat(self, key: str, start: int | None = None, end: int | None = None) -> bytes:

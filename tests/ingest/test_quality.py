@@ -117,3 +117,17 @@ def test_measurements():
     x = np.sin(np.linspace(0, 6, 1000))[:, None]
     assert rail_fraction(x) == 0.0
     assert rail_fraction(np.clip(x, -0.5, 0.5)) > 0.3
+
+
+def test_an_episode_that_cannot_be_scored_goes_to_review_with_the_reason(tmp_path):
+    import json
+
+    from dyna_resources.ingest.batches import quality_row
+    from dyna_resources.ingest.gates import GateConfig
+
+    bad = tmp_path / "gone.h5"
+    bad.write_bytes(b"not hdf5")
+    row = quality_row(bad, {}, GateConfig.load(tmp_path / "no-gates.yaml"))
+    assert row["quality_verdict"] == "review"
+    (reason,) = json.loads(row["quality_reasons"])
+    assert reason["check"] == "scoring" and "quality not scored" in reason["detail"]

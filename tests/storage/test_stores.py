@@ -231,3 +231,19 @@ def test_credentials_in_an_endpoint_url_stay_out_of_errors(s3_unreachable_endpoi
 def test_redact():
     assert redact("http://user:pw@host:1/x?a=1&X-Amz-Signature=abc") == "http://***@host:1/x?a=1&X-Amz-Signature=***"
     assert redact('Could not connect to "https://k:s@h/b?token=t"') == 'Could not connect to "https://***@h/b?token=***"'
+
+
+def test_s3_open_reads_the_rewritten_object_not_a_cached_version(s3):
+    import s3fs
+
+    from dyna_resources.storage.stores import Store
+    from tests.s3 import KEY, REGION, SECRET
+
+    store = Store.from_url(f"s3://{s3.bucket}/reopen", fs=s3.fs)
+    store.put_bytes("obj", b"first version")
+    store.ls()  # fills this filesystem's listing cache with the first version's size and ETag
+    writer = s3fs.S3FileSystem(key=KEY, secret=SECRET, skip_instance_cache=True,  # another process, in effect
+                               client_kwargs={"endpoint_url": s3.endpoint, "region_name": REGION})
+    writer.pipe_file(f"{s3.bucket}/reopen/obj", b"second, longer version")
+    with store.open("obj") as f:
+        assert f.read() == b"second, longer version"
