@@ -7,6 +7,7 @@ from .curation.sensors import curation_spec_sensor
 from .datasets.assets import datasets
 from .deployment import executor, resources
 from .ingest.assets import mcap_episodes, raw_episodes
+from .ingest.ladders import step_ladders
 from .ingest.sensors import landing_sensor, version_drift_sensor
 from .training.assets import checkpoints
 from .training.evaluations import evaluations, released_models
@@ -15,7 +16,7 @@ from .warehouse.review import review_pool
 from .warehouse.sensors import warehouse_sync_sensor
 
 defs = Definitions(
-    assets=[raw_episodes, mcap_episodes, warehouse_episodes, manifests, datasets, cache_sets, mcap_replica,
+    assets=[raw_episodes, mcap_episodes, step_ladders, warehouse_episodes, manifests, datasets, cache_sets, mcap_replica,
             checkpoints, evaluations, released_models, review_pool],
     sensors=[landing_sensor, version_drift_sensor, warehouse_sync_sensor, curation_spec_sensor,
              manifest_prewarm_sensor],

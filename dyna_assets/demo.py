@@ -34,6 +34,17 @@ segments: {length_s: 2.0, stride_s: 1.0}
 weights: {by: task, values: {pick_place: 2.0}, default: 1.0}
 """
 
+STEPS_SPEC = """\
+# Curation by step ladder: only the successful grasps, cut into short windows (each row names its step).
+name: demo-grasps
+where:
+  camera_dead: {"!=": true}
+steps:
+  where: {step: grasp, outcome: success}
+  scope: step
+segments: {length_s: 0.5, stride_s: 0.25}
+"""
+
 FAULTS = {"corrupt_jpeg": 1, "truncated": 1, "dead_camera": 1, "non_monotonic": 1}
 
 
@@ -77,10 +88,15 @@ def main(argv: list[str] | None = None) -> int:
     if not declared.exists():
         declared.parent.mkdir(parents=True, exist_ok=True)
         declared.write_text("name: demo-clean\nversion: 1.0.0\nnotes: the make demo sample fleet\n")
-    instance.add_dynamic_partitions("curation_specs", [spec.stem])
+    steps_spec = home.curation / "demo-grasps.yaml"
+    if not steps_spec.exists():
+        steps_spec.write_text(STEPS_SPEC)
+    instance.add_dynamic_partitions("curation_specs", [spec.stem, steps_spec.stem])
     manifest = materialize([defs.get_assets_def("manifests")], instance=instance, resources=resources,
                            partition_key=spec.stem, run_config=quiet, raise_on_error=False)
-    results.append(manifest)
+    grasps = materialize([defs.get_assets_def("manifests")], instance=instance, resources=resources,
+                         partition_key=steps_spec.stem, run_config=quiet, raise_on_error=False)
+    results += [manifest, grasps]
     warmed = replica = None
     if manifest.success:  # what the prewarm sensor does when the manifest's DataVersion changes
         warmed = materialize([defs.get_assets_def("cache_sets")], instance=instance, resources=resources,
@@ -107,8 +123,11 @@ def main(argv: list[str] | None = None) -> int:
     failed = [r for r in results if not r.success]
     files = print_summary(home, ingest, results)
     print_warehouse(resources["warehouse"])
+    print_ladders(home, ingest, resources["ladders"])
     if manifest.success:
         print_manifest(home, spec, manifest)
+    if grasps.success:
+        print_manifest(home, steps_spec, grasps)
     if warmed is not None and warmed.success and replica is not None and replica.success:
         print_cache(spec.stem, warmed, replica)
     if trained is not None and trained.success:
@@ -142,6 +161,35 @@ def print_manifest(home: DynaHome, spec: Path, result) -> None:
     print(f"  Parquet {md['parquet']}\n  Arrow IPC {md['arrow']}")
     print(f"  node copy {node_copy} (checksum verified); 4 ranks mmap it and take {slices} rows, zero-copy")
     print(f"  by task: {md['by_task']}")
+    print("=" * 86)
+
+
+def print_ladders(home: DynaHome, ingest: IngestResource, ladders) -> None:
+    """Each episode's step ladder in one line, and two of them drawn as the UI shows them."""
+    import json
+
+    from dyna_resources.ladders.picture import ladder_png
+    from dyna_resources.ladders.run import ladder_episode
+    from dyna_resources.ladders.segment import signals_of
+
+    config = ladders.config()
+    rows = [e for e in ingest.stores().registry.episodes() if e["step_ladder"]]
+    print(f"step ladders ({config.version}; $DYNA_HOME/step_ladders.yaml overrides the procedures):")
+    mark = {"success": "ok", "failure": "FAILED", "done": "", "incomplete": "incomplete", "after_failure": "-"}
+    for e in rows:
+        steps = json.loads(e["step_ladder"])
+        line = " > ".join(f"{s['name']} {s['duration_s']:.1f}s{(' ' + mark[s['outcome']]) if mark[s['outcome']] else ''}"
+                          f"{(' (' + s['failure_mode'] + ')') if s['failure_mode'] else ''}" for s in steps)
+        print(f"  {e['episode_id']:<20}{e['task']:<12} {line}")
+    drawn = [e for e in rows if e["failed_step"]][:1] + [e for e in rows if not e["failed_step"]][:1]
+    out = home.root / "ladders"
+    out.mkdir(exist_ok=True)
+    for e in drawn:
+        steps, streams = ladder_episode(e["mcap_uri"], e["task"], config)
+        (out / f"{e['episode_id']}.png").write_bytes(ladder_png(steps, signals_of(streams, config), config,
+                                                                 title=f"{e['episode_id']}  ({e['task']})"))
+    if drawn:
+        print(f"  pictures: {out}/*.png (and per batch in the UI: step_ladders -> a partition -> metadata 'ladders')")
     print("=" * 86)
 
 
@@ -255,7 +303,8 @@ def print_howto(home: DynaHome, files: list[Path]) -> None:
     print(f"  training runs:        {home.root / 'runs'}  (config, checkpoints, attempts/<n>/ logs, metrics.jsonl)")
     print("How to look at them:")
     print("  Dagster UI:   make ui    then open http://127.0.0.1:3000 : assets raw_episodes / mcap_episodes,")
-    print("                one partition per ingest batch, gate checks, per-partition metadata; the landing")
+    print("                one partition per ingest batch, gate checks, per-partition metadata, step_ladders")
+    print("                with a ladder picture per sampled episode; the landing")
     print("                sensor picks up new files dropped into the landing zone, the drift sensor")
     print("                backfills only stale batches after PIPELINE_VERSION changes (dyna_resources/versions.py);")
     print("                manifests -> cache_sets: the prewarm sensor warms a manifest's pages when its")

@@ -16,8 +16,8 @@ from collections.abc import Mapping
 
 from dagster import EnvVar
 
-from dyna_resources.faces import (CacheResource, GatesResource, HomeResource, IngestResource, ReplicaResource,
-                                  TrainerResource, TranscodeResource, WarehouseResource)
+from dyna_resources.faces import (CacheResource, GatesResource, HomeResource, IngestResource, LadderResource,
+                                  ReplicaResource, TrainerResource, TranscodeResource, WarehouseResource)
 
 PRODUCTION_SETTINGS = {
     "DYNA_HOME": "a shared folder (ReadWriteMany volume): landing zone, MCAP episodes, curation specs",
@@ -41,7 +41,7 @@ class MissingSettingsError(RuntimeError):
 def embedded_resources() -> dict:
     return {"home": HomeResource(), "ingest": IngestResource(), "gates": GatesResource(),
             "transcode": TranscodeResource(), "warehouse": WarehouseResource(), "cache": CacheResource(),
-            "replica": ReplicaResource(), "trainer": TrainerResource()}
+            "replica": ReplicaResource(), "trainer": TrainerResource(), "ladders": LadderResource()}
 
 
 def production_resources(environ: Mapping[str, str] | None = None) -> dict:
@@ -59,6 +59,7 @@ def production_resources(environ: Mapping[str, str] | None = None) -> dict:
         "cache": CacheResource(root=EnvVar("DYNA_CACHE_DIR"), home_root=home),
         "replica": ReplicaResource(home_root=home),  # DYNA_REPLICA_STORE / DYNA_S3_ENDPOINT_URL when set
         "trainer": TrainerResource(checkpoint_store=EnvVar("DYNA_CHECKPOINT_STORE")),
+        "ladders": LadderResource(),  # $DYNA_HOME/step_ladders.yaml when present
     }
 
 

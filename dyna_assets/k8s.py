@@ -14,6 +14,7 @@ def pod(cpu: str, memory: str, *, gpus: int = 0, pool: str = "cpu") -> dict:
 
 INGEST = pod("1", "2Gi")  # inventory and pre gates: I/O bound
 TRANSCODE = pod("16", "32Gi")  # a process pool of x264 encoders, one per core
+LADDERS = pod("1", "2Gi")  # reads the proprio chunks of each MCAP, never its video
 WAREHOUSE = pod("2", "8Gi")
 MANIFEST = pod("8", "64Gi")  # DuckDB sorts the segment rows in memory
 PREWARM = pod("4", "8Gi", pool="gpu")  # warms the cache of the GPU node it runs on

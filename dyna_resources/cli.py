@@ -89,6 +89,37 @@ def _review_set(args) -> int:
     return 0
 
 
+def _ladder(args) -> int:
+    """Segment one MCAP episode and print its ladder: for trying procedures and thresholds on real data."""
+    from .home import DynaHome
+    from .ladders.config import LadderConfig, LadderConfigError
+    from .ladders.picture import ladder_png
+    from .ladders.run import ladder_episode
+    from .ladders.segment import LadderError, signals_of
+
+    try:
+        config = LadderConfig.load(args.config or DynaHome.from_env().root / "step_ladders.yaml")
+        task = args.task
+        if task is None:
+            from .episodes.mcap_reader import EpisodeReader
+
+            with EpisodeReader(args.mcap) as r:
+                task = r.metadata().get("task", "")
+        steps, streams = ladder_episode(Path(args.mcap).resolve().as_uri(), task, config)
+    except (LadderConfigError, LadderError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"{args.mcap} ({task}, {config.version})")
+    for s in steps:
+        mode = f" ({s.failure_mode})" if s.failure_mode else ""
+        print(f"  {s.index:>2} {s.name:<12}{(s.start_ns - steps[0].start_ns) / 1e9:>8.2f}s {s.duration_s:>7.2f}s  "
+              f"{s.outcome}{mode}")
+    if args.png:
+        Path(args.png).write_bytes(ladder_png(steps, signals_of(streams, config), config, title=f"{args.mcap} ({task})"))
+        print(f"picture: {args.png}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="dyna", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -111,6 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     i = sub.add_parser("inspect", help="print an MCAP episode's stamps and chunk layout")
     i.add_argument("mcap")
     i.set_defaults(fn=_inspect)
+    lad = sub.add_parser("ladder", help="cut an MCAP episode into its task's procedure steps")
+    lad.add_argument("mcap")
+    lad.add_argument("--task", default=None, help="default: the episode's metadata")
+    lad.add_argument("--config", default=None, help="default: $DYNA_HOME/step_ladders.yaml, else the embedded one")
+    lad.add_argument("--png", default=None, help="also draw the ladder here")
+    lad.set_defaults(fn=_ladder)
     r = sub.add_parser("review", help="the review pool: episodes the quality scores could not decide")
     rsub = r.add_subparsers(dest="review_cmd", required=True)
     rsub.add_parser("list", help="episodes waiting for a verdict, with reasons").set_defaults(fn=_review_list)

@@ -26,6 +26,7 @@ from .ingest.batches import IngestStores
 from .ingest.gates import GateConfig
 from .ingest.landing import LandingZone
 from .ingest.tick import LandingSettings
+from .ladders.config import LadderConfig
 from .storage.origins import Origins
 from .storage.page_cache import CacheConfig, PageCache
 from .storage.prewarm import ReadSet
@@ -110,6 +111,19 @@ class GatesResource(ConfigurableResource):
         if self.file:  # named explicitly: it must exist
             return GateConfig.load(self.file, self.gates, required=True)
         return GateConfig.load(DynaHome.from_env().root / "gates.yaml", self.gates)
+
+
+class LadderResource(ConfigurableResource):
+    """The step-ladder segmenter's configuration: a file (default ``$DYNA_HOME/step_ladders.yaml``
+    when present) over the embedded defaults, and how many ladders per batch are drawn."""
+
+    file: str = ""
+    pictures: int = 3
+
+    def config(self) -> LadderConfig:
+        if self.file and not Path(self.file).is_file():
+            raise FileNotFoundError(f"step ladder config {self.file} does not exist")
+        return LadderConfig.load(self.file or DynaHome.from_env().root / "step_ladders.yaml")
 
 
 class TranscodeResource(ConfigurableResource):

@@ -6,4 +6,5 @@ written by the old pipeline become stale and are reprocessed, and only those).
 """
 
 SCHEMA_VERSION = "1.0"
-PIPELINE_VERSION = "1.2"  # 1.1: mcap_uri, gate-based quality score, dark frames; 1.2: quality scorers
+PIPELINE_VERSION = "1.3"  # 1.1: mcap_uri, gate-based quality score, dark frames; 1.2: quality scorers;
+# 1.3: step ladders (a new MCAP resets its ladder; the ladder itself is versioned by its segmenter + config)

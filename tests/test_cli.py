@@ -15,3 +15,9 @@ def test_cli_generate_transcode_inspect(tmp_path, capsys):
     assert main(["inspect", str(good)]) == 0
     out = capsys.readouterr().out
     assert '"schema_version"' in out and "/camera/wrist" in out and "zstd" in out
+    # the step ladder of the same episode, its task read from the MCAP's metadata, drawn on request
+    assert main(["ladder", str(good), "--png", str(tmp_path / "ladder.png")]) == 0
+    out = capsys.readouterr().out
+    assert " reach " in out and " grasp " in out and (tmp_path / "ladder.png").read_bytes()[:4] == b"\x89PNG"
+    assert main(["ladder", str(good), "--task", "juggle"]) == 1
+    assert "no procedure for task 'juggle'" in capsys.readouterr().err

@@ -24,7 +24,7 @@ def ingest_landed(instance: DagsterInstance, defs: Definitions, *, cursor_file: 
                   resources: Mapping | None = None, run_config: Mapping | None = None, max_ticks: int = 1000):
     """Tick until nothing new is requested; returns the in-process results of every run."""
     resources = dict(resources or defs.resources)
-    assets = [defs.get_assets_def(k) for k in ("raw_episodes", "mcap_episodes")]
+    assets = [defs.get_assets_def(k) for k in ("raw_episodes", "mcap_episodes", "step_ladders")]
     cursor = cursor_file.read_text() if cursor_file and cursor_file.exists() else None
     results = []
     for _ in range(max_ticks):
@@ -43,15 +43,15 @@ def ingest_landed(instance: DagsterInstance, defs: Definitions, *, cursor_file: 
 
 def reprocess_stale(instance: DagsterInstance, defs: Definitions, *, resources: Mapping | None = None,
                     run_config: Mapping | None = None):
-    """What the drift sensor launches, run in-process: `mcap_episodes` for every batch holding
-    episodes stamped with older versions (inside each, only those episodes are redone)."""
+    """What the drift sensor launches, run in-process: `mcap_episodes` and `step_ladders` for every
+    batch holding episodes stamped with older versions (inside each, only those episodes are redone)."""
     from dyna_resources import versions
 
     resources = dict(resources or defs.resources)
     registry = resources["ingest"].stores().registry
     stale = registry.outdated_batches(schema_version=versions.SCHEMA_VERSION,
                                       pipeline_version=versions.PIPELINE_VERSION)
-    asset = defs.get_assets_def("mcap_episodes")
-    return [materialize([asset], instance=instance, partition_key=key, resources=resources,
+    assets = [defs.get_assets_def(k) for k in ("mcap_episodes", "step_ladders")]
+    return [materialize(assets, instance=instance, partition_key=key, resources=resources,
                         run_config=run_config or {}, tags={"dyna/trigger": "drift"}, raise_on_error=False)
             for key in stale]

@@ -1,5 +1,6 @@
 """Sensors: the landing sensor turns arrivals into batches and runs; the drift sensor
-backfills exactly the batches that an older pipeline or schema version wrote."""
+backfills exactly the batches that an older pipeline or schema version wrote, and re-segments
+exactly the batches whose step ladders an older segmenter or ladder configuration wrote."""
 
 import hashlib
 import json
@@ -12,12 +13,12 @@ from dagster._core.definitions.assets.graph.asset_graph_subset import AssetGraph
 from dagster._core.execution.backfill import BulkActionsFilter, BulkActionStatus
 
 from dyna_resources import versions
-from dyna_resources.faces import IngestResource
+from dyna_resources.faces import IngestResource, LadderResource
 from dyna_resources.ingest.tick import LandingCursor, landing_tick
 
 from .partitions import ingest_batches
 
-INGEST_ASSETS = [AssetKey("raw_episodes"), AssetKey("mcap_episodes")]
+INGEST_ASSETS = [AssetKey("raw_episodes"), AssetKey("mcap_episodes"), AssetKey("step_ladders")]
 DRIFT_TAG = "dyna/drift"
 
 
@@ -49,29 +50,35 @@ def landing_sensor(context: SensorEvaluationContext, ingest: IngestResource):
 
 @sensor(minimum_interval_seconds=60, default_status=default_status(),
         description="Batches holding episodes of an outdated PIPELINE/SCHEMA_VERSION → ONE backfill of "
-                    "mcap_episodes for exactly those partitions (never while one is in flight).")
-def version_drift_sensor(context: SensorEvaluationContext, ingest: IngestResource):
+                    "mcap_episodes + step_ladders for exactly those partitions, plus step_ladders alone for "
+                    "batches whose ladders an older segmenter/config wrote (never while one is in flight).")
+def version_drift_sensor(context: SensorEvaluationContext, ingest: IngestResource, ladders: LadderResource):
     registry = ingest.stores().registry
-    stale = registry.outdated_batches(schema_version=versions.SCHEMA_VERSION,
-                                      pipeline_version=versions.PIPELINE_VERSION)
+    ladder_version = ladders.config().version
     known = set(context.instance.get_dynamic_partitions(ingest_batches.name))
-    stale = [b for b in stale if b in known]
-    if not stale:
+    stale = [b for b in registry.outdated_batches(schema_version=versions.SCHEMA_VERSION,
+                                                  pipeline_version=versions.PIPELINE_VERSION) if b in known]
+    relabel = [b for b in registry.outdated_ladder_batches(ladder_version) if b in known and b not in stale]
+    if not stale and not relabel:
         return SkipReason("every batch is at the current versions")
     # Filtered here, not by the storage's tag filter: that one misses backfill tags on SQLite storage.
     in_flight = [b for b in context.instance.get_backfills(filters=BulkActionsFilter(
         statuses=[BulkActionStatus.REQUESTED])) if b.tags.get(DRIFT_TAG) == "true"]
     if in_flight:
         return SkipReason(f"drift backfill {in_flight[0].backfill_id} still in flight")
-    want = {"schema": versions.SCHEMA_VERSION, "pipeline": versions.PIPELINE_VERSION, "batches": stale}
+    want = {"schema": versions.SCHEMA_VERSION, "pipeline": versions.PIPELINE_VERSION, "batches": stale,
+            "ladder": ladder_version, "relabel": relabel}
     fingerprint = hashlib.sha256(json.dumps(want, sort_keys=True).encode()).hexdigest()[:16]
     if context.cursor == fingerprint:
-        return SkipReason(f"{len(stale)} stale batches were already backfilled once at these versions; "
-                          "see that backfill's failures")
-    mcap = AssetKey("mcap_episodes")
-    subset = AssetGraphSubset.from_asset_partition_set({AssetKeyPartitionKey(mcap, b) for b in stale},
-                                                       context.repository_def.asset_graph)
+        return SkipReason(f"{len(stale) + len(relabel)} stale batches were already backfilled once at these "
+                          "versions; see that backfill's failures")
+    mcap, ladder = AssetKey("mcap_episodes"), AssetKey("step_ladders")
+    wanted = {AssetKeyPartitionKey(k, b) for b in stale for k in (mcap, ladder)}
+    wanted |= {AssetKeyPartitionKey(ladder, b) for b in relabel}
+    subset = AssetGraphSubset.from_asset_partition_set(wanted, context.repository_def.asset_graph)
     context.update_cursor(fingerprint)
-    context.log.info(f"backfilling {len(stale)} stale batches to pipeline {versions.PIPELINE_VERSION}: {stale[:20]}")
+    context.log.info(f"backfilling {len(stale)} stale batches to pipeline {versions.PIPELINE_VERSION}: {stale[:20]}; "
+                     f"re-segmenting {len(relabel)} batches to ladder {ladder_version}: {relabel[:20]}")
     return RunRequest.for_asset_graph_subset(subset, tags={DRIFT_TAG: "true", "dyna/trigger": "drift",
-                                                           "dyna/pipeline_version": versions.PIPELINE_VERSION})
+                                                           "dyna/pipeline_version": versions.PIPELINE_VERSION,
+                                                           "dyna/ladder_version": ladder_version})

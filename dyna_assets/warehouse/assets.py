@@ -13,7 +13,7 @@ from dyna_resources.faces import IngestResource, WarehouseResource
 from .. import k8s
 
 
-@asset(group_name="warehouse", pool="duckdb", deps=["mcap_episodes"], tags={"dyna/stage": "warehouse"},
+@asset(group_name="warehouse", pool="duckdb", deps=["mcap_episodes", "step_ladders"], tags={"dyna/stage": "warehouse"},
        op_tags=k8s.WAREHOUSE,
        description="One row per episode in DuckDB, synced from the registry by CDC (SQLite change log or "
                    "PostgreSQL logical decoding); what curation queries.")

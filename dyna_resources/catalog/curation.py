@@ -10,6 +10,10 @@ over the warehouse that yields the manifest's rows (one per segment).
       site: {like: "sfo-%"}
     segments: {length_s: 2.0, stride_s: 1.0}
     weights: {by: task, values: {pick_place: 2.0}, default: 1.0}
+    steps:                                # optional: select by step ladder (warehouse episode_steps)
+      where: {step: fold, outcome: success}
+      scope: step                         # step: segments cut inside the matching steps only
+                                          # episode: whole episodes that have a matching step
 
 Column names are checked against the warehouse's columns and operators against a fixed
 list; every value is a bound parameter, so nothing from a spec is ever spliced into SQL.
@@ -25,12 +29,14 @@ from pathlib import Path
 
 import yaml
 
-from .warehouse import warehouse_columns
+from .warehouse import STEP_COLUMNS, warehouse_columns
 
 COLUMNS = dict(warehouse_columns())
+STEP_FIELDS = {n: ty for n, ty in STEP_COLUMNS if n != "episode_id"}
 OPERATORS = {"=": "IS NOT DISTINCT FROM", "!=": "IS DISTINCT FROM", "<": "<", "<=": "<=", ">": ">", ">=": ">=",
              "in": "IN", "not_in": "NOT IN", "like": "LIKE", "is_null": "IS NULL"}
-SPEC_FIELDS = {"name", "description", "where", "segments", "weights"}
+SPEC_FIELDS = {"name", "description", "where", "segments", "weights", "steps"}
+STEP_SCOPES = ("step", "episode")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 # Manifest columns carried over from the warehouse as they are (after the computed ones:
 # episode_id, uri, start_ns, end_ns, n_steps, weight).
@@ -55,6 +61,8 @@ class CurationSpec:
     weight_by: str | None = None
     weights: Mapping = field(default_factory=dict)
     default_weight: float = 1.0
+    step_where: Mapping | None = None  # conditions on episode_steps; None: no step selection
+    step_scope: str = "step"
 
     @classmethod
     def load(cls, path: str | Path) -> CurationSpec:
@@ -79,7 +87,20 @@ class CurationSpec:
         if not isinstance(where, Mapping):
             raise err("where", "expected a mapping of column: condition")
         for col, cond in where.items():
-            _check_condition(err, str(col), cond)
+            _check_condition(err, str(col), cond, COLUMNS, "where")
+        steps = data.get("steps")
+        step_where, scope = None, "step"
+        if steps is not None:
+            if not isinstance(steps, Mapping) or set(steps) - {"where", "scope"}:
+                raise err("steps", "expected {where, scope}")
+            step_where = steps.get("where") or {}
+            if not isinstance(step_where, Mapping):
+                raise err("steps.where", "expected a mapping of column: condition")
+            for col, cond in step_where.items():
+                _check_condition(err, str(col), cond, STEP_FIELDS, "steps.where")
+            scope = steps.get("scope", "step")
+            if scope not in STEP_SCOPES:
+                raise err("steps.scope", f"one of {', '.join(STEP_SCOPES)}, got {scope!r}")
         seg = data.get("segments") or {}
         if not isinstance(seg, Mapping) or set(seg) - {"length_s", "stride_s"}:
             raise err("segments", "expected {length_s, stride_s}")
@@ -103,27 +124,18 @@ class CurationSpec:
         if values and by is None:
             raise err("weights.by", "required when weights.values is given")
         return cls(name=name, where=dict(where), length_s=float(length_s), stride_s=float(stride_s), weight_by=by,
-                   weights=dict(values), default_weight=float(w.get("default", 1.0)))
+                   weights=dict(values), default_weight=float(w.get("default", 1.0)),
+                   step_where=None if step_where is None else dict(step_where), step_scope=scope)
 
     def _chosen(self) -> tuple[str, dict]:
         """The episodes the spec selects, with their weight: the query's first step."""
         params: dict = {"length_ns": int(round(self.length_s * 1e9)), "stride_ns": int(round(self.stride_s * 1e9))}
         conds = ["status = 'transcoded'", "mcap_uri IS NOT NULL", "start_ns IS NOT NULL",
                  "end_ns - start_ns >= $length_ns"]
-        for i, (col, cond) in enumerate(sorted(self.where.items())):
-            op, value = _normalize(cond)
-            if op == "is_null":
-                conds.append(f"{col} IS NULL" if value else f"{col} IS NOT NULL")
-            elif op in ("in", "not_in"):
-                names = []
-                for j, v in enumerate(value):
-                    params[f"w{i}_{j}"] = v
-                    names.append(f"$w{i}_{j}")
-                sql = f"{col} {OPERATORS[op]} ({', '.join(names)})" if names else ("FALSE" if op == "in" else "TRUE")
-                conds.append(sql)
-            else:
-                params[f"w{i}"] = value
-                conds.append(f"{col} {OPERATORS[op]} $w{i}")
+        conds += _conditions(self.where, "w", params)
+        if self.step_where is not None and self.step_scope == "episode":
+            conds.append(f"EXISTS (SELECT 1 FROM episode_steps s WHERE s.episode_id = episodes.episode_id AND "
+                         f"{' AND '.join(_conditions(self.step_where, 's', params, 's.') or ['TRUE'])})")
         if self.weight_by:
             cases = []
             for j, (k, v) in enumerate(sorted(self.weights.items(), key=lambda kv: str(kv[0]))):
@@ -150,6 +162,8 @@ class CurationSpec:
 
     def compile(self) -> tuple[str, dict]:
         """The one query, and its parameters (DuckDB ``$name`` placeholders)."""
+        if self.step_where is not None and self.step_scope == "step":
+            return self._compile_steps()
         chosen, params = self._chosen()
         sql = f"""
 WITH chosen AS (
@@ -168,6 +182,53 @@ WHERE weight > 0
 ORDER BY episode_id, k"""
         return sql.strip(), params
 
+    def _compile_steps(self) -> tuple[str, dict]:
+        """Segments cut inside the matching steps' time windows, with the step's name; an
+        episode's sample count scales with its own rate."""
+        chosen, params = self._chosen()
+        step_conds = " AND ".join(["s.end_ns - s.start_ns >= $length_ns",
+                                   *_conditions(self.step_where, "s", params, "s.")])
+        sql = f"""
+WITH chosen AS (
+    {chosen}
+), windows AS (
+    SELECT c.*, s.step, s.step_index, s.start_ns AS w_start, s.end_ns AS w_end
+    FROM chosen c JOIN episode_steps s ON s.episode_id = c.episode_id
+    WHERE {step_conds}
+), segments AS (
+    SELECT *, unnest(range(0, CAST(floor((w_end - w_start - $length_ns) / $stride_ns) AS BIGINT) + 1)) AS k
+    FROM windows
+)
+SELECT episode_id, mcap_uri AS uri,
+       w_start + k * $stride_ns AS start_ns,
+       w_start + k * $stride_ns + $length_ns AS end_ns,
+       CAST(round(CAST(n_steps AS DOUBLE) * $length_ns / (end_ns - start_ns)) AS INTEGER) AS n_steps,
+       weight, {', '.join(_passthrough(c) for c in PASSTHROUGH)}, step
+FROM segments
+WHERE weight > 0
+ORDER BY episode_id, step_index, k"""
+        return sql.strip(), params
+
+
+def _conditions(where: Mapping, prefix: str, params: dict, qualifier: str = "") -> list[str]:
+    """SQL conditions for ``where`` (checked column names), every value a bound parameter."""
+    conds = []
+    for i, (col, cond) in enumerate(sorted(where.items())):
+        op, value = _normalize(cond)
+        col = f"{qualifier}{col}"
+        if op == "is_null":
+            conds.append(f"{col} IS NULL" if value else f"{col} IS NOT NULL")
+        elif op in ("in", "not_in"):
+            names = []
+            for j, v in enumerate(value):
+                params[f"{prefix}{i}_{j}"] = v
+                names.append(f"${prefix}{i}_{j}")
+            conds.append(f"{col} {OPERATORS[op]} ({', '.join(names)})" if names else ("FALSE" if op == "in" else "TRUE"))
+        else:
+            params[f"{prefix}{i}"] = value
+            conds.append(f"{col} {OPERATORS[op]} ${prefix}{i}")
+    return conds
+
 
 def _normalize(cond) -> tuple[str, object]:
     if isinstance(cond, Mapping):
@@ -178,24 +239,24 @@ def _normalize(cond) -> tuple[str, object]:
     return "=", cond
 
 
-def _check_condition(err, col: str, cond) -> None:
-    if col not in COLUMNS:
-        raise err(f"where.{col}", f"unknown column; known: {', '.join(sorted(COLUMNS))}")
+def _check_condition(err, col: str, cond, columns: Mapping = COLUMNS, section: str = "where") -> None:
+    if col not in columns:
+        raise err(f"{section}.{col}", f"unknown column; known: {', '.join(sorted(columns))}")
     if isinstance(cond, Mapping) and len(cond) != 1:
-        raise err(f"where.{col}", "one operator per column, e.g. {'>=': 4}")
+        raise err(f"{section}.{col}", "one operator per column, e.g. {'>=': 4}")
     op, value = _normalize(cond)
     if op not in OPERATORS:
-        raise err(f"where.{col}", f"unknown operator {op!r}; known: {', '.join(OPERATORS)}")
+        raise err(f"{section}.{col}", f"unknown operator {op!r}; known: {', '.join(OPERATORS)}")
     if op in ("in", "not_in"):
         if not isinstance(value, list) or any(isinstance(v, (list, dict)) for v in value):
-            raise err(f"where.{col}", f"{op} needs a list of plain values")
+            raise err(f"{section}.{col}", f"{op} needs a list of plain values")
     elif op == "is_null":
         if not isinstance(value, bool):
-            raise err(f"where.{col}", "is_null takes true or false")
+            raise err(f"{section}.{col}", "is_null takes true or false")
     elif isinstance(value, (list, dict)) or value is None:
-        raise err(f"where.{col}", f"{op} needs one plain value (use is_null for NULL)")
+        raise err(f"{section}.{col}", f"{op} needs one plain value (use is_null for NULL)")
     if op == "like" and not isinstance(value, str):
-        raise err(f"where.{col}", "like needs a string pattern")
+        raise err(f"{section}.{col}", "like needs a string pattern")
 
 
 def _passthrough(col: str) -> str:

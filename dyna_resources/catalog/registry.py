@@ -222,6 +222,8 @@ class Registry:
                 if "source_bytes" in row:  # a whole row (inventory): insert or replace
                     self._upsert(c, t.episodes, [row], ["episode_id"])
                 else:  # an update of a known episode (transcode outcome)
+                    if row.get("mcap_uri"):  # a new MCAP: its step ladder is redone from it
+                        row["ladder_version"] = None
                     c.execute(update(t.episodes).where(t.episodes.c.episode_id == row.pop("episode_id")).values(**row))
                 self._score(c, source_path, episode["episode_id"])
             if quarantine is not None:
@@ -297,6 +299,40 @@ class Registry:
         for r in rows:
             r["quality_reasons"] = json.loads(r["quality_reasons"] or "[]")
         return rows
+
+    # -- step ladders ------------------------------------------------------------------------
+    def ladders_to_do(self, batch_key: str, version: str) -> list[dict]:
+        """Transcoded episodes of the batch whose ladder is missing or was written by another
+        segmenter/config version (``version``): what a step-ladder run redoes."""
+        e = t.episodes.c
+        q = (select(e.episode_id, e.task, e.mcap_uri, e.start_ns, e.end_ns)
+             .where(e.batch_key == batch_key, e.status == TRANSCODED,
+                    or_(e.ladder_version.is_(None), e.ladder_version != version))
+             .order_by(e.episode_id))
+        with self._begin() as c:
+            return [dict(r) for r in c.execute(q).mappings()]
+
+    def outdated_ladder_batches(self, version: str) -> list[str]:
+        """Batches holding ladders written by another segmenter/config version (drift). Episodes
+        with no ladder yet are not drift: the ingest run that transcoded them segments them next."""
+        e = t.episodes.c
+        q = (select(e.batch_key).where(e.status == TRANSCODED, e.ladder_version.is_not(None),
+                                       e.ladder_version != version).distinct().order_by(e.batch_key))
+        with self._begin() as c:
+            return list(c.execute(q).scalars())
+
+    def record_ladders(self, rows: Sequence[dict], version: str) -> None:
+        """Store step ladders, one transaction: ``{"episode_id", "steps"}`` (a list of step
+        dicts; ``failed_step`` is the first whose outcome is 'failure') or ``{"episode_id",
+        "error"}`` when the episode could not be segmented (so it is not retried until the
+        version changes)."""
+        with self._begin() as c:
+            for r in rows:
+                steps = r.get("steps")
+                failed = next((s["name"] for s in steps or [] if s["outcome"] == "failure"), None)
+                c.execute(update(t.episodes).where(t.episodes.c.episode_id == r["episode_id"]).values(
+                    step_ladder=None if steps is None else json.dumps(steps), ladder_version=version,
+                    failed_step=failed, ladder_error=r.get("error"), updated_at=time.time()))
 
     def _stale(self, schema_version: str, pipeline_version: str):
         """Episodes whose output is missing or was written (or failed) under other versions."""

@@ -76,6 +76,12 @@ episodes = Table(
     Column("reviewed_by", String(128), nullable=True),
     Column("reviewed_at", Float, nullable=True),
     Column("review_note", Text, nullable=True),
+    # the episode's step ladder (ladders/segment.py): JSON list of steps, the segmenter+config
+    # version that wrote it, the first failed step's name, or why it could not be segmented
+    Column("step_ladder", Text, nullable=True),
+    Column("ladder_version", String(64), nullable=True),
+    Column("failed_step", String(128), nullable=True),
+    Column("ladder_error", Text, nullable=True),
     # output, stamped with the versions that wrote it
     Column("schema_version", String(16), nullable=True),
     Column("pipeline_version", String(16), nullable=True),

@@ -9,6 +9,7 @@ change log carries keys and the rows are read as they are now.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,6 +24,13 @@ _DUCK_TYPES = {BigInteger: "BIGINT", Integer: "INTEGER", Float: "DOUBLE", Boolea
                Text: "VARCHAR"}
 _ARROW_TYPES = {"BIGINT": pa.int64(), "INTEGER": pa.int32(), "DOUBLE": pa.float64(), "BOOLEAN": pa.bool_(),
                 "VARCHAR": pa.string()}
+
+
+# One row per step of every episode's ladder, unnested from the episodes' ``step_ladder`` JSON
+# when their rows are applied: what curation selects steps by.
+STEP_COLUMNS = [("episode_id", "VARCHAR"), ("step_index", "INTEGER"), ("step", "VARCHAR"), ("start_ns", "BIGINT"),
+                ("end_ns", "BIGINT"), ("duration_s", "DOUBLE"), ("outcome", "VARCHAR"), ("failure_mode", "VARCHAR"),
+                ("failed_at_ns", "BIGINT")]
 
 
 def warehouse_columns() -> list[tuple[str, str]]:
@@ -44,6 +52,8 @@ class Warehouse:
         if not read_only:
             cols = ", ".join(f"{n} {ty}" for n, ty in self.columns)
             self.con.execute(f"CREATE TABLE IF NOT EXISTS episodes ({cols}, PRIMARY KEY (episode_id))")
+            cols = ", ".join(f"{n} {ty}" for n, ty in STEP_COLUMNS)
+            self.con.execute(f"CREATE TABLE IF NOT EXISTS episode_steps ({cols}, PRIMARY KEY (episode_id, step_index))")
             self.con.execute("CREATE TABLE IF NOT EXISTS cdc_position (source VARCHAR PRIMARY KEY, position VARCHAR)")
             have = {r[0] for r in self.con.execute(
                 "SELECT column_name FROM information_schema.columns WHERE table_name = 'episodes'").fetchall()}
@@ -80,9 +90,13 @@ class Warehouse:
             # delete then insert: one statement pair for the whole batch, whatever the mix
             if replace_all:
                 self.con.execute("DELETE FROM episodes")
+                self.con.execute("DELETE FROM episode_steps")
             else:
                 self.con.execute("DELETE FROM episodes WHERE episode_id IN (SELECT episode_id FROM cdc_keys)")
+                self.con.execute("DELETE FROM episode_steps WHERE episode_id IN (SELECT episode_id FROM cdc_keys)")
             self.con.execute(f"INSERT INTO episodes ({', '.join(names)}) SELECT {', '.join(names)} FROM cdc_upserts")
+            self.con.register("cdc_steps", _step_rows(upserts))
+            self.con.execute("INSERT INTO episode_steps SELECT * FROM cdc_steps")
             self.con.execute("INSERT OR REPLACE INTO cdc_position VALUES (?, ?)", [source, position])
             self.con.execute("COMMIT")
         except BaseException:
@@ -91,6 +105,7 @@ class Warehouse:
         finally:
             self.con.unregister("cdc_upserts")
             self.con.unregister("cdc_keys")
+            self.con.unregister("cdc_steps")
 
     def episodes(self) -> list[dict]:
         names = ", ".join(n for n, _ in self.columns if n != "synced_at")
@@ -98,5 +113,22 @@ class Warehouse:
         names = [d[0] for d in cur.description]
         return [dict(zip(names, row)) for row in cur.fetchall()]
 
+    def steps(self, episode_id: str | None = None) -> list[dict]:
+        where, params = ("WHERE episode_id = ?", [episode_id]) if episode_id is not None else ("", [])
+        cur = self.con.execute(f"SELECT * FROM episode_steps {where} ORDER BY episode_id, step_index", params)
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, row)) for row in cur.fetchall()]
+
     def count(self) -> int:
         return self.con.execute("SELECT count(*) FROM episodes").fetchone()[0]
+
+
+def _step_rows(upserts: Sequence[dict]) -> pa.Table:
+    rows = []
+    for r in upserts:
+        for st in json.loads(r.get("step_ladder") or "[]"):
+            rows.append({"episode_id": r["episode_id"], "step_index": st["index"], "step": st["name"],
+                         "start_ns": st["start_ns"], "end_ns": st["end_ns"], "duration_s": st["duration_s"],
+                         "outcome": st["outcome"], "failure_mode": st.get("failure_mode"),
+                         "failed_at_ns": st.get("failed_at_ns")})
+    return pa.table({n: pa.array([r[n] for r in rows], type=_ARROW_TYPES[ty]) for n, ty in STEP_COLUMNS})

@@ -215,7 +215,8 @@ def test_episode_row_round_trips_every_column(registry):
         dropped_cameras='["wrist"]', sim=False, mcap_uri="gs://bucket/mcap/ep-000001.mcap", dark_frame_fraction=0.5,
         smoothness_score=0.95, sensor_health_score=0.75, task_score=1.0, quality_verdict="review",
         quality_reasons='[{"check": "frame_drop_fraction", "detail": "x"}]', review_verdict="accept",
-        reviewed_by="ann", reviewed_at=T0 + 1, review_note="ok")
+        reviewed_by="ann", reviewed_at=T0 + 1, review_note="ok", step_ladder='[{"name": "reach"}]',
+        ladder_version="heuristic-1.0123456789", failed_step="grasp", ladder_error="no procedure")
     registry.record_outcome(source_path=f.path, batch_key=key, stage="pre", gates=[gate("readable")],
                             episode=episode, now=T0 + 5)
 

@@ -9,9 +9,9 @@ from dagster._core.execution.backfill import PartitionBackfill
 from dyna_assets.definitions import defs
 from dyna_assets.ingest.sensors import landing_sensor, version_drift_sensor
 from dyna_resources import versions
-from dyna_resources.faces import GatesResource, IngestResource, TranscodeResource
+from dyna_resources.faces import GatesResource, IngestResource, LadderResource, TranscodeResource
 
-ASSETS = [defs.get_assets_def(k) for k in ("raw_episodes", "mcap_episodes")]
+ASSETS = [defs.get_assets_def(k) for k in ("raw_episodes", "mcap_episodes", "step_ladders")]
 
 
 @pytest.fixture
@@ -32,11 +32,14 @@ def resources(home, target_bytes=None, **gates):
     landed = sum(p.stat().st_size for p in (home / "landing").rglob("*.h5"))
     if not (home / "gates.yaml").exists():
         (home / "gates.yaml").write_text("# every gate at its default\n")
+    if not (home / "step_ladders.yaml").exists():
+        (home / "step_ladders.yaml").write_text("# the embedded procedures and thresholds\n")
     return {
         "ingest": IngestResource(home_root=str(home), target_batch_bytes=target_bytes or landed * 2, max_wait_s=0,
                                  max_runs_per_tick=8),
         "gates": GatesResource(file=str(home / "gates.yaml"), gates=gates),
         "transcode": TranscodeResource(workers=2, preset="veryfast", gop_frames=30),
+        "ladders": LadderResource(file=str(home / "step_ladders.yaml"), pictures=2),
     }
 
 
@@ -66,7 +69,7 @@ def test_landing_sensor_requests_one_run_per_new_batch_and_nothing_when_nothing_
         keys = [r.partition_key for r in first.run_requests]
         assert len(keys) == 5 == len(set(keys)) and keys == sorted(keys)
         assert first.dynamic_partitions_requests[0].partition_keys == keys
-        assert all(r.asset_selection == [AssetKey("raw_episodes"), AssetKey("mcap_episodes")]
+        assert all(r.asset_selection == [AssetKey("raw_episodes"), AssetKey("mcap_episodes"), AssetKey("step_ladders")]
                    for r in first.run_requests)
         assert sorted(instance.get_dynamic_partitions("ingest_batches")) == keys
         again = tick(instance, res, first.cursor)
@@ -105,12 +108,18 @@ def test_batch_partition_materializes_with_metadata_checks_and_quarantine(home):
         assert (raw["episodes"], raw["quarantined"], raw["files"]) == (4, 1, 5)
         assert raw["gates"]["readable"] == {"evaluated": 5, "failed": 1} and raw["bytes_in"] > 0
         assert all(c[("mcap_episodes", g)].passed for g in ("decodable", "frame_counts", "durations"))
+        ladders = md(result, "step_ladders", batch)
+        assert ladders["segmented_this_run"] == 4 and ladders["not_segmented"] == {}
+        assert ladders["ladder_version"] == res["ladders"].config().version
+        assert ladders["ladders"].count("data:image/png;base64,") == 2  # pictures=2
+        assert all(r["step_ladder"] for r in res["ingest"].stores().registry.episodes(batch))
         # replay of the partition: nothing redone, no duplicate rows
         reg = res["ingest"].stores().registry
         before = reg.counts()
         again = materialize(ASSETS, instance=instance, partition_key=batch, resources=res)
         assert md(again, "mcap_episodes", batch)["this_run_processed"] == 0
         assert md(again, "mcap_episodes", batch)["this_run_skipped_up_to_date"] == 4
+        assert md(again, "step_ladders", batch)["segmented_this_run"] == 0
         assert reg.counts() == before
         # mcap_episodes alone can be re-materialized for a partition
         alone = materialize([ASSETS[1]], instance=instance, partition_key=batch, resources=res,
@@ -169,9 +178,10 @@ def test_drift_sensor_backfills_exactly_the_stale_partitions_once(home, monkeypa
         c = ctx()
         req = version_drift_sensor(c)
         stale_with_episodes = [k for k in old if res["ingest"].stores().registry.episodes(k)]
-        got = sorted(ap.partition_key for ap in req.asset_graph_subset.iterate_asset_partitions())
+        got = sorted({ap.partition_key for ap in req.asset_graph_subset.iterate_asset_partitions()})
         assert got == sorted(stale_with_episodes) and len(got) >= 2
-        assert {ap.asset_key for ap in req.asset_graph_subset.iterate_asset_partitions()} == {AssetKey("mcap_episodes")}
+        assert {ap.asset_key for ap in req.asset_graph_subset.iterate_asset_partitions()} == {
+            AssetKey("mcap_episodes"), AssetKey("step_ladders")}  # a new MCAP gets a new ladder
         assert req.tags["dyna/drift"] == "true"
         # same state again: never a second backfill for the same partitions and versions
         assert "already backfilled" in version_drift_sensor(ctx(c.cursor)).skip_message
@@ -186,6 +196,28 @@ def test_drift_sensor_backfills_exactly_the_stale_partitions_once(home, monkeypa
             assert md(r, "mcap_episodes", k)["this_run_processed"] == 1
         reg = res["ingest"].stores().registry
         assert reg.outdated_batches(schema_version=versions.SCHEMA_VERSION, pipeline_version="9.9-test") == []
+
+
+def test_drift_sensor_resegments_only_the_ladders_when_the_ladder_config_changes(home):
+    res = resources(home, target_bytes=1)
+    with DagsterInstance.ephemeral() as instance:
+        keys = [r.partition_key for r in tick(instance, res).run_requests]
+        for k in keys:
+            materialize(ASSETS, instance=instance, partition_key=k, resources=res, raise_on_error=False)
+        ctx = lambda: build_sensor_context(instance=instance, definitions=defs, resources=res)  # noqa: E731
+        assert "current versions" in version_drift_sensor(ctx()).skip_message
+        (home / "step_ladders.yaml").write_text("thresholds: {min_pause_s: 0.15}\n")
+        req = version_drift_sensor(ctx())
+        with_episodes = [k for k in keys if res["ingest"].stores().registry.episodes(k)]
+        parts = list(req.asset_graph_subset.iterate_asset_partitions())
+        assert {ap.asset_key for ap in parts} == {AssetKey("step_ladders")}  # no video is re-encoded
+        assert sorted(ap.partition_key for ap in parts) == sorted(with_episodes)
+        assert req.tags["dyna/ladder_version"] == res["ladders"].config().version
+        ladder = defs.get_assets_def("step_ladders")
+        for k in with_episodes:
+            r = materialize([ladder], instance=instance, partition_key=k, resources=res)
+            assert md(r, "step_ladders", k)["segmented_this_run"] == 1
+        assert "current versions" in version_drift_sensor(ctx()).skip_message
 
 
 def test_unreachable_registry_fails_the_run_and_names_it_without_the_password(home):

@@ -346,6 +346,8 @@ class Script:
     impulses: list[tuple[float, float, tuple[float, float, float]]] = field(default_factory=list)
     press: list[tuple[float, float, float]] = field(default_factory=list)  # (t0, t1, normal N)
     pull: list[tuple[float, float, tuple[float, float, float]]] = field(default_factory=list)
+    steps: list[tuple[str, float]] = field(default_factory=list)  # (procedure step, plan time it starts)
+    failed_step: int | None = None  # index into steps of the step where the task failed
     end_t: float = 0.0
 
     def scale_time(self, k: float, shift: float = 0.0) -> None:
@@ -361,6 +363,7 @@ class Script:
         self.impulses = [(f(t), m, d) for t, m, d in self.impulses]
         self.press = [(f(a), f(b), n) for a, b, n in self.press]
         self.pull = [(f(a), f(b), v) for a, b, v in self.pull]
+        self.steps = [(n, f(t)) for n, t in self.steps]
         self.end_t = f(self.end_t)
 
 
@@ -381,6 +384,16 @@ class _Builder:
         self.grip_times = [0.0]
         self.grip_open = [self.opening]
         self.grip_cmd: list[tuple[float, float]] = [(0.0, 0.0)]
+        self.steps: list[tuple[str, float]] = []
+        self.failed_step: int | None = None
+
+    def step(self, name: str) -> None:
+        """The task's standard procedure enters step ``name`` now (ground truth for the segmenter)."""
+        self.steps.append((name, self.t))
+
+    def fails_here(self) -> None:
+        """The task fails during the current step."""
+        self.failed_step = len(self.steps) - 1
 
     def _dur(self, base: float) -> float:
         return base * self.rng.uniform(0.85, 1.2)
@@ -447,7 +460,7 @@ class _Builder:
 
     def script(self, task, success, failure_mode) -> Script:
         return Script(task, success, failure_mode, self.arm_times, self.arm_q, self.grip_times,
-                      self.grip_open, self.grip_cmd)
+                      self.grip_open, self.grip_cmd, steps=self.steps, failed_step=self.failed_step)
 
 
 def _place_boxes(rng, n, region, min_gap=0.14):
@@ -476,6 +489,7 @@ def _pick_place(b: _Builder, rng, success, duration_s) -> Script:
         size = (rng.uniform(0.055, 0.09), rng.uniform(0.038, 0.062), rng.uniform(0.04, 0.075))
         objects.append(BoxObject(f"box{k}", "box", size, (*picks[k], size[2] / 2), rng.uniform(-math.pi, math.pi),
                                  rng.uniform(0.12, 0.45)))
+    b.step("reach")
     b.pause(0.3)
     impulses = []
     for k, obj in enumerate(objects):
@@ -489,10 +503,16 @@ def _pick_place(b: _Builder, rng, success, duration_s) -> Script:
             gx, gy = gx + off * math.cos(obj.yaw), gy + off * math.sin(obj.yaw)
         b.move((gx, gy, H + 0.12), yaw_g, 1.4)
         b.move((gx, gy, z_g), yaw_g, 0.8)
+        b.step("grasp")
+        if fail and failure_mode == "miss":
+            b.fails_here()
         t_c = b.grasp(W, miss=(fail and failure_mode == "miss"))
         if not (fail and failure_mode == "miss"):
             obj.attach_t = t_c
             impulses.append((t_c, rng.uniform(3.0, 6.0), (0.0, 0.0, 1.0)))
+        b.step("transport")
+        if fail and failure_mode == "slip":
+            b.fails_here()
         b.move((gx, gy, 0.2), yaw_g, 0.8)
         px, py = places[k]
         obj.place = (float(px), float(py))
@@ -506,9 +526,11 @@ def _pick_place(b: _Builder, rng, success, duration_s) -> Script:
         _, t_touch = b.move((px, py, z_g + 0.002), yaw_p, 0.8)
         if obj.attach_t is not None and obj.detach_t is None:
             impulses.append((t_touch - 0.05, rng.uniform(6.0, 14.0), (0.0, 0.0, 1.0)))
+        b.step("release")
         t_r = b.release()
         if obj.attach_t is not None and obj.detach_t is None:
             obj.detach_t, obj.detach_kind = t_r, "release"
+        b.step("reach" if k + 1 < n_obj else "return")  # the retreat starts the next reach
         b.move((px, py, 0.2), yaw_p, 0.6)
     b.home()
     s = b.script("pick_place", success, failure_mode)
@@ -523,12 +545,17 @@ def _fold_towel(b: _Builder, rng, success, duration_s) -> Script:
     failure_mode = "" if success else "slip"
     yaw_g = closest_yaw(0.0, b.yaw)
     ex = cx + L / 2
+    b.step("reach")
     b.pause(0.3)
     b.move((ex - 0.005, cy, 0.12), yaw_g, 1.4)
     b.move((ex - 0.012, cy, 0.004), yaw_g, 0.9)
+    b.step("grasp")
     t_c = b.grasp(0.003, miss=False)
     towel.attach_t = t_c
     impulses = [(t_c, rng.uniform(2.0, 4.0), (0.0, 0.0, 1.0))]
+    b.step("fold")
+    if not success:
+        b.fails_here()
     t0, t1 = b.move((cx + L * 0.22, cy, 0.13), yaw_g, 0.9)
     if not success:
         ts = t0 + rng.uniform(0.45, 0.8) * (t1 - t0)
@@ -536,9 +563,11 @@ def _fold_towel(b: _Builder, rng, success, duration_s) -> Script:
         b.grip(0.0, 0.1, at=ts)
     b.move((cx - L * 0.12, cy, 0.12), yaw_g, 0.9)
     b.move((cx - L / 2 + 0.015, cy, 0.02), yaw_g, 0.9)
+    b.step("release")
     t_r = b.release()
     if towel.detach_t is None:
         towel.detach_t, towel.detach_kind = t_r, "release"
+    b.step("smooth")  # pressing along the fold line, then home
     b.move((cx - L / 2 + 0.015, cy, 0.15), yaw_g, 0.6)
     # smooth the fold: press along the fold line
     b.move((cx - 0.02, cy - W * 0.3, 0.03), yaw_g, 0.9)
@@ -558,12 +587,17 @@ def _open_drawer(b: _Builder, rng, success, duration_s) -> Script:
     hx, hy, hz = cab.handle
     yaw_g = closest_yaw(_HALF_PI, b.yaw)
     d_open = rng.uniform(0.13, 0.17)
+    b.step("reach")
     b.pause(0.3)
     b.move((hx, hy, hz + 0.11), yaw_g, 1.4)
     b.move((hx, hy, hz + 0.005), yaw_g, 0.8)
+    b.step("grasp")
     t_c = b.grasp(0.014, miss=False)
     cab.attach_t = t_c
     impulses = [(t_c, rng.uniform(3.0, 5.0), (0.0, 0.0, 1.0))]
+    b.step("pull")
+    if not success:
+        b.fails_here()
     t0, t1 = b.move((hx, hy - side * d_open, hz + 0.005), yaw_g, 1.7)
     pull_vec = (0.0, side * rng.uniform(8.0, 14.0), 0.0)  # the drawer resists the pull
     pull = [(t0, t1, pull_vec)]
@@ -574,9 +608,11 @@ def _open_drawer(b: _Builder, rng, success, duration_s) -> Script:
         b.grip(0.0, 0.1, at=ts)
         pull = [(t0, ts, pull_vec)]
         impulses.append((ts, -rng.uniform(4.0, 8.0), (0.0, side, 0.0)))
+    b.step("release")
     t_r = b.release()
     if cab.detach_t is None:
         cab.detach_t, cab.detach_kind = t_r, "release"
+    b.step("return")
     b.move((hx, hy - side * (d_open + 0.05), hz + 0.12), yaw_g, 0.8)
     b.home()
     s = b.script("open_drawer", success, failure_mode)
@@ -596,12 +632,17 @@ def _wipe_table(b: _Builder, rng, success, duration_s) -> Script:
     L, W, H = size
     yaw_g = closest_yaw(sponge.yaw + _HALF_PI, b.yaw)
     z_g = max(H - 0.015, 0.012)
+    b.step("reach")
     b.pause(0.3)
     b.move((sp[0], sp[1], H + 0.12), yaw_g, 1.3)
     b.move((sp[0], sp[1], z_g), yaw_g, 0.7)
+    b.step("grasp")
     t_c = b.grasp(W, miss=False)
     sponge.attach_t = t_c
     impulses = [(t_c, rng.uniform(2.0, 4.0), (0.0, 0.0, 1.0))]
+    b.step("wipe")  # carry the sponge over, scrub, bring it back
+    if not success:
+        b.fails_here()
     b.move((sp[0], sp[1], 0.16), yaw_g, 0.7)
     sx, sy = stain.centre
     t0, t1 = b.move((sx, sy, 0.12), yaw_g, 1.2)
@@ -629,11 +670,15 @@ def _wipe_table(b: _Builder, rng, success, duration_s) -> Script:
         b.move((sp[0], sp[1], 0.12), yaw_g, 1.1)
         _, t_touch = b.move((sp[0], sp[1], z_g + 0.002), yaw_g, 0.7)
         impulses.append((t_touch - 0.05, rng.uniform(4.0, 8.0), (0.0, 0.0, 1.0)))
+        b.step("release")
         t_r = b.release()
         sponge.detach_t, sponge.detach_kind = t_r, "release"
+        b.step("return")
         b.move((sp[0], sp[1], 0.16), yaw_g, 0.5)
     else:
+        b.step("release")
         b.release()
+        b.step("return")
     b.home()
     s = b.script("wipe_table", success, failure_mode)
     s.objects, s.stain, s.impulses, s.press = [sponge], stain, impulses, press
@@ -664,6 +709,7 @@ def build_script(task: str, arm: ArmModel, seed: int, success: bool, duration_s:
     s.arm_times[0] = 0.0
     s.grip_times[0] = 0.0
     s.grip_cmd[0] = (0.0, 0.0)
+    s.steps[0] = (s.steps[0][0], 0.0)
     # the builder's 1 ms gaps between gripper knots may have become equal after scaling; fix
     gt = np.array(s.grip_times)
     for i in range(1, len(gt)):
@@ -718,6 +764,15 @@ class ScriptedArm:
         self._attach_cache: dict[int, np.ndarray] = {}
 
     # -- joint space ------------------------------------------------------------------
+    def scripted_steps(self) -> list[dict]:
+        """The procedure steps the script performed, in measured time (seconds from the episode
+        start): ``{"name", "start_s", "end_s", "failed"}``; the last ends with the episode."""
+        s = self.script
+        starts = [0.0] + [t + self.LAG for _, t in s.steps[1:]]
+        ends = starts[1:] + [self.duration_s]
+        return [{"name": n, "start_s": a, "end_s": b, "failed": i == s.failed_step}
+                for i, ((n, _), a, b) in enumerate(zip(s.steps, starts, ends))]
+
     def q(self, t, deriv: int = 0) -> np.ndarray:
         """Measured (noise-free) joint positions (N, 7): 6 arm joints + gripper knuckle angle."""
         t = np.atleast_1d(np.asarray(t, dtype=np.float64))
