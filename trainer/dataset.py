@@ -14,8 +14,8 @@ otherwise the sample fails with a ``WindowError`` naming the episode, stream and
 silently repeating a distant value.
 
 Order, deterministic from (seed, epoch): the rank's rows (sorted by episode and time) are cut into
-blocks of ``block`` consecutive segments, the blocks are permuted, and a bounded shuffle buffer
-mixes the stream; blocks keep reads of one file together (its chunks are reused), the buffer mixes
+blocks of ``block`` consecutive segments, the blocks are permuted, and a bounded shuffle (each
+row moves fewer than ``shuffle_buffer`` places) mixes the stream; blocks keep reads of one file together (its chunks are reused), the buffer mixes
 episodes. The stream is cut into batches of ``batch_size`` and batch ``j`` goes to worker
 ``j % num_workers``: the DataLoader's round-robin then hands the training loop batches 0, 1, 2, …
 in order, so the position in an epoch is one number (batches consumed) and resuming skips exactly
@@ -111,9 +111,16 @@ class ManifestDataset(IterableDataset):
         self.first_row = self.rank * per_rank
         self.rows = per_rank  # this rank's slice: manifest rows [first_row, first_row + rows)
         uris = self.manifest.column("uri").slice(self.first_row, per_rank).combine_chunks()
-        if pa.types.is_dictionary(uris.type):
-            uris = uris.dictionary_decode()
-        self._uris = uris.to_pylist()
+        if not pa.types.is_dictionary(uris.type):
+            uris = uris.dictionary_encode()
+        # One Python string per episode, a small int per row: a str per row costs ~85-450 B and a
+        # million-row slice is copied into every DataLoader worker.
+        names = uris.dictionary.to_pylist()
+        by_name = np.argsort(np.array(names, dtype=object), kind="stable")
+        rank_of = np.empty(len(names), np.int64)
+        rank_of[by_name] = np.arange(len(names))
+        self._uri_names = [names[i] for i in by_name]  # sorted, so codes order rows by episode
+        self._uri_codes = rank_of[uris.indices.to_numpy(zero_copy_only=False)]
         self._start = self.manifest.column("start_ns").slice(self.first_row, per_rank).to_numpy()
         self._end = self.manifest.column("end_ns").slice(self.first_row, per_rank).to_numpy()
         self._passes = 0  # full passes this process's copy started (persistent DataLoader workers)
@@ -146,25 +153,19 @@ class ManifestDataset(IterableDataset):
     def order(self, epoch: int) -> np.ndarray:
         """This rank's local row indices in the order of ``epoch`` (a pure function of seed, epoch)."""
         rng = np.random.default_rng([self.seed, epoch, self.rank])
-        local = np.argsort(np.array(self._uris, dtype=object), kind="stable")  # by episode, then time
-        blocks = [local[i:i + self.block] for i in range(0, self.rows, self.block)]
-        stream = np.concatenate([blocks[b] for b in rng.permutation(len(blocks))]) if blocks else local
+        local = np.argsort(self._uri_codes, kind="stable")  # by episode, then time (manifest order)
+        n_blocks = -(-self.rows // self.block)
+        block_order = rng.permutation(n_blocks)
+        # Blocks in permuted order: row r of the stream is row (block_order[r // block] * block + r % block),
+        # computed for all rows at once (the last block may be short, so go through a padded index).
+        padded = (block_order[:, None] * self.block + np.arange(self.block)[None, :]).ravel()
+        stream = local[padded[padded < self.rows]]
         if self.shuffle_buffer <= 1:
             return stream
-        out = np.empty_like(stream)
-        buf: list[int] = []
-        n = 0
-        picks = rng.random(len(stream))
-        for i, row in enumerate(stream.tolist()):
-            buf.append(row)
-            if len(buf) >= self.shuffle_buffer:
-                j = int(picks[i] * len(buf))
-                buf[j], buf[-1] = buf[-1], buf[j]
-                out[n] = buf.pop()
-                n += 1
-        tail = rng.permutation(len(buf))
-        out[n:] = np.asarray(buf, dtype=stream.dtype)[tail] if buf else out[n:]
-        return out
+        # A bounded shuffle: every row moves by less than shuffle_buffer places (key = position +
+        # uniform[0, buffer)), the locality a streaming shuffle buffer gives, computed in one sort.
+        keys = np.arange(len(stream)) + rng.random(len(stream)) * self.shuffle_buffer
+        return stream[np.argsort(keys, kind="stable")]
 
     def worker_batches(self, epoch: int, start_batch: int, worker: int, workers: int) -> list[np.ndarray]:
         """The batches (local row indices) worker ``worker`` produces, from ``start_batch`` on."""
@@ -230,10 +231,14 @@ class ManifestDataset(IterableDataset):
                                 ChunkMemo(self.chunks_per_reader))
         return entry
 
+    def sample_uri(self, local_row: int) -> str:
+        return self._uri_names[self._uri_codes[local_row]]
+
     def sample(self, local_row: int, readers: OrderedDict | None = None) -> dict:
         readers = OrderedDict() if readers is None else readers
         spec = self.spec
-        uri, start, end = self._uris[local_row], int(self._start[local_row]), int(self._end[local_row])
+        uri = self.sample_uri(local_row)
+        start, end = int(self._start[local_row]), int(self._end[local_row])
         r, frame_cache, memo = self._reader(uri, readers)
         t_now = spec.anchor_ns(start, end)
         cams = list(spec.cameras) if spec.cameras is not None else r.cameras

@@ -156,3 +156,26 @@ def test_continuous_stream_runs_through_the_epochs_in_order(mcap_fleet):
     it = iter(loader(ds, 2))
     got = [next(it)["row"].tolist() for _ in range(len(expected) - 1)]
     assert got == expected[1:]
+
+
+@pytest.mark.parametrize("dictionary", [True, False])
+def test_epoch_order_keeps_blocks_of_one_episode_and_moves_rows_a_bounded_distance(dictionary):
+    import pyarrow as pa
+
+    n, per_episode, block, buffer = 10_007, 50, 16, 32
+    uris = pa.array([f"file:///ep-{e:05d}.mcap" for e in np.arange(n) // per_episode][::-1])  # not in manifest order
+    manifest = pa.table({"uri": uris.dictionary_encode() if dictionary else uris,
+                         "start_ns": np.arange(n, dtype=np.int64), "end_ns": np.arange(n, dtype=np.int64) + 1})
+    ds = ManifestDataset(manifest, SPEC, batch_size=8, seed=3, block=block, shuffle_buffer=buffer)
+    order = ds.order(0)
+    assert sorted(order.tolist()) == list(range(n)) and order.tolist() == ds.order(0).tolist()
+    assert order.tolist() != ds.order(1).tolist()
+    unshuffled = ManifestDataset(manifest, SPEC, batch_size=8, seed=3, block=block, shuffle_buffer=1).order(0)
+    where = np.empty(n, np.int64)
+    where[order] = np.arange(n)
+    assert np.abs(where[unshuffled] - np.arange(n)).max() < buffer  # bounded displacement
+    episode = np.array([ds._uri_names[c] for c in ds._uri_codes])
+    same = episode[unshuffled[1:]] == episode[unshuffled[:-1]]
+    assert same.mean() > 1 - 1 / block - 1 / per_episode - 0.01  # blocks read one file: only their edges switch
+    assert (np.diff(unshuffled)[same] == 1).mean() > 0.95  # in time order within a block
+    assert ds.sample_uri(int(order[0])) == str(uris[int(order[0])])
