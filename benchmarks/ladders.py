@@ -21,10 +21,9 @@ models over seeds 0..N-1 (N = 16, --quick 4), durations drawn in 6..16 s. Measur
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
-
-import dataclasses
 
 import numpy as np
 

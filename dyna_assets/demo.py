@@ -45,7 +45,7 @@ steps:
 segments: {length_s: 0.5, stride_s: 0.25}
 """
 
-FAULTS = {"corrupt_jpeg": 1, "truncated": 1, "dead_camera": 1, "non_monotonic": 1}
+FAULTS = {"corrupt_jpeg": 1, "truncated": 1, "dead_camera": 1, "non_monotonic": 1, "frozen_camera": 1}
 
 
 def main(argv: list[str] | None = None) -> int:

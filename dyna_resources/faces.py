@@ -267,14 +267,20 @@ class TrainerResource(ConfigurableResource):
         h = home.home()
         dataset = ""
         if self.dataset:  # training names data by name@version, never by path
-            from .catalog.datasets import resolve_manifest_url
+            from .catalog.datasets import ManifestIntegrityError, resolve_manifest_url
             from .catalog.registry import registry_url_from_env
 
-            manifest_url, _ = resolve_manifest_url(self.dataset, registry_url_from_env(h.root))
+            # The download below hashes the Arrow file anyway: check that hash against the one
+            # recorded at publish instead of reading the file twice.
+            manifest_url, published_sha = resolve_manifest_url(self.dataset, registry_url_from_env(h.root),
+                                                               verify=False)
             dataset = self.dataset
         else:
             manifest_url = home.manifest_arrow_url(partition)
         manifest_sha = local_copy(manifest_url, h.root / "node-cache").stem
+        if dataset and manifest_sha != published_sha:
+            raise ManifestIntegrityError(f"dataset {dataset}: {manifest_url} has SHA-256 {manifest_sha}, "
+                                         f"published as {published_sha}")
         size = (self.image_size, self.image_size)
         cfg = TrainConfig(
             manifest=manifest_url, run_dir="", steps=self.steps, batch_size=self.batch_size, seed=self.seed,

@@ -6,7 +6,14 @@ No ``from __future__ import annotations`` here: Dagster reads the context annota
 import base64
 import hashlib
 
-from dagster import AssetExecutionContext, AssetSpec, DataVersion, MaterializeResult, MetadataValue, multi_asset
+from dagster import (
+    AssetExecutionContext,
+    AssetSpec,
+    DataVersion,
+    MaterializeResult,
+    MetadataValue,
+    multi_asset,
+)
 
 from dyna_resources.faces import IngestResource, LadderResource
 from dyna_resources.ladders.config import SEGMENTER_VERSION

@@ -1,14 +1,19 @@
 """Dataset registry: named, semantically versioned datasets (``pretrain-mix@2.1.0``).
 
 A dataset version binds a curation spec (name + SHA-256 of its text), the manifest's content
-hash (SHA-256 of its Arrow IPC file) and the pipeline/schema versions. Training refers to
-``name@version``, never to a path. Published versions are immutable:
+hash (SHA-256 of its Arrow IPC file; the Parquet copy's SHA-256 is recorded beside it) and the
+pipeline/schema versions. Training refers to ``name@version``, never to a path. Published
+versions are immutable:
 
 - the row (table ``datasets``, in the registry's database) is never updated; publishing the
   same name@version again with identical content is a no-op, with other content an error;
 - the manifest files are copied to ``<manifest store>/datasets/<name>/<version>/<sha256>.*``,
   so rebuilding the spec's manifest later cannot change what a published version points to
-  (the file name is the hash, so two racing publishers can never overwrite each other's bytes).
+  (the file name is the hash, so two racing publishers can never overwrite each other's bytes);
+- resolving a version hashes both published copies against the hashes recorded at publish and
+  refuses a changed or damaged file (:class:`ManifestIntegrityError`), so what a version names is
+  what training reads. Versions published before the Parquet hash was recorded check the Arrow
+  IPC copy only.
 
 No Dagster here.
 """
@@ -36,6 +41,7 @@ from sqlalchemy import (
     Text,
     create_engine,
     event,
+    inspect,
     select,
 )
 from sqlalchemy.engine import make_url
@@ -59,6 +65,7 @@ datasets_table = Table(
     Column("spec_name", String(128), nullable=False),
     Column("spec_sha256", String(64), nullable=False),
     Column("manifest_sha256", String(64), nullable=False),
+    Column("manifest_parquet_sha256", String(64), nullable=True),  # NULL: published before it was recorded
     Column("manifest_arrow_url", Text, nullable=False),
     Column("manifest_parquet_url", Text, nullable=False),
     Column("pipeline_versions", Text, nullable=False),  # JSON
@@ -83,6 +90,10 @@ class UnknownDatasetError(DatasetError, LookupError):
     pass
 
 
+class ManifestIntegrityError(DatasetError):
+    """A published manifest file no longer has the SHA-256 recorded when it was published."""
+
+
 @dataclass(frozen=True)
 class DatasetRef:
     name: str
@@ -99,6 +110,7 @@ class DatasetRef:
     segment_hours: float
     published_at: datetime
     notes: str = ""
+    parquet_sha256: str | None = None  # None: published before the Parquet copy's hash was recorded
 
     @property
     def ref(self) -> str:
@@ -195,6 +207,7 @@ class DatasetRegistry:
         if parsed.get_backend_name() == "sqlite":
             event.listen(self.engine, "connect", _sqlite_wal)
         metadata.create_all(self.engine, checkfirst=True)  # CREATE TABLE IF NOT EXISTS
+        _add_missing_columns(self.engine)
         self._store_url = store_url
 
     def close(self) -> None:
@@ -224,13 +237,14 @@ class DatasetRegistry:
         stats = manifest_sidecar.get("stats") or {}
         prefix = f"datasets/{name}/{version}/{sha}"
         self._copy_verified(arrow_url, f"{prefix}.arrow", sha, f"{name}@{version}")
-        self._copy_verified(parquet_url, f"{prefix}.parquet", None, f"{name}@{version}")
+        parquet_sha = self._copy_verified(parquet_url, f"{prefix}.parquet", None, f"{name}@{version}")
         sidecar = {**manifest_sidecar, "dataset": f"{name}@{version}", "arrow": self.store.url(f"{prefix}.arrow"),
-                   "parquet": self.store.url(f"{prefix}.parquet"), "sidecar": self.store.url(f"{prefix}.json")}
+                   "parquet": self.store.url(f"{prefix}.parquet"), "parquet_sha256": parquet_sha,
+                   "sidecar": self.store.url(f"{prefix}.json")}
         self.store.put_bytes(f"{prefix}.json", json.dumps(sidecar, indent=2, sort_keys=True, default=str).encode())
         row = dict(  # noqa: C408  (column=value reads best here)
             name=name, version=version, spec_name=spec_name, spec_sha256=spec_sha, manifest_sha256=sha,
-            manifest_arrow_url=self.store.url(f"{prefix}.arrow"),
+            manifest_parquet_sha256=parquet_sha, manifest_arrow_url=self.store.url(f"{prefix}.arrow"),
             manifest_parquet_url=self.store.url(f"{prefix}.parquet"),
             pipeline_versions=json.dumps({
                 "code": {"pipeline": PIPELINE_VERSION, "schema": SCHEMA_VERSION},
@@ -255,9 +269,9 @@ class DatasetRegistry:
             f"dataset {existing.ref} is already published (manifest {existing.sha256[:12]}) and is immutable; "
             f"this publish differs in {', '.join(what)}: publish a new version instead")
 
-    def _copy_verified(self, src_url: str, key: str, sha: str | None, label: str) -> None:
+    def _copy_verified(self, src_url: str, key: str, sha: str | None, label: str) -> str:
         """Copy ``src_url`` into the store as ``key``, checking its SHA-256 when given (the
-        manifest may be rebuilt between reading its sidecar and copying its bytes)."""
+        manifest may be rebuilt between reading its sidecar and copying its bytes); returns it."""
         fs, path = fsspec.core.url_to_fs(str(src_url))
         fd, tmp = tempfile.mkstemp(prefix=".dataset-", suffix=Path(key).suffix)
         try:
@@ -275,6 +289,7 @@ class DatasetRegistry:
             self.store.put_file(tmp, key)
         finally:
             Path(tmp).unlink(missing_ok=True)
+        return digest.hexdigest()
 
     # ---- reading ------------------------------------------------------------------------------
     def _get(self, name: str, version: str) -> DatasetRef | None:
@@ -294,7 +309,30 @@ class DatasetRegistry:
         with self.engine.connect() as c:
             return sorted(c.execute(select(datasets_table.c.name).distinct()).scalars().all())
 
-    def resolve(self, ref: str) -> DatasetRef:
+    def resolve(self, ref: str, *, verify: bool = True) -> DatasetRef:
+        """The published version ``ref`` names (``name@latest``: the highest). With ``verify``
+        (the default), its manifest files are hashed against the hashes recorded at publish:
+        :class:`ManifestIntegrityError` names a file that changed."""
+        found = self._lookup(ref)
+        if verify:
+            self.verify(found)
+        return found
+
+    def verify(self, ref: DatasetRef) -> None:
+        """Hash the published Arrow IPC and Parquet copies of ``ref`` (reading each whole) against
+        the SHA-256 recorded at publish; raise :class:`ManifestIntegrityError` naming the file."""
+        files = [("Arrow IPC", ref.arrow_url, ref.sha256, "manifest_sha256"),
+                 ("Parquet", ref.parquet_url, ref.parquet_sha256, "manifest_parquet_sha256")]
+        for kind, url, expected, column in files:
+            if expected is None:
+                continue
+            actual = _sha256_of(url, f"{ref.ref}: {kind} manifest")
+            if actual != expected:
+                raise ManifestIntegrityError(
+                    f"{ref.ref}: {kind} manifest {url} has SHA-256 {actual}, but {expected} was recorded "
+                    f"when it was published (datasets.{column}): the published copy was changed or damaged")
+
+    def _lookup(self, ref: str) -> DatasetRef:
         name, version = parse_ref(ref)
         if version is None:
             versions = self.versions(name)
@@ -310,8 +348,8 @@ class DatasetRegistry:
         return found
 
     def previous(self, ref: str) -> DatasetRef | None:
-        """The highest published version below ``ref``'s, if any."""
-        cur = self.resolve(ref)
+        """The highest published version below ``ref``'s, if any (looked up, not verified)."""
+        cur = self._lookup(ref)
         lower = [v for v in self.versions(cur.name) if semver_key(v) < semver_key(cur.version)]
         return self._get(cur.name, lower[-1]) if lower else None
 
@@ -324,14 +362,28 @@ class DatasetRegistry:
                            rows_before=na, rows_after=nb, hours_by_task_before=ha, hours_by_task_after=hb)
 
 
-def resolve_manifest_url(ref: str, registry_url: str) -> tuple[str, str]:
-    """(immutable Arrow URL, SHA-256) of dataset ``ref``: what the trainer loads and verifies."""
+def resolve_manifest_url(ref: str, registry_url: str, *, verify: bool = True) -> tuple[str, str]:
+    """(immutable Arrow URL, SHA-256) of dataset ``ref``, both of its manifest files verified unless
+    ``verify`` is False: a caller that downloads the Arrow file and checks its hash against the one
+    returned here (the trainer) need not read it twice."""
     reg = DatasetRegistry(registry_url)
     try:
-        found = reg.resolve(ref)
+        found = reg.resolve(ref, verify=verify)
         return found.arrow_url, found.sha256
     finally:
         reg.close()
+
+
+def _sha256_of(url: str, label: str) -> str:
+    fs, path = fsspec.core.url_to_fs(url)
+    digest = hashlib.sha256()
+    try:
+        with fs.open(path, "rb") as f:
+            while chunk := f.read(8 << 20):
+                digest.update(chunk)
+    except FileNotFoundError:
+        raise ManifestIntegrityError(f"{label} {url} does not exist (published, then removed?)") from None
+    return digest.hexdigest()
 
 
 def _summary(parquet_url: str) -> tuple[set[str], dict[str, float], int]:
@@ -368,7 +420,17 @@ def _ref(row) -> DatasetRef:
                       arrow_url=row["manifest_arrow_url"], parquet_url=row["manifest_parquet_url"],
                       pipeline_versions=json.loads(row["pipeline_versions"]), schema_version=row["schema_version"],
                       rows=row["rows"], episodes=row["episodes"], segment_hours=row["segment_hours"],
-                      published_at=published, notes=row["notes"])
+                      published_at=published, notes=row["notes"], parquet_sha256=row["manifest_parquet_sha256"])
+
+
+def _add_missing_columns(engine) -> None:
+    """Additive migration, as in the registry: a column an older database lacks is added, nullable."""
+    have = {c["name"] for c in inspect(engine).get_columns(datasets_table.name)}
+    with engine.begin() as c:
+        for col in datasets_table.columns:
+            if col.name not in have:
+                ddl = col.type.compile(dialect=engine.dialect)
+                c.exec_driver_sql(f"ALTER TABLE {datasets_table.name} ADD COLUMN {col.name} {ddl}")
 
 
 def _sqlite_wal(dbapi_conn, _record) -> None:

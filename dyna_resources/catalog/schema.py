@@ -66,6 +66,7 @@ episodes = Table(
     Column("gates_failed", Integer, nullable=True),
     Column("quality_score", Float, nullable=True),
     Column("dark_frame_fraction", Float, nullable=True),  # worst camera: dark frames / frames
+    Column("frozen_frame_fraction", Float, nullable=True),  # worst camera: frames repeating the one before / frames
     # quality scores computed at ingest (ingest/quality.py), and a reviewer's verdict on the 'review' ones
     Column("smoothness_score", Float, nullable=True),
     Column("sensor_health_score", Float, nullable=True),

@@ -37,6 +37,9 @@ class TranscodeSettings:
     profile: ReadProfile = TOPIC_GROUPS
     block_s: float = 1.0  # proprio/action samples per message: one block per block_s
     dark_level: float = 4.0  # mean 8-bit level below which a frame counts as dark (dead camera)
+    # mean absolute 8-bit luma change from the previous frame below which a frame counts as frozen
+    # (the same picture again); sensor noise alone moves a live camera's picture by >= 1.5
+    frozen_level: float = 0.5
 
     def as_dict(self) -> dict:
         return {"video": self.video.as_dict(), "read_profile": self.profile.as_dict(), "block_s": self.block_s}
@@ -50,6 +53,7 @@ class CameraReport:
     rate_hz: float
     dropped_frames: int  # frames missing according to gaps in the timestamps
     dark_frames: int
+    frozen_frames: int  # not dark, and (almost) identical to the frame before
     keyframes: int
     video_bytes: int
     first_ns: int = -1
@@ -214,6 +218,8 @@ class _VideoWindows:
         self.pos = {c.name: 0 for c in cameras}
         self.shape: dict[str, tuple[int, int]] = {}
         self.dark = dict.fromkeys(self.pos, 0)
+        self.frozen = dict.fromkeys(self.pos, 0)
+        self.last_luma: dict[str, np.ndarray] = {}
         self.keyframes = dict.fromkeys(self.pos, 0)
         self.video_bytes = dict.fromkeys(self.pos, 0)
 
@@ -234,8 +240,7 @@ class _VideoWindows:
             if (frame.height, frame.width) != shape:
                 raise RawFormatError(self.path, f"frame {i} is {frame.width}x{frame.height}, earlier frames "
                                      f"{shape[1]}x{shape[0]}", f"images/{cam.name}")
-            if _mean_luma(frame) < self.settings.dark_level:
-                self.dark[cam.name] += 1
+            self._inspect(cam.name, _luma_sample(frame))
             frames.append(frame)
         with self.encode_t:
             units = encode_gop(frames, self.settings.video, self.rate)
@@ -250,11 +255,21 @@ class _VideoWindows:
             out.append((ts, cid, msg.SerializeToString()))
         return out
 
+    def _inspect(self, camera: str, luma: np.ndarray) -> None:
+        """Count the frame as dark or frozen (a frozen dark frame is dark: one fault, one count)."""
+        last = self.last_luma.get(camera)
+        self.last_luma[camera] = luma
+        if luma.mean() < self.settings.dark_level:
+            self.dark[camera] += 1
+        elif last is not None and np.abs(luma - last).mean() < self.settings.frozen_level:
+            self.frozen[camera] += 1
+
     def reports(self) -> dict[str, CameraReport]:
         return {c.name: CameraReport(
             frames=len(c), width=self.shape.get(c.name, (0, 0))[1], height=self.shape.get(c.name, (0, 0))[0],
             rate_hz=round(nominal_rate_hz(c.timestamps_ns), 3), dropped_frames=dropped_frames(c.timestamps_ns),
-            dark_frames=self.dark[c.name], keyframes=self.keyframes[c.name], video_bytes=self.video_bytes[c.name],
+            dark_frames=self.dark[c.name], frozen_frames=self.frozen[c.name], keyframes=self.keyframes[c.name],
+            video_bytes=self.video_bytes[c.name],
             first_ns=int(c.timestamps_ns[0]) if len(c) else -1, last_ns=int(c.timestamps_ns[-1]) if len(c) else -1)
             for c in self.cameras}
 
@@ -285,9 +300,12 @@ class _BlockWindows:
         return out
 
 
-def _mean_luma(frame) -> float:
+def _luma_sample(frame) -> np.ndarray:
+    """~60 rows of the luma plane, every ``stride``-th pixel, as int16 (differences fit): cheap
+    next to the decode, and single pixels keep the sensor noise that tells a live picture."""
     y = np.frombuffer(frame.planes[0], np.uint8).reshape(frame.height, frame.planes[0].line_size)
-    return float(y[::16, : frame.width : 16].mean())
+    stride = max(1, min(frame.height, frame.width) // 60)
+    return y[::stride, : frame.width : stride].astype(np.int16)
 
 
 def _frames(cam: CameraStream, timer: _Timer):

@@ -283,6 +283,8 @@ def _record(stores: IngestStores, rep: StageReport, row: dict, out: dict, log: C
         dark = sorted(c for c, v in r["cameras"].items() if v["dark_frames"] >= max(2, 0.01 * v["frames"]))
         episode["dark_frame_fraction"] = round(max((v["dark_frames"] / v["frames"] for v in r["cameras"].values()
                                                     if v["frames"]), default=0.0), 6)
+        episode["frozen_frame_fraction"] = round(max((v.get("frozen_frames", 0) / v["frames"]
+                                                      for v in r["cameras"].values() if v["frames"]), default=0.0), 6)
         if dark:
             episode.update(camera_dead=True, quality_ok=False)
         episode.update(out.get("quality") or {})

@@ -9,11 +9,11 @@ import io
 import matplotlib
 
 matplotlib.use("Agg")  # no display; must precede pyplot
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
-from .config import LadderConfig  # noqa: E402
-from .segment import Signals, Step, speed  # noqa: E402
+from .config import LadderConfig
+from .segment import Signals, Step, speed
 
 COLOURS = {"success": "#2e9d4a", "failure": "#d62728", "done": "#7f8c9a", "incomplete": "#f0a030",
            "after_failure": "#d5d8dc"}

@@ -1,6 +1,9 @@
-"""Dataset registry: immutable name@version bound to a manifest hash, semver ordering, diffs."""
+"""Dataset registry: immutable name@version bound to a manifest hash, semver ordering, diffs,
+published copies (Arrow IPC and Parquet) verified against their recorded hashes on resolve."""
 
+import hashlib
 import json
+import sqlite3
 from pathlib import Path
 
 import pyarrow as pa
@@ -10,6 +13,7 @@ from dyna_resources.catalog.datasets import (
     DatasetError,
     DatasetRegistry,
     ImmutableDatasetError,
+    ManifestIntegrityError,
     UnknownDatasetError,
     parse_ref,
     resolve_manifest_url,
@@ -149,5 +153,79 @@ def test_postgres_round_trip(postgres_url, tmp_path):
         ref, new = publish(reg, "pg-mix", "1.0.0", info, sc)
         assert new and reg.resolve("pg-mix").sha256 == info.sha256 == ref.sha256
         assert not publish(reg, "pg-mix", "1.0.0", info, sc)[1]
+    finally:
+        reg.close()
+
+
+def _sha(url: str) -> str:
+    return hashlib.sha256(Path(url.removeprefix("file://")).read_bytes()).hexdigest()
+
+
+def _tamper(url: str) -> None:
+    """Flip one byte in the middle: same size, other content."""
+    path = Path(url.removeprefix("file://"))
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_both_published_copies_are_hashed_at_publish(reg, tmp_path):
+    info, sc = manifest(tmp_path / "m", "s", [("e1", "pick", [1])])
+    ref, _ = publish(reg, "mix", "1.0.0", info, sc)
+    assert ref.sha256 == _sha(ref.arrow_url) and ref.parquet_sha256 == _sha(ref.parquet_url)
+    assert ref.parquet_sha256 == hashlib.sha256(Path(info.parquet).read_bytes()).hexdigest()
+    published = json.loads(Path(ref.arrow_url.removeprefix("file://")).with_suffix(".json").read_text())
+    assert published["parquet_sha256"] == ref.parquet_sha256
+    assert reg.resolve("mix@1.0.0") == ref
+
+
+def test_a_changed_parquet_copy_fails_resolve_naming_the_file(reg, tmp_path):
+    a, sa = manifest(tmp_path / "a", "s", [("e1", "pick", [1])])
+    b, sb = manifest(tmp_path / "b", "s", [("e2", "pick", [1])])
+    publish(reg, "mix", "1.0.0", a, sa)
+    ref, _ = publish(reg, "mix", "1.1.0", b, sb)
+    _tamper(ref.parquet_url)
+    actual = _sha(ref.parquet_url)
+    for call in (lambda: reg.resolve("mix@1.1.0"), lambda: reg.resolve("mix"), lambda: reg.diff("mix@1.0.0", "mix"),
+                 lambda: resolve_manifest_url("mix@1.1.0", f"sqlite:///{tmp_path / 'registry.sqlite'}")):
+        with pytest.raises(ManifestIntegrityError) as e:
+            call()
+        msg = str(e.value)
+        assert ref.parquet_url in msg and "Parquet" in msg and "mix@1.1.0" in msg
+        assert ref.parquet_sha256 in msg and actual in msg and "manifest_parquet_sha256" in msg
+    assert reg.resolve("mix@1.0.0").version == "1.0.0"  # the other version is intact
+    assert reg.resolve("mix@1.1.0", verify=False) == ref  # looking the row up still works
+    assert reg.previous("mix@1.1.0").version == "1.0.0"
+
+
+def test_a_changed_or_missing_arrow_copy_fails_resolve(reg, tmp_path):
+    info, sc = manifest(tmp_path / "m", "s", [("e1", "pick", [1])])
+    ref, _ = publish(reg, "mix", "1.0.0", info, sc)
+    _tamper(ref.arrow_url)
+    with pytest.raises(ManifestIntegrityError, match=rf"Arrow IPC manifest {ref.arrow_url} has SHA-256 \w+, but "
+                                                     rf"{ref.sha256} was recorded"):
+        reg.resolve("mix@1.0.0")
+    Path(ref.arrow_url.removeprefix("file://")).unlink()
+    with pytest.raises(ManifestIntegrityError, match="does not exist"):
+        reg.resolve("mix@1.0.0")
+
+
+def test_versions_published_before_the_parquet_hash_check_their_arrow_copy(tmp_path):
+    url = f"sqlite:///{tmp_path / 'registry.sqlite'}"
+    reg = DatasetRegistry(url, str(tmp_path / "store"))
+    info, sc = manifest(tmp_path / "m", "s", [("e1", "pick", [1])])
+    ref, _ = publish(reg, "mix", "1.0.0", info, sc)
+    reg.close()
+    with sqlite3.connect(tmp_path / "registry.sqlite") as db:  # the table as older code created it
+        db.execute("ALTER TABLE datasets DROP COLUMN manifest_parquet_sha256")
+    reg = DatasetRegistry(url, str(tmp_path / "store"))  # adds the column back, NULL for old rows
+    try:
+        old = reg.resolve("mix@1.0.0")
+        assert old.parquet_sha256 is None and old.sha256 == ref.sha256
+        _tamper(old.parquet_url)
+        assert reg.resolve("mix@1.0.0").version == "1.0.0"  # nothing recorded to check the Parquet against
+        _tamper(old.arrow_url)
+        with pytest.raises(ManifestIntegrityError, match="Arrow IPC"):
+            reg.resolve("mix@1.0.0")
     finally:
         reg.close()

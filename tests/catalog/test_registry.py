@@ -213,6 +213,7 @@ def test_episode_row_round_trips_every_column(registry):
         frame_drop_fraction=0.25, quality_ok=True, source_bytes=2**40 + 7, duration_s=12.5, ingested_at=T0,
         start_ns=1_793_000_000_123_456_789, end_ns=1_793_000_012_623_456_789, n_steps=2500, n_frames=1125,
         dropped_cameras='["wrist"]', sim=False, mcap_uri="gs://bucket/mcap/ep-000001.mcap", dark_frame_fraction=0.5,
+        frozen_frame_fraction=0.125,
         smoothness_score=0.95, sensor_health_score=0.75, task_score=1.0, quality_verdict="review",
         quality_reasons='[{"check": "frame_drop_fraction", "detail": "x"}]', review_verdict="accept",
         reviewed_by="ann", reviewed_at=T0 + 1, review_note="ok", step_ladder='[{"name": "reach"}]',

@@ -2,13 +2,15 @@
 and a rebuilt manifest that cannot change a published version."""
 
 import hashlib
+import json
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 from dagster import DagsterInstance, materialize
 
 from dyna_assets.datasets.assets import datasets
-from dyna_resources.catalog.datasets import DatasetRegistry
+from dyna_resources.catalog.datasets import DatasetRegistry, ManifestIntegrityError
 from dyna_resources.catalog.manifest import write_manifest
 from dyna_resources.faces import HomeResource
 
@@ -97,3 +99,14 @@ def test_training_names_its_data_by_dataset_version(tmp_path, monkeypatch):
     assert training.config["lineage"]["dataset"] == "mix@1.0.0"
     assert training.config["lineage"]["manifest_sha256"] == v1.sha256
     assert "/datasets/mix/1.0.0/" in training.config["manifest"]
+    # A published manifest rewritten in the store, its sidecar forged to match, is refused: the
+    # downloaded copy's hash is checked against the one the registry recorded at publish.
+    arrow = training.config["manifest"].removeprefix("file://")
+    sidecar = arrow.removesuffix(".arrow") + ".json"
+    forged = open(arrow, "rb").read() + b"\0"
+    open(arrow, "wb").write(forged)
+    meta = json.loads(open(sidecar).read())
+    meta["sha256"], meta["arrow_bytes"] = hashlib.sha256(forged).hexdigest(), len(forged)
+    open(sidecar, "w").write(json.dumps(meta))
+    with pytest.raises(ManifestIntegrityError, match="published as " + v1.sha256):
+        TrainerResource(dataset="mix@1.0.0").prepare(h, CacheResource(home_root=str(home)), "spec-a")

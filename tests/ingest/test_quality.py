@@ -1,6 +1,6 @@
 """Quality scores on the sample fleet: clean episodes pass, the injected faults that reach
-scoring (the others are quarantined by the pre gates) are flagged with the right reason, and
-the thresholds come from configuration."""
+scoring (the others are quarantined by the pre gates) are flagged with the right reason, spike
+fractions are measured up to dense spikes, and the thresholds come from configuration."""
 
 import shutil
 
@@ -10,10 +10,18 @@ import pytest
 
 from dyna_resources.episodes.codec import VideoSettings
 from dyna_resources.episodes.raw_format import RawEpisode
+from dyna_resources.episodes.sim.robot import Quintic
 from dyna_resources.episodes.transcode import TranscodeSettings, transcode_episode
 from dyna_resources.ingest.gates import GateConfig, GateConfigError
-from dyna_resources.ingest.quality import (QualityConfig, QualityConfigError, gap_fraction, rail_fraction,
-                                           register_scorer, score_episode)
+from dyna_resources.ingest.quality import (
+    QualityConfig,
+    QualityConfigError,
+    gap_fraction,
+    rail_fraction,
+    register_scorer,
+    score_episode,
+    spike_rows,
+)
 
 FAST = TranscodeSettings(video=VideoSettings(gop_frames=30, preset="ultrafast"))
 
@@ -28,8 +36,11 @@ def checks(rep):
 
 
 @pytest.mark.parametrize("seed", [1234, 77, 4242])
-def test_clean_episodes_pass_with_full_scores(episode_factory, seed):
-    rep = score(episode_factory(seed=seed).path)
+def test_clean_episodes_pass_with_full_scores(episode_factory, seed, tmp_path):
+    gen = episode_factory(seed=seed)
+    cameras = transcode_episode(gen.path, tmp_path / "c.mcap", FAST).as_dict()["cameras"]
+    assert {c: (v["dark_frames"], v["frozen_frames"]) for c, v in cameras.items()} == dict.fromkeys(cameras, (0, 0))
+    rep = score(gen.path, cameras)
     assert (rep.verdict, rep.smoothness, rep.sensor_health, rep.task, rep.reasons) == ("pass", 1.0, 1.0, 1.0, [])
 
 
@@ -46,8 +57,19 @@ def test_dead_camera_fails_on_dark_frames_from_the_transcode(episode_factory, tm
     report = transcode_episode(gen.path, tmp_path / "d.mcap", FAST).as_dict()
     rep = score(gen.path, report["cameras"])
     assert rep.verdict == "fail" and rep.sensor_health == 0.0
-    assert checks(rep) == {"dark_frame_fraction"}
+    assert checks(rep) == {"dark_frame_fraction"}  # black frames repeat, but count once: as dark
     assert gen.fault_detail["camera"] in rep.reasons[0]["detail"]
+
+
+def test_frozen_camera_fails_on_frozen_frames_from_the_transcode(episode_factory, tmp_path):
+    gen = episode_factory(fault="frozen_camera")
+    cam, lo, hi = (gen.fault_detail[k] for k in ("camera", "from_frame", "to_frame"))
+    cameras = transcode_episode(gen.path, tmp_path / "f.mcap", FAST).as_dict()["cameras"]
+    assert {c: v["frozen_frames"] for c, v in cameras.items()} == {c: hi - lo if c == cam else 0 for c in cameras}
+    rep = score(gen.path, cameras)
+    assert rep.verdict == "fail" and rep.sensor_health == 0.0 and rep.smoothness == 1.0
+    assert checks(rep) == {"frozen_frame_fraction"} and f"images/{cam}" in rep.reasons[0]["detail"]
+    assert rep.measures["frozen_frame_fraction"] == pytest.approx((hi - lo) / cameras[cam]["frames"], abs=1e-6)
 
 
 def _edit(src, dst, key, fn):
@@ -64,7 +86,45 @@ def test_a_velocity_spike_lowers_smoothness(episode_factory, tmp_path):
         return v
     rep = score(_edit(episode_factory().path, tmp_path / "s.h5", "observations/qvel", spike))
     assert rep.smoothness < 0.9 and rep.sensor_health == 1.0 and rep.verdict != "pass"
-    assert checks(rep) == {"spike_fraction"} and "acceleration" in rep.reasons[0]["detail"]
+    assert checks(rep) == {"spike_fraction"} and "2 of 800 steps" in rep.reasons[0]["detail"]
+    assert "'velocity': 2, 'acceleration': 0, 'jerk': 0" in rep.reasons[0]["detail"]  # its derivatives count once
+
+
+@pytest.mark.parametrize("fraction", [0.005, 0.02, 0.05, 0.1])
+def test_dense_spikes_are_measured_not_absorbed(episode_factory, tmp_path, fraction):
+    """Encoder glitches on random steps and joints: the measured fraction follows the injected
+    one (a scale that grew with the spikes would hide them above ~1 %)."""
+    rng = np.random.default_rng(int(fraction * 1000))
+
+    def glitch(v):
+        rows = rng.choice(np.arange(2, len(v) - 2), round(fraction * len(v)), replace=False)
+        sizes = rng.choice([-1, 1], len(rows)) * rng.uniform(0.5, 2, len(rows))
+        v[rows, rng.integers(0, v.shape[1], len(rows))] += sizes
+        return v
+    gen = episode_factory(seed=77, duration_s=12.0)
+    rep = score(_edit(gen.path, tmp_path / "g.h5", "observations/qvel", glitch))
+    assert rep.measures["spike_fraction"] == pytest.approx(fraction, rel=0.15)
+    assert rep.smoothness < 0.6 and checks(rep) == {"spike_fraction"}
+
+
+def test_noise_free_and_quantized_trajectories_have_no_spikes():
+    """Minimum-jerk moves (some as fast as a 70 ms gripper close) with pauses: no noise, so
+    the median deviation is 0; the same quantized to an encoder's resolution."""
+    t = np.arange(2400) / 200.0
+    knots = np.array([0.0, 0.3, 1.1, 1.17, 2.0, 2.6, 2.7, 4.0, 5.5, 5.57, 7.0, 9.0, 12.0])
+    values = np.random.default_rng(3).uniform(-1.5, 1.5, size=(len(knots), 6))
+    values[1] = values[0]  # a pause
+    plan = Quintic(knots, values)
+    vel, pos = plan(t, 1), plan(t)
+    quantized = np.round(pos / 2e-3) * 2e-3
+    for js in ({"position": pos, "velocity": vel}, {"position": quantized},
+               {"position": pos, "velocity": np.round(vel / 0.01) * 0.01, "effort": np.round(30 * vel)}):
+        mask, counts = spike_rows(js, 8.0)
+        assert not mask.any(), counts
+    vel[40, 3] += 0.01  # at rest
+    vel[1000, 3] += 0.2  # mid-move (1.8 rad/s): seen as the acceleration doublet it makes
+    mask, counts = spike_rows({"position": pos, "velocity": vel}, 8.0)
+    assert np.flatnonzero(mask).tolist() == [40, 1000, 1001] and counts["velocity"] == 1
 
 
 def test_an_effort_spike_lowers_smoothness(episode_factory, tmp_path):
@@ -72,7 +132,7 @@ def test_an_effort_spike_lowers_smoothness(episode_factory, tmp_path):
         e[300:304, 1] += 50 * e[:, 1].std()
         return e
     rep = score(_edit(episode_factory().path, tmp_path / "e.h5", "observations/effort", spike))
-    assert rep.smoothness < 1.0 and "effort" in rep.reasons[0]["detail"]
+    assert rep.smoothness < 0.9 and "'effort': 4" in rep.reasons[0]["detail"]  # 20 ms wide: still a spike
 
 
 def test_a_clipped_force_sensor_lowers_sensor_health(episode_factory, tmp_path):

@@ -15,8 +15,7 @@ from dyna_resources.episodes.sim.robot import ScriptedArm
 from dyna_resources.ladders.config import LadderConfig
 from dyna_resources.ladders.run import ladder_batch, ladder_episode
 from dyna_resources.ladders.segment import segment
-
-from tests.ingest.conftest import land, stores  # noqa: F401  (fixture: ingest stores on SQLite and PostgreSQL)
+from tests.ingest.conftest import land
 from tests.ingest.test_batches import ingest, one_batch
 
 CONFIG = LadderConfig.from_mapping(None)

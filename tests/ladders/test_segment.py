@@ -3,17 +3,28 @@ task scripts), its configuration, and its failure paths."""
 
 import dataclasses
 import io
+import itertools
 
 import numpy as np
 import pytest
 from PIL import Image
 
+from dyna_resources.episodes.raw_format import SampleStream
 from dyna_resources.episodes.sim.robot import ScriptedArm
 from dyna_resources.ladders.config import LadderConfig, LadderConfigError
 from dyna_resources.ladders.picture import ladder_png
-from dyna_resources.ladders.segment import (AFTER_FAILURE, FAILURE, INCOMPLETE, SUCCESS, LadderError, Step,
-                                            failed_step, register_segmenter, segment, signals_of)
-from dyna_resources.episodes.raw_format import SampleStream
+from dyna_resources.ladders.segment import (
+    AFTER_FAILURE,
+    FAILURE,
+    INCOMPLETE,
+    SUCCESS,
+    LadderError,
+    Step,
+    failed_step,
+    register_segmenter,
+    segment,
+    signals_of,
+)
 
 TASKS = ["pick_place", "fold_towel", "open_drawer", "wipe_table"]
 TOLERANCE_S = 0.25  # measured over 192 scripted episodes: mean 33 ms, p99 136 ms, max 176 ms
@@ -40,7 +51,7 @@ def test_recovers_the_scripted_steps(task, success, seed, model, duration_s):
         assert abs(s.start_ns / 1e9 - g["start_s"]) < TOLERANCE_S, (s, g)
         assert abs(s.end_ns / 1e9 - g["end_s"]) < TOLERANCE_S, (s, g)
     assert steps[0].start_ns == 0 and steps[-1].end_ns == int(duration_s * 1e9)
-    assert all(a.end_ns == b.start_ns for a, b in zip(steps, steps[1:]))  # no gaps, no overlaps
+    assert all(a.end_ns == b.start_ns for a, b in itertools.pairwise(steps))  # no gaps, no overlaps
     failed = failed_step(steps)
     truth_failed = next((i for i, g in enumerate(truth) if g["failed"]), None)
     assert (failed.index if failed else None) == truth_failed

@@ -1,20 +1,24 @@
 """Evaluations and releases of a checkpoint: results trace back to the dataset and code versions,
-a trained model beats random weights, a release is published once and loads back bit-identical."""
+a trained model beats random weights, a release is published once and loads back bit-identical,
+its safetensors copy carries the lineage and the checkpoint's exact tensors."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
 
 from dyna_resources.catalog.manifest import write_manifest
 from trainer import evaluate as ev
 from trainer.dataset import SampleSpec
 from trainer.manifest_loader import local_copy, open_manifest
 from trainer.model import ModelConfig, WorldActionModel
-from trainer.release import export_weights, load_weights, publish
+from trainer.release import SAFETENSORS, export_weights, load_weights, publish
 from trainer.train import TrainConfig, run
 
 SMALL = {"model": ModelConfig(image_size=(32, 32), channels=(8, 16), latent=16, width=64, depth=1),
@@ -103,3 +107,36 @@ def test_release_is_published_once_and_loads_back_identical(trained, tmp_path):
     with torch.no_grad():
         for a, b in zip(released(frames, proprio), model(frames, proprio), strict=True):
             assert torch.equal(a, b)
+
+
+def test_release_has_a_safetensors_copy_with_the_lineage_and_the_checkpoint_tensors(trained, tmp_path):
+    run_dir, _, sha = trained
+    folder = export_weights(run_dir, out_dir=tmp_path / "rel")
+    sidecar = json.loads((folder / "model.json").read_text())
+    path = folder / SAFETENSORS
+    assert sidecar["safetensors"]["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+
+    model, _, _ = ev.load_model(run_dir)
+    expected, got = model.state_dict(), load_file(path)
+    assert got.keys() == expected.keys()
+    for k, v in expected.items():
+        assert got[k].dtype == v.dtype and torch.equal(got[k], v), k
+    with safe_open(path, framework="pt") as f:
+        meta = f.metadata()
+    assert meta["lineage.manifest_sha256"] == sha and meta["lineage.code_commit"] == "c0ffee"
+    assert meta["release_sha256"] == sidecar["sha256"] and meta["format"] == "pt"
+    assert json.loads(meta["model_config"]) == sidecar["model_config"]
+    assert json.loads(meta["source"])["step"] == 16
+
+    # content-addressed: a second export is byte-identical (safetensors' own metadata order is not)
+    again = export_weights(run_dir, out_dir=tmp_path / "rel2")
+    assert (again / SAFETENSORS).read_bytes() == path.read_bytes()
+    rel = publish(folder, f"file://{tmp_path / 'origin'}", "wam")
+    there = tmp_path / "origin" / "models" / "wam" / rel.sha256[:16]
+    assert (there / SAFETENSORS).read_bytes() == path.read_bytes()
+
+    (there / SAFETENSORS).write_bytes(path.read_bytes()[:-4])  # an interrupted copy
+    with pytest.raises(ValueError, match=rf"{SAFETENSORS} does not match its model.json"):
+        load_weights(there)
+    assert not publish(folder, f"file://{tmp_path / 'origin'}", "wam").already_released  # uploaded again
+    assert load_weights(there).state_dict().keys() == expected.keys()

@@ -5,7 +5,7 @@ An :class:`EpisodeSpec` holds everything needed to regenerate an episode bit-for
 and sample streams; :func:`write_episode` streams it into a file through
 :func:`raw_format.write_raw_episode`; :func:`generate_fleet` makes a deterministic,
 diverse fleet (robots, models, software versions, sites, operators, tasks, days) and can
-inject each fault of :data:`FAULTS` into distinct episodes.
+inject each fault of :data:`KNOWN_FAULTS` into distinct episodes.
 
 Command line::
 
@@ -34,6 +34,10 @@ from .robot import TASKS, ScriptedArm, make_timestamps, stable_hash
 from .scene import Renderer
 
 FAULTS = ("dropped_frames", "dead_camera", "non_monotonic", "truncated", "corrupt_jpeg", "missing_stream")
+# Faults added since: injected the same way, but kept out of FAULTS so that callers asking for
+# "one of each of FAULTS" keep their fleet's shape. Append only: assign_faults walks this order.
+ADDED_FAULTS = ("frozen_camera",)
+KNOWN_FAULTS = FAULTS + ADDED_FAULTS
 DEFAULT_CAMERAS = ("scene_left", "scene_right", "wrist")
 
 
@@ -182,17 +186,22 @@ def _corrupt(jpeg: bytes, rng: np.random.Generator) -> bytes:
 
 
 def _frames(sim: SimulatedEpisode, cam: str, indices: np.ndarray, quality: int, *, dead_from: int | None = None,
-            corrupt_at: int | None = None, rng: np.random.Generator | None = None) -> Iterator[bytes]:
-    black = None
+            corrupt_at: int | None = None, frozen: tuple[int, int] | None = None,
+            rng: np.random.Generator | None = None) -> Iterator[bytes]:
+    black = held = None
     for pos, i in enumerate(indices):
         if dead_from is not None and pos >= dead_from:
             if black is None:
                 black = raw_format.encode_jpeg(np.zeros((sim.spec.height, sim.spec.width, 3), np.uint8), quality)
             yield black
             continue
+        if frozen is not None and frozen[0] <= pos < frozen[1] and held is not None:
+            yield held  # the driver hands out its last buffer again
+            continue
         data = raw_format.encode_jpeg(sim.render_frame(cam, int(i)), quality)
         if corrupt_at is not None and pos == corrupt_at:
             data = _corrupt(data, rng)
+        held = data
         yield data
 
 
@@ -201,16 +210,18 @@ def write_episode(spec: EpisodeSpec, path: str | Path, *, jpeg_quality: int = 90
     """Render ``spec`` into a legacy HDF5 episode at ``path`` (streamed: one frame in memory at
     a time), written to a temporary name in the same directory and renamed when complete.
 
-    ``fault`` injects one of :data:`FAULTS`:
+    ``fault`` injects one of :data:`KNOWN_FAULTS`:
       dropped_frames -- one camera loses ~5 % of its frames in short runs (valid file);
       dead_camera    -- one camera's frames are all-black from a point on (valid file);
       non_monotonic  -- two adjacent joint_states timestamps swapped (TimestampError);
       truncated      -- the finished file cut to ~60 % of its bytes (RawFormatError);
       corrupt_jpeg   -- one frame's JPEG truncated and garbled (CorruptFrameError on decode);
-      missing_stream -- no /action dataset (MissingStreamError).
+      missing_stream -- no /action dataset (MissingStreamError);
+      frozen_camera  -- one camera repeats one frame's JPEG for 20-40 % of its frames, then
+                        recovers (valid file; timestamps keep advancing).
     """
-    if fault is not None and fault not in FAULTS:
-        raise ValueError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)}")
+    if fault is not None and fault not in KNOWN_FAULTS:
+        raise ValueError(f"unknown fault {fault!r}; known: {', '.join(KNOWN_FAULTS)}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     sim = SimulatedEpisode(spec)
@@ -219,7 +230,7 @@ def write_episode(spec: EpisodeSpec, path: str | Path, *, jpeg_quality: int = 90
     cams = list(spec.cameras)
     indices = {c: np.arange(sim.n_frames(c)) for c in cams}
     detail: dict = {}
-    dead_from = corrupt_at = None
+    dead_from = corrupt_at = frozen = None
     fault_cam = cams[int(rng.integers(len(cams)))]
     if fault == "dropped_frames":
         indices[fault_cam] = _drop_runs(rng, len(indices[fault_cam]))
@@ -243,6 +254,12 @@ def write_episode(spec: EpisodeSpec, path: str | Path, *, jpeg_quality: int = 90
     elif fault == "missing_stream":
         del streams["action"]
         detail = {"stream": "action"}
+    elif fault == "frozen_camera":
+        n = len(indices[fault_cam])
+        run = max(2, round(n * rng.uniform(0.2, 0.4)))
+        start = int(rng.integers(1, max(2, n - run)))
+        frozen = (start, min(n, start + run))
+        detail = {"camera": fault_cam, "from_frame": frozen[0], "to_frame": frozen[1]}  # [from, to)
 
     cameras = {}
     for c in cams:
@@ -250,7 +267,8 @@ def write_episode(spec: EpisodeSpec, path: str | Path, *, jpeg_quality: int = 90
         is_fault_cam = c == fault_cam
         cameras[c] = (ts, _frames(sim, c, indices[c], jpeg_quality,
                                   dead_from=dead_from if is_fault_cam else None,
-                                  corrupt_at=corrupt_at if is_fault_cam else None, rng=rng))
+                                  corrupt_at=corrupt_at if is_fault_cam else None,
+                                  frozen=frozen if is_fault_cam else None, rng=rng))
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         raw_format.write_raw_episode(tmp, sim.meta(), cameras, streams)
@@ -318,9 +336,9 @@ def assign_faults(n_episodes: int, faults: Mapping[str, int] | None, seed: int =
     """Episode index -> fault, each fault on distinct episodes."""
     if not faults:
         return {}
-    unknown = set(faults) - set(FAULTS)
+    unknown = set(faults) - set(KNOWN_FAULTS)
     if unknown:
-        raise ValueError(f"unknown fault(s) {sorted(unknown)}; known: {', '.join(FAULTS)}")
+        raise ValueError(f"unknown fault(s) {sorted(unknown)}; known: {', '.join(KNOWN_FAULTS)}")
     total = sum(int(v) for v in faults.values())
     if any(int(v) < 0 for v in faults.values()):
         raise ValueError("fault counts must be non-negative")
@@ -328,7 +346,7 @@ def assign_faults(n_episodes: int, faults: Mapping[str, int] | None, seed: int =
         raise ValueError(f"{total} faulty episodes requested but only {n_episodes} episodes")
     order = np.random.default_rng([seed, 803]).permutation(n_episodes)
     out, pos = {}, 0
-    for name in FAULTS:  # fixed order: the assignment does not depend on the mapping's order
+    for name in KNOWN_FAULTS:  # fixed order: the assignment does not depend on the mapping's order
         for _ in range(int(faults.get(name, 0))):
             out[int(order[pos])] = name
             pos += 1
@@ -378,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--height", type=int, default=480)
     ap.add_argument("--duration-s", default="8,16", help="seconds, or LO,HI for a range (default 8,16)")
     ap.add_argument("--faults", nargs="*", default=[], metavar="NAME[=COUNT]",
-                    help=f"faults to inject, e.g. corrupt_jpeg=1 truncated=2; known: {', '.join(FAULTS)}")
+                    help=f"faults to inject, e.g. corrupt_jpeg=1 truncated=2; known: {', '.join(KNOWN_FAULTS)}")
     ap.add_argument("--jpeg-quality", type=int, default=90)
     ap.add_argument("--workers", type=int, default=1)
     a = ap.parse_args(argv)
