@@ -52,3 +52,25 @@ bench-manifest: $(STAMP)
 
 clean:
 	rm -rf $(DYNA_HOME)
+
+# The `lerobot` package, in a venv of its own, for tests/lerobot_interop/ (they skip without it).
+# lerobot 0.4 (dataset format v3.0) needs torch<2.11, so it cannot share .venv's torch 2.13; PyPI's
+# torch is a CUDA build: ~2 min and ~8 GB. The v2.1 one (lerobot 0.3.2) installs torch from local disk.
+LEROBOT_VENV     ?= build/lerobot-venv
+LEROBOT_V21_VENV ?= build/lerobot-v21-venv
+
+.PHONY: lerobot-venv lerobot-v21-venv test-lerobot
+
+lerobot-venv: $(LEROBOT_VENV)/.lerobot-stamp
+
+$(LEROBOT_VENV)/.lerobot-stamp: infra/lerobot/build_venv.sh
+	infra/lerobot/build_venv.sh $(LEROBOT_VENV)
+
+lerobot-v21-venv: $(LEROBOT_V21_VENV)/.lerobot-stamp
+
+$(LEROBOT_V21_VENV)/.lerobot-stamp: infra/lerobot/build_venv.sh
+	LEROBOT_SPEC="lerobot==0.3.2 torch==2.14.1 torchvision==0.29.1" infra/lerobot/build_venv.sh $(LEROBOT_V21_VENV)
+
+test-lerobot: $(STAMP) lerobot-venv
+	DYNA_LEROBOT_VENV=$(CURDIR)/$(LEROBOT_VENV) DYNA_LEROBOT_V21_VENV=$(CURDIR)/$(LEROBOT_V21_VENV) \
+		$(PY) -m pytest -q tests/lerobot_interop tests/episodes/test_lerobot.py

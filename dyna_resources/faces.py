@@ -20,7 +20,7 @@ from dagster import ConfigurableResource
 from .catalog.registry import Registry, registry_url_from_env
 from .catalog.warehouse import Warehouse
 from .episodes.codec import VideoSettings
-from .episodes.transcode import TranscodeSettings
+from .episodes.transcode import CRF_BY_SITE, TranscodeSettings
 from .home import DynaHome
 from .ingest.batches import IngestStores
 from .ingest.gates import GateConfig
@@ -131,11 +131,13 @@ class TranscodeResource(ConfigurableResource):
 
     gop_frames: int = VideoSettings.gop_frames
     crf: float = VideoSettings.crf
+    crf_by_site: dict[str, float] = dict(CRF_BY_SITE)  # already-compressed sources (LeRobot imports) need a lower CRF
     preset: str = VideoSettings.preset
     workers: int = 0
 
     def settings(self) -> TranscodeSettings:
-        return TranscodeSettings(video=VideoSettings(gop_frames=self.gop_frames, crf=self.crf, preset=self.preset))
+        return TranscodeSettings(video=VideoSettings(gop_frames=self.gop_frames, crf=self.crf, preset=self.preset),
+                                 crf_by_site=tuple(sorted(self.crf_by_site.items())))
 
     def pool_size(self) -> int:
         return self.workers or os.cpu_count() or 1
