@@ -27,7 +27,11 @@ import av
 import numpy as np
 
 from dyna_resources.episodes import lerobot as L
-from dyna_resources.episodes.transcode import CRF_BY_SITE, TranscodeSettings, transcode_episode
+from dyna_resources.episodes.transcode import (
+    CRF_BY_SITE,
+    TranscodeSettings,
+    transcode_episode,
+)
 
 FPS = 30
 
