@@ -8,6 +8,7 @@ The landing sensor's tick and the runs it requests are executed in-process here;
 """
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -29,6 +30,7 @@ SAMPLE_SPEC = """\
 name: demo-clean
 where:
   camera_dead: {"!=": true}      # NULL-safe: unknown counts as not dead
+  quality_verdict: {"!=": fail}  # the quality scores' verdict (frozen or dark cameras, spikes, ...)
   duration_s: {">=": 4}
 segments: {length_s: 2.0, stride_s: 1.0}
 weights: {by: task, values: {pick_place: 2.0}, default: 1.0}
@@ -274,9 +276,11 @@ def print_summary(home: DynaHome, ingest: IngestResource, results) -> list[Path]
                       f"partition {r.dagster_run.tags.get('dagster/partition')}: {ev.description}")
     print()
     eps = registry.episodes()
-    print(f"{'episode':<22}{'status':<12}{'task':<14}{'robot':<10}{'sec':>6}{'MB':>7}  flags")
+    print(f"{'episode':<22}{'status':<12}{'task':<14}{'robot':<10}{'sec':>6}{'MB':>7}  quality, flags")
     for e in eps:
-        flags = [k for k in ("camera_dropped", "camera_dead") if e[k]]
+        reasons = [r["check"] for r in json.loads(e["quality_reasons"] or "[]")]
+        flags = [k for k in ("camera_dropped", "camera_dead") if e[k]] + ([f"{e['quality_verdict']}: {', '.join(reasons)}"]
+                                                                        if reasons else [])
         mb = f"{e['mcap_bytes'] / 1e6:>7.2f}" if e["mcap_bytes"] else f"{'-':>7}"
         print(f"{e['episode_id']:<22}{e['status']:<12}{e['task']:<14}{e['robot_id']:<10}{e['duration_s']:>6.1f}{mb}  "
               f"{', '.join(flags) or 'ok'}  (pipeline {e['pipeline_version'] or '-'})")
