@@ -18,7 +18,6 @@ from ..catalog.registry import Registry
 from ..episodes.errors import EpisodeError
 from ..episodes.mcap_reader import EpisodeReader
 from .config import LadderConfig
-from .picture import ladder_png
 from .segment import LadderError, Step, failed_step, segment, signals_of
 
 
@@ -65,6 +64,8 @@ def ladder_batch(batch_key: str, registry: Registry, config: LadderConfig, *, pi
             continue
         failed = failed_step(steps)
         if len(rep.pictures) < pictures or (failed is not None and not rep.failed_steps):
+            from .picture import ladder_png  # matplotlib: ~0.35 s to import, kept out of the definitions' load
+
             rep.pictures[eid] = ladder_png(steps, signals_of(streams, config), config,
                                            title=f"{eid}  ({ep['task']})")
         if failed is not None:
