@@ -44,6 +44,7 @@ import datetime as dt
 import json
 import logging
 import os
+import shutil
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -484,16 +485,29 @@ def write_lerobot(episodes: Iterable[LeRobotEpisode], out_root: str | Path, *, f
     """
     if version not in (V3, "v2.1"):
         raise ValueError(f"cannot write LeRobot {version!r}; v3.0 or v2.1")
-    writer = _Writer(Path(out_root), fps, version, crf, gop)
+    out_root = Path(out_root)
+    if out_root.exists() and any(out_root.iterdir()):
+        raise FileExistsError(f"{out_root}: not empty; a dataset is written whole into a new folder")
+    # Written under a temporary sibling and renamed when complete: a failed export leaves nothing
+    # that LeRobot could load as a (partial) dataset.
+    tmp = out_root.parent / f".{out_root.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
     try:
-        for ep in episodes:
-            writer.add(ep)
-    finally:
-        writer.close_videos()
-    if not writer.episodes:
-        raise ValueError("no episodes to write")
-    writer.write_meta(robot_type)
-    return writer.root
+        writer = _Writer(tmp, fps, version, crf, gop)
+        try:
+            for ep in episodes:
+                writer.add(ep)
+        finally:
+            writer.close_videos()
+        if not writer.episodes:
+            raise ValueError("no episodes to write")
+        writer.write_meta(robot_type)
+        if out_root.exists():
+            out_root.rmdir()  # empty, checked above
+        os.replace(tmp, out_root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_root
 
 
 class _Writer:

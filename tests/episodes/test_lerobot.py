@@ -334,3 +334,16 @@ def test_lerobot_module_is_plain_python():
     code = "import sys, dyna_resources.episodes.lerobot; print('dagster' in sys.modules, 'lerobot' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_a_failed_export_leaves_nothing_and_a_dataset_is_never_written_over(tmp_path):
+    _, _, paths = _imported(tmp_path)
+    good = _transcoded(tmp_path, paths)[0]
+    missing = tmp_path / "mcap" / "gone.mcap"
+    with pytest.raises(Exception, match="gone.mcap"):
+        export_lerobot([good.as_uri(), missing.as_uri()], tmp_path / "out")
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.*"))
+    assert export_lerobot([good.as_uri()], tmp_path / "out") == tmp_path / "out"
+    with pytest.raises(FileExistsError, match="not empty"):
+        export_lerobot([good.as_uri()], tmp_path / "out")
+    assert [e.index for e in read_lerobot(tmp_path / "out")] == [0]
