@@ -48,7 +48,8 @@ def ladder_episode(uri: str, task: str, config: LadderConfig) -> tuple[list[Step
 def ladder_batch(batch_key: str, registry: Registry, config: LadderConfig, *, pictures: int = 3,
                  log: Callable[[str], None] | None = None) -> LadderReport:
     """Segment the batch's stale episodes; draw the first ``pictures`` ladders, plus the first
-    one with a failed step (the one a reviewer wants to see)."""
+    one with a failed step (the one a reviewer wants to see). When fewer were segmented (a batch
+    already up to date), up-to-date episodes are drawn instead, so every run shows some."""
     rep = LadderReport(batch_key, config.version)
     rows = []
     for ep in registry.ladders_to_do(batch_key, config.version):
@@ -64,10 +65,7 @@ def ladder_batch(batch_key: str, registry: Registry, config: LadderConfig, *, pi
             continue
         failed = failed_step(steps)
         if len(rep.pictures) < pictures or (failed is not None and not rep.failed_steps):
-            from .picture import ladder_png  # matplotlib: ~0.35 s to import, kept out of the definitions' load
-
-            rep.pictures[eid] = ladder_png(steps, signals_of(streams, config), config,
-                                           title=f"{eid}  ({ep['task']})")
+            rep.pictures[eid] = _picture(eid, ep["task"], steps, streams, config)
         if failed is not None:
             rep.failed_steps[failed.name] += 1
         for s in steps:
@@ -75,4 +73,25 @@ def ladder_batch(batch_key: str, registry: Registry, config: LadderConfig, *, pi
         rows.append({"episode_id": eid, "steps": [s.as_dict() for s in steps]})
         rep.segmented.append(eid)
     registry.record_ladders(rows, config.version)
+    _draw_current(rep, registry, config, pictures)
     return rep
+
+
+def _draw_current(rep: LadderReport, registry: Registry, config: LadderConfig, pictures: int) -> None:
+    """Fill the report's pictures from episodes whose ladder is current (failed ones first):
+    re-segmenting costs milliseconds and gives exactly the stored ladder (same version)."""
+    current = [e for e in registry.episodes(rep.batch_key) if e["ladder_version"] == config.version
+               and e["step_ladder"] and e["episode_id"] not in rep.pictures]
+    current.sort(key=lambda e: e["failed_step"] is None)  # stable: failures first, then by id
+    for e in current[:max(0, pictures - len(rep.pictures))]:
+        try:
+            steps, streams = ladder_episode(e["mcap_uri"], e["task"], config)
+        except (LadderError, EpisodeError, OSError):
+            continue  # its ladder is stored; only the picture is missing
+        rep.pictures[e["episode_id"]] = _picture(e["episode_id"], e["task"], steps, streams, config)
+
+
+def _picture(eid: str, task: str, steps: list[Step], streams: dict, config: LadderConfig) -> bytes:
+    from .picture import ladder_png  # matplotlib: ~0.35 s to import, kept out of the definitions' load
+
+    return ladder_png(steps, signals_of(streams, config), config, title=f"{eid}  ({task})")

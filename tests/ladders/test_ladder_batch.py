@@ -64,8 +64,11 @@ def test_ladders_from_mcap_match_the_raw_streams_and_the_script(laddered):
 def test_only_stale_ladders_are_redone(laddered):
     stores, batch, _ = laddered
     assert len(ladder_batch(batch, stores.registry, CONFIG).segmented) == 3
-    again = ladder_batch(batch, stores.registry, CONFIG)
-    assert again.segmented == [] and again.pictures == {}
+    before = {r["episode_id"]: r["updated_at"] for r in stores.registry.episodes(batch)}
+    again = ladder_batch(batch, stores.registry, CONFIG, pictures=2)
+    assert again.segmented == [] and list(again.pictures)[0] == "ep-fold"  # drawn anyway, the failure first
+    assert len(again.pictures) == 2
+    assert {r["episode_id"]: r["updated_at"] for r in stores.registry.episodes(batch)} == before  # nothing written
     changed = LadderConfig.from_mapping({"thresholds": {"min_pause_s": 0.15}})
     assert stores.registry.outdated_ladder_batches(changed.version) == [batch]
     assert stores.registry.outdated_ladder_batches(CONFIG.version) == []
