@@ -92,6 +92,8 @@ def _draw_current(rep: LadderReport, registry: Registry, config: LadderConfig, p
 
 
 def _picture(eid: str, task: str, steps: list[Step], streams: dict, config: LadderConfig) -> bytes:
-    from .picture import ladder_png  # matplotlib: ~0.35 s to import, kept out of the definitions' load
+    from .picture import (
+        ladder_png,  # matplotlib: ~0.35 s to import, kept out of the definitions' load
+    )
 
     return ladder_png(steps, signals_of(streams, config), config, title=f"{eid}  ({task})")

@@ -66,7 +66,7 @@ def test_only_stale_ladders_are_redone(laddered):
     assert len(ladder_batch(batch, stores.registry, CONFIG).segmented) == 3
     before = {r["episode_id"]: r["updated_at"] for r in stores.registry.episodes(batch)}
     again = ladder_batch(batch, stores.registry, CONFIG, pictures=2)
-    assert again.segmented == [] and list(again.pictures)[0] == "ep-fold"  # drawn anyway, the failure first
+    assert again.segmented == [] and next(iter(again.pictures)) == "ep-fold"  # drawn anyway, the failure first
     assert len(again.pictures) == 2
     assert {r["episode_id"]: r["updated_at"] for r in stores.registry.episodes(batch)} == before  # nothing written
     changed = LadderConfig.from_mapping({"thresholds": {"min_pause_s": 0.15}})
