@@ -92,8 +92,7 @@ def _draw_current(rep: LadderReport, registry: Registry, config: LadderConfig, p
 
 
 def _picture(eid: str, task: str, steps: list[Step], streams: dict, config: LadderConfig) -> bytes:
-    from .picture import (
-        ladder_png,  # matplotlib: ~0.35 s to import, kept out of the definitions' load
-    )
+    # matplotlib takes ~0.35 s to import: kept out of the Dagster definitions' load
+    from .picture import ladder_png
 
     return ladder_png(steps, signals_of(streams, config), config, title=f"{eid}  ({task})")
