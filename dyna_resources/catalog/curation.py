@@ -161,40 +161,26 @@ class CurationSpec:
              f"WHERE {col} IS NOT NULL ORDER BY ALL)", {}) for col in DICTIONARY]
 
     def compile(self) -> tuple[str, dict]:
-        """The one query, and its parameters (DuckDB ``$name`` placeholders)."""
+        """The one query, and its parameters (DuckDB ``$name`` placeholders). Segments are cut
+        inside windows: each chosen episode's whole time range, or with ``steps`` (scope step) the
+        matching steps' windows, each row then naming its step. An episode's sample count scales
+        with its own rate either way."""
+        chosen, params = self._chosen()
         if self.step_where is not None and self.step_scope == "step":
-            return self._compile_steps()
-        chosen, params = self._chosen()
-        sql = f"""
-WITH chosen AS (
-    {chosen}
-), segments AS (
-    SELECT *, unnest(range(0, CAST(floor((end_ns - start_ns - $length_ns) / $stride_ns) AS BIGINT) + 1)) AS k
-    FROM chosen
-)
-SELECT episode_id, mcap_uri AS uri,
-       start_ns + k * $stride_ns AS start_ns,
-       start_ns + k * $stride_ns + $length_ns AS end_ns,
-       CAST(round(CAST(n_steps AS DOUBLE) * $length_ns / (end_ns - start_ns)) AS INTEGER) AS n_steps,
-       weight, {', '.join(_passthrough(c) for c in PASSTHROUGH)}
-FROM segments
-WHERE weight > 0
-ORDER BY episode_id, k"""
-        return sql.strip(), params
-
-    def _compile_steps(self) -> tuple[str, dict]:
-        """Segments cut inside the matching steps' time windows, with the step's name; an
-        episode's sample count scales with its own rate."""
-        chosen, params = self._chosen()
-        step_conds = " AND ".join(["s.end_ns - s.start_ns >= $length_ns",
-                                   *_conditions(self.step_where, "s", params, "s.")])
+            step_conds = " AND ".join(["s.end_ns - s.start_ns >= $length_ns",
+                                       *_conditions(self.step_where, "s", params, "s.")])
+            windows = ("SELECT c.*, s.step, s.step_index, s.start_ns AS w_start, s.end_ns AS w_end\n"
+                       "    FROM chosen c JOIN episode_steps s ON s.episode_id = c.episode_id\n"
+                       f"    WHERE {step_conds}")
+            step_column, order = ", step", "episode_id, step_index, k"
+        else:
+            windows = "SELECT *, start_ns AS w_start, end_ns AS w_end FROM chosen"
+            step_column, order = "", "episode_id, k"
         sql = f"""
 WITH chosen AS (
     {chosen}
 ), windows AS (
-    SELECT c.*, s.step, s.step_index, s.start_ns AS w_start, s.end_ns AS w_end
-    FROM chosen c JOIN episode_steps s ON s.episode_id = c.episode_id
-    WHERE {step_conds}
+    {windows}
 ), segments AS (
     SELECT *, unnest(range(0, CAST(floor((w_end - w_start - $length_ns) / $stride_ns) AS BIGINT) + 1)) AS k
     FROM windows
@@ -203,10 +189,10 @@ SELECT episode_id, mcap_uri AS uri,
        w_start + k * $stride_ns AS start_ns,
        w_start + k * $stride_ns + $length_ns AS end_ns,
        CAST(round(CAST(n_steps AS DOUBLE) * $length_ns / (end_ns - start_ns)) AS INTEGER) AS n_steps,
-       weight, {', '.join(_passthrough(c) for c in PASSTHROUGH)}, step
+       weight, {', '.join(_passthrough(c) for c in PASSTHROUGH)}{step_column}
 FROM segments
 WHERE weight > 0
-ORDER BY episode_id, step_index, k"""
+ORDER BY {order}"""
         return sql.strip(), params
 
 
