@@ -98,3 +98,46 @@ class LeRobotVenv:
 
 V3_VENV = LeRobotVenv("DYNA_LEROBOT_VENV", "build/lerobot-venv", "lerobot-venv")
 V21_VENV = LeRobotVenv("DYNA_LEROBOT_V21_VENV", "build/lerobot-v21-venv", "lerobot-v21-venv")
+
+
+def check_read_what_lerobot_wrote(dataset: Path, source: dict, seen: dict) -> None:
+    """Our reader on a dataset lerobot wrote: rows exactly, frames as close to the source as
+    lerobot's own decode (``seen``) within ``RGB_CONVERSION_DB``, and close to lerobot's pixels."""
+    from dyna_resources.episodes.lerobot import read_lerobot
+
+    episodes = list(read_lerobot(dataset))
+    assert [e.index for e in episodes] == [0, 1] and [e.task for e in episodes] == list(TASKS)
+    assert [len(e) for e in episodes] == list(LENGTHS)
+    start = 0
+    for k, ep in enumerate(episodes):
+        np.testing.assert_array_equal(ep.states, source[f"state_{k}"])
+        np.testing.assert_array_equal(ep.actions, source[f"action_{k}"])
+        np.testing.assert_allclose(ep.timestamps, np.arange(len(ep)) / FPS, atol=1e-6)
+        assert ep.state_names == [f"j{i}" for i in range(6)]
+        span = slice(start, start + len(ep))
+        for cam in CAMERAS:
+            key = f"observation.images.{cam}"
+            ours, theirs, original = np.asarray(ep.frames[key]), seen[key][span], source[f"{cam}_{k}"]
+            assert psnr(original, ours) > 33, cam
+            assert psnr(original, ours) >= psnr(original, theirs) - RGB_CONVERSION_DB, cam
+            assert psnr(theirs, ours) > 38, cam
+        start += len(ep)
+
+
+def check_import_lands_exactly(dataset: Path, landing: Path, source: dict, **kwargs) -> None:
+    """``import_lerobot`` on a dataset lerobot wrote: raw episodes with its task, robot type,
+    cameras, exact states and actions, and JPEGs within 45 dB of the decoded video."""
+    from dyna_resources.episodes.lerobot import import_lerobot, read_lerobot
+    from dyna_resources.episodes.raw_format import RawEpisode
+
+    paths = import_lerobot(dataset, landing, **kwargs)
+    for k, (path, ep) in enumerate(zip(paths, read_lerobot(dataset), strict=True)):
+        with RawEpisode(path) as raw:
+            assert raw.meta.task == TASKS[k] and raw.meta.robot_model == "so100"  # info.json robot_type
+            assert sorted(raw.cameras) == sorted(CAMERAS)
+            np.testing.assert_array_equal(np.asarray(raw.streams["joint_states"].fields["position"]),
+                                          source[f"state_{k}"])
+            np.testing.assert_array_equal(np.asarray(raw.streams["action"].fields["command"]), source[f"action_{k}"])
+            for cam in CAMERAS:
+                jpeg = np.stack(list(raw.cameras[cam].iter_frames()))
+                assert psnr(np.asarray(ep.frames[f"observation.images.{cam}"]), jpeg) > 45, cam

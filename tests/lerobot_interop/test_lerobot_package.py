@@ -22,7 +22,6 @@ from dyna_resources.episodes.lerobot import (
     read_lerobot,
     write_lerobot,
 )
-from dyna_resources.episodes.raw_format import RawEpisode
 from dyna_resources.episodes.transcode import TranscodeSettings, transcode_episode
 
 from .harness import (
@@ -32,6 +31,8 @@ from .harness import (
     RGB_CONVERSION_DB,
     TASKS,
     V3_VENV,
+    check_import_lands_exactly,
+    check_read_what_lerobot_wrote,
     make_source,
     psnr,
     rows,
@@ -76,39 +77,11 @@ def exported(work, lerobot_dataset):
 
 # -- lerobot writes, we read ---------------------------------------------------------------------
 def test_read_lerobot_reads_what_lerobot_wrote(lerobot_dataset, source, lerobot_view_of_source):
-    episodes = list(read_lerobot(lerobot_dataset))
-    assert [e.index for e in episodes] == [0, 1] and [e.task for e in episodes] == list(TASKS)
-    assert [len(e) for e in episodes] == list(LENGTHS)
-    seen = lerobot_view_of_source
-    start = 0
-    for k, ep in enumerate(episodes):
-        np.testing.assert_array_equal(ep.states, source[f"state_{k}"])
-        np.testing.assert_array_equal(ep.actions, source[f"action_{k}"])
-        np.testing.assert_allclose(ep.timestamps, np.arange(len(ep)) / FPS, atol=1e-6)
-        assert ep.state_names == [f"j{i}" for i in range(6)]
-        span = slice(start, start + len(ep))
-        for cam in CAMERAS:
-            key = f"observation.images.{cam}"
-            ours, theirs, original = np.asarray(ep.frames[key]), seen[key][span], source[f"{cam}_{k}"]
-            assert psnr(original, ours) > 33, cam
-            assert psnr(original, ours) >= psnr(original, theirs) - RGB_CONVERSION_DB, cam
-            assert psnr(theirs, ours) > 38, cam
-        start += len(ep)
+    check_read_what_lerobot_wrote(lerobot_dataset, source, lerobot_view_of_source)
 
 
 def test_import_lerobot_lands_lerobot_dataset_exactly(work, lerobot_dataset, source):
-    paths = import_lerobot(lerobot_dataset, work / "landing-check", robot_id="so100-1")
-    decoded = list(read_lerobot(lerobot_dataset))
-    for k, (path, ep) in enumerate(zip(paths, decoded, strict=True)):
-        with RawEpisode(path) as raw:
-            assert raw.meta.task == TASKS[k] and raw.meta.robot_model == "so100"  # info.json robot_type
-            assert sorted(raw.cameras) == sorted(CAMERAS)
-            np.testing.assert_array_equal(np.asarray(raw.streams["joint_states"].fields["position"]),
-                                          source[f"state_{k}"])
-            np.testing.assert_array_equal(np.asarray(raw.streams["action"].fields["command"]), source[f"action_{k}"])
-            for cam in CAMERAS:
-                jpeg = np.stack(list(raw.cameras[cam].iter_frames()))
-                assert psnr(np.asarray(ep.frames[f"observation.images.{cam}"]), jpeg) > 45, cam
+    check_import_lands_exactly(lerobot_dataset, work / "landing-check", source, robot_id="so100-1")
 
 
 # -- we write, lerobot reads -----------------------------------------------------------------------

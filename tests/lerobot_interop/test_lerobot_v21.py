@@ -17,7 +17,6 @@ from dyna_resources.episodes.lerobot import (
     read_lerobot,
     write_lerobot,
 )
-from dyna_resources.episodes.raw_format import RawEpisode
 from dyna_resources.episodes.transcode import TranscodeSettings, transcode_episode
 
 from .harness import (
@@ -28,6 +27,8 @@ from .harness import (
     TASKS,
     V3_VENV,
     V21_VENV,
+    check_import_lands_exactly,
+    check_read_what_lerobot_wrote,
     make_source,
     psnr,
     rows,
@@ -60,32 +61,11 @@ def lerobot_view_of_source(work, lerobot_dataset) -> dict:
 
 def test_read_lerobot_reads_what_lerobot_wrote(lerobot_dataset, source, lerobot_view_of_source):
     assert lerobot_view_of_source["meta"]["codebase_version"] == "v2.1"
-    episodes = list(read_lerobot(lerobot_dataset))
-    assert [e.task for e in episodes] == list(TASKS) and [len(e) for e in episodes] == list(LENGTHS)
-    start = 0
-    for k, ep in enumerate(episodes):
-        np.testing.assert_array_equal(ep.states, source[f"state_{k}"])
-        np.testing.assert_array_equal(ep.actions, source[f"action_{k}"])
-        span = slice(start, start + len(ep))
-        for cam in CAMERAS:
-            key = f"observation.images.{cam}"
-            ours, theirs = np.asarray(ep.frames[key]), lerobot_view_of_source[key][span]
-            assert psnr(source[f"{cam}_{k}"], ours) >= psnr(source[f"{cam}_{k}"], theirs) - RGB_CONVERSION_DB, cam
-            assert psnr(theirs, ours) > 38, cam
-        start += len(ep)
+    check_read_what_lerobot_wrote(lerobot_dataset, source, lerobot_view_of_source)
 
 
 def test_import_lerobot_lands_lerobot_dataset_exactly(work, lerobot_dataset, source):
-    paths = import_lerobot(lerobot_dataset, work / "landing")
-    for k, (path, ep) in enumerate(zip(paths, read_lerobot(lerobot_dataset), strict=True)):
-        with RawEpisode(path) as raw:
-            assert raw.meta.task == TASKS[k] and raw.meta.robot_model == "so100"
-            np.testing.assert_array_equal(np.asarray(raw.streams["joint_states"].fields["position"]),
-                                          source[f"state_{k}"])
-            np.testing.assert_array_equal(np.asarray(raw.streams["action"].fields["command"]), source[f"action_{k}"])
-            for cam in CAMERAS:
-                jpeg = np.stack(list(raw.cameras[cam].iter_frames()))
-                assert psnr(np.asarray(ep.frames[f"observation.images.{cam}"]), jpeg) > 45, cam
+    check_import_lands_exactly(lerobot_dataset, work / "landing", source)
 
 
 def test_lerobot_loads_write_lerobot_v21(work, source):
