@@ -80,6 +80,8 @@ def ladder_batch(batch_key: str, registry: Registry, config: LadderConfig, *, pi
 def _draw_current(rep: LadderReport, registry: Registry, config: LadderConfig, pictures: int) -> None:
     """Fill the report's pictures from episodes whose ladder is current (failed ones first):
     re-segmenting costs milliseconds and gives exactly the stored ladder (same version)."""
+    if len(rep.pictures) >= pictures:
+        return
     current = [e for e in registry.episodes(rep.batch_key) if e["ladder_version"] == config.version
                and e["step_ladder"] and e["episode_id"] not in rep.pictures]
     current.sort(key=lambda e: e["failed_step"] is None)  # stable: failures first, then by id

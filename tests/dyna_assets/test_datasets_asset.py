@@ -33,12 +33,18 @@ def run(home, instance):
                        resources={"home": HomeResource(root=str(home))})
 
 
-def test_publish_versions_diff_and_immutability(tmp_path, monkeypatch):
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """An embedded home (SQLite registry, local manifest store) with the curation spec ``spec-a``."""
     monkeypatch.delenv("DYNA_REGISTRY_URL", raising=False)
     monkeypatch.delenv("DYNA_MANIFEST_STORE", raising=False)
     home = tmp_path / "home"
     (home / "curation").mkdir(parents=True)
     (home / "curation" / "spec-a.yaml").write_text("name: spec-a\n")
+    return home
+
+
+def test_publish_versions_diff_and_immutability(home):
     v1 = write(home, [("e1", "pick", 1), ("e2", "fold", 2)])
     with DagsterInstance.ephemeral() as instance:
         instance.add_dynamic_partitions("curation_specs", ["spec-a"])
@@ -80,14 +86,9 @@ def test_publish_versions_diff_and_immutability(tmp_path, monkeypatch):
         reg.close()
 
 
-def test_training_names_its_data_by_dataset_version(tmp_path, monkeypatch):
+def test_training_names_its_data_by_dataset_version(home):
     from dyna_resources.faces import CacheResource, TrainerResource
 
-    monkeypatch.delenv("DYNA_REGISTRY_URL", raising=False)
-    monkeypatch.delenv("DYNA_MANIFEST_STORE", raising=False)
-    home = tmp_path / "home"
-    (home / "curation").mkdir(parents=True)
-    (home / "curation" / "spec-a.yaml").write_text("name: spec-a\n")
     v1 = write(home, [("e1", "pick", 1), ("e2", "fold", 2)])
     declare(home, "1.0.0")
     with DagsterInstance.ephemeral() as instance:
@@ -101,12 +102,12 @@ def test_training_names_its_data_by_dataset_version(tmp_path, monkeypatch):
     assert "/datasets/mix/1.0.0/" in training.config["manifest"]
     # A published manifest rewritten in the store, its sidecar forged to match, is refused: the
     # downloaded copy's hash is checked against the one the registry recorded at publish.
-    arrow = training.config["manifest"].removeprefix("file://")
-    sidecar = arrow.removesuffix(".arrow") + ".json"
-    forged = open(arrow, "rb").read() + b"\0"
-    open(arrow, "wb").write(forged)
-    meta = json.loads(open(sidecar).read())
+    arrow = Path(training.config["manifest"].removeprefix("file://"))
+    sidecar = arrow.with_suffix(".json")
+    forged = arrow.read_bytes() + b"\0"
+    arrow.write_bytes(forged)
+    meta = json.loads(sidecar.read_text())
     meta["sha256"], meta["arrow_bytes"] = hashlib.sha256(forged).hexdigest(), len(forged)
-    open(sidecar, "w").write(json.dumps(meta))
+    sidecar.write_text(json.dumps(meta))
     with pytest.raises(ManifestIntegrityError, match="published as " + v1.sha256):
         TrainerResource(dataset="mix@1.0.0").prepare(h, CacheResource(home_root=str(home)), "spec-a")
