@@ -1,7 +1,7 @@
 """Node page cache: one reader from the origin, through a cold cache, through a warm cache, and the
 local disk's own read speed, side by side on the same objects and reads; then prewarm.
 
-`python -m benchmarks cache [--quick]`
+`python -m benchmarks cache [--quick | --tiny]`
 
 The origin is ``benchmarks.object_server``: a loopback S3-compatible server (read through s3fs, as a
 cluster reads an S3-compatible origin) modelled as a cloud object store: every request waits
@@ -28,6 +28,8 @@ reads are repeated through it while the server counts the bytes it serves: ``ori
 prewarm`` must be 0. The same is done end to end from a manifest: transcoded MCAP episodes on the
 origin, a manifest of segments covering the first quarter of each (40 s) episode, the plan from each file's chunk
 index, prewarm, then every sample of the manifest read through the cache (``manifest_*``).
+
+``--tiny``: 2 objects of 8 MiB in 2 MiB reads, one 8 s episode at 64x48.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from dyna_resources.storage.page_cache import CacheConfig, PageCache
 from dyna_resources.storage.prewarm import FilePlan, Plan, prewarm, prewarm_manifest
 from dyna_resources.storage.stores import Store
 
+from ._cli import add_size_flags, size_of
 from .object_server import ObjectServer
 
 MiB = 1 << 20
@@ -54,17 +57,22 @@ BUCKET = "bench"
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks cache", description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="fewer bytes and episodes (about a minute)")
-    ap.add_argument("--objects", type=int, help="objects (default 24, quick 8)")
-    ap.add_argument("--object-mb", type=int, default=64)
-    ap.add_argument("--read-mb", type=int, default=16)
+    add_size_flags(ap, quick="fewer bytes and episodes (about a minute)")
+    ap.add_argument("--objects", type=int, help="objects (default 24, quick 8, tiny 2)")
+    ap.add_argument("--object-mb", type=int, help="MiB per object (default 64, tiny 8)")
+    ap.add_argument("--read-mb", type=int, help="MiB per read (default 16, tiny 2)")
     ap.add_argument("--latency-ms", type=float, default=10.0)
     ap.add_argument("--bandwidth-MBps", type=float, default=200.0)
-    ap.add_argument("--episodes", type=int, help="MCAP episodes of 40 s for the manifest prewarm (default 6, quick 2)")
+    ap.add_argument("--episodes", type=int, help="MCAP episodes for the manifest prewarm (default 6, quick 2, tiny 1)")
     ap.add_argument("--dir", help="where to put the files (default: a temp folder)")
     args = ap.parse_args(argv)
-    n_objects = args.objects or (8 if args.quick else 24)
-    n_episodes = args.episodes or (2 if args.quick else 6)
+    run_size = size_of(args)
+    tiny = run_size == "tiny"
+    n_objects = args.objects or {"full": 24, "quick": 8, "tiny": 2}[run_size]
+    args.object_mb = args.object_mb or (8 if tiny else 64)
+    args.read_mb = args.read_mb or (2 if tiny else 16)
+    n_episodes = args.episodes or {"full": 6, "quick": 2, "tiny": 1}[run_size]
+    episode_s, episode_px = (8.0, (64, 48)) if tiny else (40.0, (320, 240))
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")  # the loopback server checks no signature
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
 
@@ -134,7 +142,7 @@ def main(argv: list[str]) -> int:
             print(f"  prewarm   {report.fetched_bytes / MiB:.0f} MiB, {report.pages} pages in {report.fetch_s:.2f} s "
                   f"({report.fetched_MBps:.0f} MB/s); origin bytes served afterwards: {after}", flush=True)
 
-            results.update(_manifest_prewarm(tmp, served, server, origins, n_episodes))
+            results.update(_manifest_prewarm(tmp, served, server, origins, n_episodes, episode_s, episode_px))
 
     results["warm_vs_origin"] = round(results["warm_MBps"] / results["origin_MBps"], 2)
     results["warm_vs_disk"] = round(results["warm_MBps"] / results["disk_MBps"], 3)
@@ -142,14 +150,15 @@ def main(argv: list[str]) -> int:
     results["cold_vs_origin"] = round(results["cold_MBps"] / results["origin_MBps"], 2)
     results.update(model={"latency_ms": args.latency_ms, "bandwidth_MBps": args.bandwidth_MBps,
                           "read_MiB": args.read_mb, "page_MiB": 4},
-                   objects=n_objects, bytes=total, cores=os.cpu_count(), quick=args.quick)
+                   objects=n_objects, bytes=total, cores=os.cpu_count(), size=run_size, quick=args.quick)
     _table(results)
     print(json.dumps(results))
     return 0
 
 
-def _manifest_prewarm(tmp: Path, served: Path, server: ObjectServer, origins: Origins, n_episodes: int) -> dict:
-    """Episodes on the origin, a manifest over part of each, prewarm from the chunk index, read all."""
+def _manifest_prewarm(tmp: Path, served: Path, server: ObjectServer, origins: Origins, n_episodes: int,
+                      duration_s: float, size: tuple[int, int]) -> dict:
+    """Episodes on the origin, a manifest over the first quarter of each, prewarm from the chunk index, read all."""
     from dyna_resources.episodes.codec import VideoSettings
     from dyna_resources.episodes.mcap_reader import EpisodeReader
     from dyna_resources.episodes.sim import EpisodeSpec, write_episode
@@ -164,7 +173,8 @@ def _manifest_prewarm(tmp: Path, served: Path, server: ObjectServer, origins: Or
     for i in range(n_episodes):
         spec = EpisodeSpec(episode_id=f"ep-bench-{i:03d}", seed=500 + i, task="pick_place", robot_id=f"arm-{i % 3}",
                            robot_model="dyna-a1", robot_sw_version="4.2.1", site="bench", operator="op-1",
-                           success=True, started_at="2026-11-29T10:00:00Z", duration_s=40.0, width=320, height=240)
+                           success=True, started_at="2026-11-29T10:00:00Z", duration_s=duration_s, width=size[0],
+                           height=size[1])
         raw = tmp / f"ep{i}.h5"
         write_episode(spec, raw)
         out = mcap_dir / f"ep{i:03d}.mcap"
@@ -172,8 +182,8 @@ def _manifest_prewarm(tmp: Path, served: Path, server: ObjectServer, origins: Or
         raw.unlink()
         file_bytes += out.stat().st_size
         with EpisodeReader(out) as r:
-            t = r.start_ns
-            while t + 2_000_000_000 <= r.start_ns + 10_000_000_000:  # the first quarter of each episode
+            t, quarter_end = r.start_ns, r.start_ns + int(duration_s * 1e9) // 4
+            while t + 2_000_000_000 <= quarter_end:
                 rows["uri"].append(f"s3://{BUCKET}/mcap/{out.name}")
                 rows["start_ns"].append(t)
                 rows["end_ns"].append(t + 2_000_000_000)

@@ -1,7 +1,7 @@
 """Ingest throughput and overhead: a generated fleet end to end through Dagster, against the
 bare codec work on the same frames.
 
-`python -m benchmarks ingest [--quick]`
+`python -m benchmarks ingest [--quick | --tiny]`
 
 1. A fleet of legacy HDF5 episodes (per-frame JPEG, 3 cameras at 30 Hz, 200 Hz proprio,
    a truncated file and one with a corrupt JPEG) is generated into a fresh landing zone
@@ -28,6 +28,9 @@ engines (Dagster, sensor, registry); the byte balance of the batches, largest / 
 all but the last (target <= 1.1); the workers' balance inside each batch. Ratios come from
 the same data, machine and invocation, so machine noise largely cancels. The last line of
 stdout is one JSON object with every figure.
+
+``--quick``: 12 episodes of 2-4 s at 320x240 in 3 batches; ``--tiny``: 4 episodes (the two faulty
+ones among them) of 1-2 s at 64x48 in 2 batches.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from ._cli import add_size_flags, size_of
 
 PUBLISHED_EPISODE_HOURS_PER_WEEK_1000_CORES = 440_000
 TARGET_OVERHEAD_RATIO = 1.3
@@ -185,19 +190,19 @@ def post_gate_cost(episodes: list[dict]) -> dict:
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks ingest")
-    ap.add_argument("--quick", action="store_true")
+    add_size_flags(ap, quick="12 episodes of 2-4 s at 320x240 in 3 batches")
     ap.add_argument("--workdir", default="", help="parent folder of the temporary home (default: the system's)")
     ap.add_argument("--episodes", type=int, default=0)
     ap.add_argument("--batches", type=int, default=0, help="aim for this many ingest batches")
     ap.add_argument("--duration", default="", help="episode seconds, LO,HI or one value")
     ap.add_argument("--seed", type=int, default=23)
     args = ap.parse_args(argv)
-    if args.quick:
-        n_eps, w, h, dur, n_batches = 12, 320, 240, (2.0, 4.0), 3  # ~4 files a batch
-    else:
-        # 4-8 s keeps the run near 15 minutes on 2 cores (x264 "slower" ~22 frames/s/core at
-        # 640x480, and the floor encodes every frame a second time); --duration 8,16 doubles it.
-        n_eps, w, h, dur, n_batches = 24, 640, 480, (4.0, 8.0), 6
+    size = size_of(args)
+    # full: 4-8 s keeps the run near 15 minutes on 2 cores (x264 "slower" ~22 frames/s/core at
+    # 640x480, and the floor encodes every frame a second time); --duration 8,16 doubles it.
+    # quick: ~4 files a batch.
+    n_eps, w, h, dur, n_batches = {"full": (24, 640, 480, (4.0, 8.0), 6), "quick": (12, 320, 240, (2.0, 4.0), 3),
+                                   "tiny": (4, 64, 48, (1.0, 2.0), 2)}[size]
     n_eps, n_batches = args.episodes or n_eps, args.batches or n_batches
     if args.duration:
         parts = [float(x) for x in args.duration.split(",")]
@@ -212,6 +217,7 @@ def main(argv: list[str]) -> int:
     from dyna_resources.catalog.registry import TRANSCODED
     from dyna_resources.episodes.sim import generate_fleet
     from dyna_resources.faces import IngestResource, TranscodeResource
+    from dyna_resources.ingest.tick import LandingSettings
 
     saved_env = {k: os.environ.get(k) for k in ("DYNA_HOME", "DYNA_REGISTRY_URL")}
     with tempfile.TemporaryDirectory(prefix="dyna-ingest-bench-", dir=args.workdir or None) as tmp:
@@ -221,7 +227,7 @@ def main(argv: list[str]) -> int:
         try:
             t = time.perf_counter()
             generate_fleet(home / "landing", n_eps, seed=args.seed, width=w, height=h, duration_s=dur,
-                           faults=FAULTS, workers=ncpu)
+                           faults=FAULTS, workers=1 if size == "tiny" else ncpu)  # tiny: no process start-ups
             gen_s = time.perf_counter() - t
             landed = sorted((home / "landing").glob("*.h5"))
             landed_bytes = sum(p.stat().st_size for p in landed)
@@ -232,7 +238,8 @@ def main(argv: list[str]) -> int:
             # phase 2 flushes what is left (max_wait_s=0), as the wait timeout would later: the
             # remainder becomes the last batch(es), which the batch balance leaves out. (Flushing in
             # the first tick would release the remainder among the full batches, ordered by key.)
-            ingest = IngestResource(home_root=str(home), target_batch_bytes=target)
+            # Production landing settings (a short batch waits an hour), not the embedded 30 s.
+            ingest = IngestResource.with_landing(LandingSettings(target_batch_bytes=target), home_root=str(home))
             flush = IngestResource(home_root=str(home), target_batch_bytes=target, max_wait_s=0)
             instance = DagsterInstance.ephemeral()
             quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
@@ -304,7 +311,7 @@ def main(argv: list[str]) -> int:
     tc_rest = tc_cpu - floor["cpu_s"] - post["cpu_s"]
 
     result = {
-        "episodes_landed": n_eps, "episodes_transcoded": len(good), "quarantined": len(quarantined),
+        "size": size, "episodes_landed": n_eps, "episodes_transcoded": len(good), "quarantined": len(quarantined),
         "resolution": f"{w}x{h}", "duration_s_range": list(dur), "cameras": 3,
         "landed_bytes": landed_bytes, "target_batch_bytes": target, "batches": len(batches),
         "batch_bytes": sizes, "runs": len(results), "failed_runs": failed,

@@ -1,11 +1,11 @@
 """Step ladders: how well the heuristic segmenter recovers the sample fleet's scripted procedures,
 and what it costs.
 
-`python -m benchmarks ladders [--quick]`
+`python -m benchmarks ladders [--quick | --tiny]`
 
 Ground truth: the task scripts of dyna_resources/episodes/sim mark where each procedure step
 begins and which step fails (a missed grasp, a slip). Every task x {success, failure} x both arm
-models over seeds 0..N-1 (N = 16, --quick 4), durations drawn in 6..16 s. Measured:
+models over seeds 0..N-1 (N = 16, --quick 4, --tiny 1), durations drawn in 6..16 s. Measured:
   - ladders whose step names match the script exactly (share);
   - boundary error |detected - scripted| over every step start and end (mean, p95, p99, max);
     grip_close/grip_open are dated at the command, which leads the scripted motion by ~40-60 ms;
@@ -30,6 +30,8 @@ import numpy as np
 from dyna_resources.episodes.sim.robot import ScriptedArm
 from dyna_resources.ladders.config import LadderConfig
 from dyna_resources.ladders.segment import failed_step, segment
+
+from ._cli import add_size_flags, size_of
 
 TASKS = ("pick_place", "fold_towel", "open_drawer", "wipe_table")
 MODELS = ("dyna-a1", "dyna-a2")
@@ -91,9 +93,10 @@ def run(seeds, config, noise: bool) -> dict:
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks ladders")
-    ap.add_argument("--quick", action="store_true")
+    add_size_flags(ap, quick="4 seeds instead of 16")
     args = ap.parse_args(argv)
-    seeds = range(4 if args.quick else 16)
+    size = size_of(args)
+    seeds = range({"full": 16, "quick": 4, "tiny": 1}[size])
     config = LadderConfig.from_mapping(None)
     res = {"simulator noise": run(seeds, config, False), "10x noise": run(seeds, config, True)}
     n = res["simulator noise"]["episodes"]
@@ -111,7 +114,7 @@ def main(argv: list[str]) -> int:
     print(f"{'':<28}" + "".join(f"{k:>18}" for k in res))
     for label, f in rows:
         print(f"{label:<28}" + "".join(f"{f(r):>18}" for r in res.values()))
-    print(json.dumps({"benchmark": "ladders", "config": config.version,
+    print(json.dumps({"benchmark": "ladders", "config": config.version, "size": size,
                       **{k.replace(" ", "_"): {x: y for x, y in r.items() if x not in ("failures", "false")}
                          for k, r in res.items()}}))
     return 0

@@ -1,13 +1,14 @@
 """Manifest build and load: one curation query against walking the storage, and 8 ranks
 loading a manifest naively against one download + mmap + zero-copy slices.
 
-`python -m benchmarks manifest [--quick]`
+`python -m benchmarks manifest [--quick | --tiny]`
 
-(a) Build. A synthetic warehouse `episodes` table (the production columns, 50M rows;
-    `--quick` 5M) is generated in DuckDB (not measured; no primary key, which only the CDC
-    apply needs). Measured: the curation spec below, compiled to its one query, streamed
-    into the zstd Parquet + fixed-batch Arrow IPC manifest (`curate` + `write_manifest`,
-    what the `manifests` asset runs), hash included.
+(a) Build. A synthetic warehouse `episodes` table (every column `warehouse_columns()` has:
+    realistic values where the specs and the manifest use them, a value of its type elsewhere;
+    50M rows, `--quick` 5M, `--tiny` 20k) is generated in DuckDB (not measured; no primary
+    key, which only the CDC apply needs). Measured: the curation spec below, compiled to its
+    one query, streamed into the zstd Parquet + fixed-batch Arrow IPC manifest (`curate` +
+    `write_manifest`, what the `manifests` asset runs), hash included.
     The walk it replaces: per episode, four storage accesses (the MCAP exists; its sidecar
     quality flags; the header time range from the MCAP summary; the step count from the
     MCAP's stats record), each a separate open as a walker would do, over real MCAP files
@@ -15,7 +16,7 @@ loading a manifest naively against one download + mmap + zero-copy slices.
     sidecar each), on local disk with a warm page cache: the walk's best case (an object
     store adds ~10-100 ms per access). Extrapolated per episode to the table's row count.
 (b) Load. A second spec selects a manifest of >= 10M rows (`--quick`: ~1M) from the same
-    warehouse. 8 rank processes on this node, released together by a barrier once their
+    warehouse. 8 rank processes (`--tiny`: 2) on this node, released together by a barrier once their
     imports are done, each until its rows are ready and touched:
       naive: every rank reads the whole Parquet and builds its rows in Python (`to_pylist`),
              then walks its 1/N share through indices, as a DistributedSampler over an
@@ -42,6 +43,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from ._cli import add_size_flags, size_of
+
 BUILD_SPEC = {
     "name": "bench-build",
     "where": {"success": True, "quality_ok": True, "camera_dead": {"!=": True},
@@ -53,63 +56,70 @@ LOAD_SPEC = {**BUILD_SPEC, "name": "bench-load", "where": {**BUILD_SPEC["where"]
 TARGETS = {"build_s": 15.0, "memory_ratio": 12.0, "load_speedup": 60.0}
 PUBLISHED = {"memory_ratio": 9.9, "load_speedup": 59.4, "walk_hours": 48}
 
-# Synthetic rows with realistic spreads; every warehouse column must be named here, so a new
-# column breaks the benchmark instead of silently going NULL.
-SYNTHETIC = {
+# Synthetic rows. The columns the specs select and weight by, the time range and step count
+# segments are cut from, and the columns the manifest carries get realistic values and spreads
+# (REALISTIC); every other warehouse column gets a value from its type (BY_TYPE), so a column the
+# registry gains never breaks the benchmark. ``i`` is the row number, 0..rows-1.
+REALISTIC = {
     "episode_id": "printf('ep-%010d', i)",
-    "source_path": "printf('site-%d/2026/11/ep-%010d.h5', i % 7, i)",
-    "batch_key": "printf('20261129T%02d-%06d', (i // 100000) % 24, i // 2000)",
     "status": "CASE WHEN i % 50 = 0 THEN 'quarantined' ELSE 'transcoded' END",
-    "source_sha256": "md5(i::VARCHAR) || md5((i + 1)::VARCHAR)",
-    "source_bytes": "(200000000 + hash(i) % 100000000)::BIGINT",
-    "duration_s": "20.0 + (hash(i) % 70000) / 1000.0",
+    "duration_s": "(20000 + hash(i) % 70000) / 1000.0",
     "robot_id": "printf('robot-%03d', i % 200)",
     "robot_model": "['aloha-2', 'franka-fr3', 'ur5e', 'g1'][1 + i % 4]",
-    "robot_sw_version": "['4.1.0', '4.1.3', '4.2.0'][1 + i % 3]",
     "task": "['pick_place', 'fold_towel', 'open_drawer', 'stack_cups', 'wipe_table', 'insert_peg'][1 + (i // 3) % 6]",
     "site": "['sfo-1', 'sfo-2', 'pit-1', 'bos-1'][1 + (i // 7) % 4]",
-    "operator": "printf('op-%03d', i % 97)",
     "success": "i % 5 <> 0",
     "sim": "i % 4 = 0",
-    "started_at": "'2026-11-29T10:00:00Z'",
-    "cameras": "'[\"cam_high\", \"cam_left_wrist\", \"cam_right_wrist\"]'",
-    "ingested_at": "1.79e9 + i / 100.0",
-    "timestamps_ok": "i % 97 <> 0",
-    "camera_dropped": "i % 31 = 0",
     "camera_dead": "CASE WHEN i % 211 = 0 THEN true WHEN i % 13 = 0 THEN NULL ELSE false END",
-    "frame_drop_fraction": "CASE WHEN i % 31 = 0 THEN 0.01 ELSE 0.0 END",
     "quality_ok": "i % 31 <> 0 AND i % 97 <> 0",
-    "gates_checked": "11",
-    "gates_failed": "CASE WHEN i % 31 = 0 THEN 1 ELSE 0 END",
-    "quality_score": "CASE WHEN i % 31 = 0 THEN 10 / 11 ELSE 1.0 END",
-    "dark_frame_fraction": "CASE WHEN i % 211 = 0 THEN 0.4 ELSE 0.0 END",
     "schema_version": "'1.0'",
     "pipeline_version": "CASE WHEN i % 10 = 0 THEN '1.0' ELSE '1.1' END",
-    "mcap_path": "printf('/data/mcap/site-%d/2026/11/ep-%010d.mcap', i % 7, i)",
     "mcap_uri": "printf('gs://dyna-mcap/site-%d/2026/11/ep-%010d.mcap', i % 7, i)",
-    "mcap_bytes": "(150000000 + hash(i) % 50000000)::BIGINT",
     "start_ns": "1793000000000000000 + i * 1000000000",
     "end_ns": "1793000000000000000 + i * 1000000000 + (20000 + hash(i) % 70000) * 1000000",
-    "n_steps": "((20000 + hash(i) % 70000) / 5)::INTEGER",
-    "n_frames": "((20000 + hash(i) % 70000) * 90 / 1000)::INTEGER",
-    "dropped_cameras": "CASE WHEN i % 31 = 0 THEN '[\"cam_left_wrist\"]' ELSE '[]' END",
-    "updated_at": "1.79e9 + i / 100.0",
-    "synced_at": "1.79e9 + i / 100.0",
+    "n_steps": "(20000 + hash(i) % 70000) / 5",  # 200 Hz joint states
+}
+# Any other column, by its DuckDB type ({name}: the column's): spread values, cheap to make (no
+# hash() or printf(): 50M rows of ~60 columns).
+BY_TYPE = {
+    "BIGINT": "(i * 7919) % 1000000007",
+    "INTEGER": "(i * 7919) % 100003",
+    "DOUBLE": "((i * 7919) % 1000003) / 1000.0",
+    "BOOLEAN": "i % 3 = 0",
+    "VARCHAR": "'{name}-' || ((i * 7919) % 1009)::VARCHAR",
 }
 
 
-def make_warehouse(path: Path, rows: int) -> None:
+def synthetic_select(columns: list[tuple[str, str]]) -> str:
+    """The SELECT list of one synthetic row per ``i``, for the warehouse's ``(name, DuckDB type)``
+    columns. Raises ``SystemExit`` naming a column whose type has no generator, and the realistic
+    values of columns the warehouse no longer has (they would silently stop mattering)."""
+    names = {n for n, _ in columns}
+    stale = sorted(set(REALISTIC) - names)
+    if stale:
+        raise SystemExit(f"benchmarks/manifest.py: REALISTIC names columns the warehouse does not have: {stale}")
+    exprs = []
+    for name, ty in columns:
+        if name in REALISTIC:
+            expr = REALISTIC[name]
+        elif ty in BY_TYPE:
+            expr = BY_TYPE[ty].format(name=name)
+        else:
+            raise SystemExit(f"benchmarks/manifest.py: warehouse column {name!r} has type {ty}, which has no "
+                             f"synthetic value generator (BY_TYPE knows {', '.join(BY_TYPE)})")
+        exprs.append(f"CAST({expr} AS {ty}) AS {name}")
+    return ", ".join(exprs)
+
+
+def make_warehouse(path: Path, rows: int, columns: list[tuple[str, str]] | None = None) -> None:
+    """The synthetic ``episodes`` table: ``columns`` (default: the warehouse's), ``rows`` rows."""
     import duckdb
 
     from dyna_resources.catalog.warehouse import warehouse_columns
 
-    cols = warehouse_columns()
-    missing = {n for n, _ in cols} - set(SYNTHETIC)
-    if missing:
-        raise SystemExit(f"benchmark knows no synthetic values for warehouse columns {sorted(missing)}")
+    select = synthetic_select(warehouse_columns() if columns is None else columns)
     con = duckdb.connect(str(path))
     con.execute("SET preserve_insertion_order = false")
-    select = ", ".join(f"CAST({SYNTHETIC[n]} AS {ty}) AS {n}" for n, ty in cols)
     con.execute(f"CREATE TABLE episodes AS SELECT {select} FROM range({rows}) r(i)")
     con.execute("CHECKPOINT")
     con.close()
@@ -136,12 +146,15 @@ def _cpu_s() -> float:
 
 # -- the walk -------------------------------------------------------------------------------
 
-def make_walk_sample(root: Path, copies: int) -> list[tuple[Path, Path]]:
+def make_walk_sample(root: Path, copies: int, n_masters: int, size: tuple[int, int],
+                     duration_s: tuple[float, float]) -> list[tuple[Path, Path]]:
+    """``copies`` MCAP files with a sidecar each, copied from ``n_masters`` transcoded episodes."""
     from dyna_resources.episodes.sim import generate_fleet
     from dyna_resources.episodes.transcode import transcode_episode
 
     raw = root / "raw"
-    eps = generate_fleet(raw, 4, seed=3, width=160, height=120, duration_s=(6.0, 8.0), workers=os.cpu_count() or 1)
+    eps = generate_fleet(raw, n_masters, seed=3, width=size[0], height=size[1], duration_s=duration_s,
+                         workers=os.cpu_count() or 1)
     masters = []
     for e in eps:
         dst = root / "masters" / f"{e.spec.episode_id}.mcap"
@@ -276,15 +289,18 @@ def mem_available() -> int:
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks manifest", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="5M-row table, ~1M-row load manifest, 200 walked files")
-    ap.add_argument("--rows", type=int, help="warehouse rows (default 50M, quick 5M)")
-    ap.add_argument("--ranks", type=int, default=8)
-    ap.add_argument("--walk-files", type=int, help="MCAP files walked (default 1000, quick 200)")
+    add_size_flags(ap, quick="5M-row table, ~1M-row load manifest, 200 walked files")
+    ap.add_argument("--rows", type=int, help="warehouse rows (default 50M, quick 5M, tiny 20k)")
+    ap.add_argument("--ranks", type=int, help="rank processes loading the manifest (default 8, tiny 2)")
+    ap.add_argument("--walk-files", type=int, help="MCAP files walked (default 1000, quick 200, tiny 8)")
     ap.add_argument("--workdir", help="where the temporary files go (default: the system temp dir)")
     args = ap.parse_args(argv)
-    rows = args.rows or (5_000_000 if args.quick else 50_000_000)
-    walk_files = args.walk_files or (200 if args.quick else 1000)
-    world = args.ranks
+    size = size_of(args)
+    rows = args.rows or {"full": 50_000_000, "quick": 5_000_000, "tiny": 20_000}[size]
+    walk_files = args.walk_files or {"full": 1000, "quick": 200, "tiny": 8}[size]
+    world = args.ranks or (2 if size == "tiny" else 8)
+    # the episodes the walked files are copies of (tiny: one small short one, enough to exercise the walk)
+    masters, master_px, master_s = (1, (64, 48), (1.0, 1.0)) if size == "tiny" else (4, (160, 120), (6.0, 8.0))
     ncpu = os.cpu_count() or 1
 
     with tempfile.TemporaryDirectory(prefix="dyna-manifest-bench-", dir=args.workdir or None) as tmp:
@@ -297,7 +313,7 @@ def main(argv: list[str]) -> int:
         info, build_s, build_cpu_s = build(tmp / "warehouse.duckdb", BUILD_SPEC, tmp / "store")
         print(f"build: {info.rows:,} segment rows in {build_s:.2f} s ({build_cpu_s:.1f} CPU-s)", flush=True)
 
-        pairs = make_walk_sample(tmp / "walk", walk_files)
+        pairs = make_walk_sample(tmp / "walk", walk_files, masters, master_px, master_s)
         walk_s, kept = walk(pairs)
         per_ep = walk_s / len(pairs)
         walk_s_extrapolated = per_ep * rows
@@ -358,6 +374,7 @@ def main(argv: list[str]) -> int:
         "pss_mmap_bytes": pss_mmap,
         "memory_ratio": round(pss_naive / pss_mmap, 1),
         "cores": ncpu,
+        "size": size,
         "quick": args.quick,
     }
     result["targets_met"] = {"build_s": result["build_s"] <= TARGETS["build_s"],
@@ -368,7 +385,7 @@ def main(argv: list[str]) -> int:
         print(f"  {name:<46}{ours:>20}{base:>14}{ratio:>8}   {target}")
 
     print()
-    print(f"manifest benchmark ({'quick' if args.quick else 'full'}; {ncpu} cores)")
+    print(f"manifest benchmark ({size}; {ncpu} cores)")
     print(f"  build spec: {json.dumps(BUILD_SPEC['where'])}, segments 30 s / 30 s")
     row("", "ours", "baseline", "ratio", "target")
     row(f"build {rows:,} episodes -> {info.rows:,} rows", f"{build_s:.2f} s ({build_cpu_s:.0f} CPU-s)",

@@ -1,9 +1,10 @@
 """Muon sharding: global (owners among all ranks) against node-local (owners inside each node).
 
-`python -m benchmarks muon [--quick]`
+`python -m benchmarks muon [--quick | --tiny]`
 
 Simulated nodes on this machine: nodes x ranks gloo processes (default 2x8 = 16, then 4x2; --quick
-2x4, then 4x2), every k consecutive ranks one node (``Topology.simulated``). The same model and the
+2x4, then 4x2; --tiny 2x2 only, a one-block model, one step), every k consecutive ranks one node
+(``Topology.simulated``). The same model and the
 same gradients (synthetic, fixed per rank) in both modes; per mode, warm-up steps then measured
 ``DistributedMuon.step()`` calls, each after a barrier. Measured per step:
   - step time: wall time of step(), the slowest rank's, median and mean over the steps;
@@ -30,6 +31,8 @@ import os
 import socket
 import statistics
 import time
+
+from ._cli import add_size_flags, size_of
 
 B_INTRA = 450e9
 B_INTER = B_INTRA / 10
@@ -201,20 +204,23 @@ def print_table(s: dict) -> None:
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks muon", description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="2x4 and 4x2 ranks, a smaller model, fewer steps")
-    ap.add_argument("--topologies", help="nodes x ranks, comma-separated (default 2x8,4x2; quick 2x4,4x2)")
-    ap.add_argument("--steps", type=int, help="measured steps per mode (default 8, quick 4)")
+    add_size_flags(ap, quick="2x4 and 4x2 ranks, a smaller model, fewer steps")
+    ap.add_argument("--topologies", help="nodes x ranks, comma-separated (default 2x8,4x2; quick 2x4,4x2; tiny 2x2)")
+    ap.add_argument("--steps", type=int, help="measured steps per mode (default 8, quick 4, tiny 1)")
     args = ap.parse_args(argv)
+    size = size_of(args)
     topologies = [tuple(int(n) for n in t.split("x"))
-                  for t in (args.topologies or ("2x4,4x2" if args.quick else "2x8,4x2")).split(",")]
-    shape = (128, 4, 512) if args.quick else (256, 8, 1024)  # width, blocks, vocabulary
-    steps, warmup = args.steps or (4 if args.quick else 8), 2
+                  for t in (args.topologies or {"full": "2x8,4x2", "quick": "2x4,4x2", "tiny": "2x2"}[size]).split(",")]
+    # width, blocks, vocabulary; measured and warm-up steps per mode
+    shape = {"full": (256, 8, 1024), "quick": (128, 4, 512), "tiny": (32, 1, 64)}[size]
+    steps = args.steps or {"full": 8, "quick": 4, "tiny": 1}[size]
+    warmup = 1 if size == "tiny" else 2
 
     from trainer.muon import split_params
 
     muon, adamw = split_params(make_model(*shape))
     n_muon, n_adamw = sum(p.numel() for _, p in muon), sum(p.numel() for _, p in adamw)
-    print(f"muon benchmark ({'quick' if args.quick else 'full'}; {os.cpu_count()} cores): width {shape[0]}, "
+    print(f"muon benchmark ({size}; {os.cpu_count()} cores): width {shape[0]}, "
           f"{shape[1]} blocks: {(n_muon + n_adamw) / 1e6:.2f}M parameters, {n_muon / 1e6:.2f}M in {len(muon)} "
           f"Muon matrices; {warmup} warm-up + {steps} measured steps per mode", flush=True)
     runs = []
@@ -254,6 +260,7 @@ def main(argv: list[str]) -> int:
         "runs": runs,
         "steps": steps,
         "cores": os.cpu_count(),
+        "size": size,
         "quick": args.quick,
     }
     result["targets_met"] = {"traffic_ratio": result["traffic_ratio"] >= TARGET_RATIO}

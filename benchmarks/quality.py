@@ -2,16 +2,16 @@
 what the faults read. The figures in ``dyna_resources/ingest/quality.py``'s docstring come from
 this run.
 
-`python -m benchmarks quality [--quick]`
+`python -m benchmarks quality [--quick | --tiny]`
 
 (a) Smoothness, clean. The joint states of sample-fleet episodes (every task on both robot
-    models, 8-16 s at 200 Hz; 3 fleet seeds x 40 episodes, `--quick` 1 x 12), generated
+    models, 8-16 s at 200 Hz; 3 fleet seeds x 40 episodes, `--quick` 1 x 12, `--tiny` 1 x 4), generated
     without rendering: spike_fraction per task and model at the configured spike_z, and at
     lower z to show the margin.
 (b) Smoothness, faults. Single-step velocity glitches (0.5-2 rad/s, random sign, joint and
-    step) injected into 20 clean episodes (`--quick` 6) at 0.5-20 % of their steps: the
+    step) injected into 20 clean episodes (`--quick` 6, `--tiny` 2) at 0.5-20 % of their steps: the
     measured spike_fraction against the injected one.
-(c) Frames. Sample-fleet episodes rendered at 640x480 (`--quick` 160x120), one with the
+(c) Frames. Sample-fleet episodes rendered at 640x480 (`--quick` 160x120, `--tiny` 64x48), one with the
     frozen_camera fault, transcoded: per camera the smallest mean |luma change| between
     consecutive frames of the live picture (what frozen_level must stay below; static scenes
     while the robot pauses included) and the frozen / dark frames the transcode counted.
@@ -44,6 +44,8 @@ from dyna_resources.episodes.transcode import (
     transcode_episode,
 )
 from dyna_resources.ingest.quality import QualityConfig, spike_rows
+
+from ._cli import add_size_flags, size_of
 
 FRACTIONS = (0.005, 0.02, 0.05, 0.1, 0.2)
 
@@ -112,11 +114,12 @@ def _frame_changes(cam) -> np.ndarray:
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks quality", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="fewer episodes, 160x120 frames")
+    add_size_flags(ap, quick="fewer episodes, 160x120 frames")
     args = ap.parse_args(argv)
+    size_name = size_of(args)
     z = QualityConfig().spike_z
     t0 = time.perf_counter()
-    seeds, per_seed = ((0,), 12) if args.quick else ((0, 1, 2), 40)
+    seeds, per_seed = {"full": ((0, 1, 2), 40), "quick": ((0,), 12), "tiny": ((0,), 4)}[size_name]
     episodes = joint_states([s for seed in seeds for s in fleet_specs(per_seed, seed=seed)])
     zs = (z, z * 0.75, z * 0.5)
     clean = clean_smoothness(episodes, zs)
@@ -126,12 +129,13 @@ def main(argv: list[str]) -> int:
         print(f"{key:24s} {r['episodes']:4d} {r['steps'][0]:5d}-{r['steps'][1]:<5d} "
               + " ".join(f"{r[f'z{v:g}']:8.4%}" for v in zs))
 
-    inj = injected(episodes[: 6 if args.quick else 20], z)
+    inj = injected(episodes[: {"full": 20, "quick": 6, "tiny": 2}[size_name]], z)
     print(f"\n(b) injected velocity glitches -> measured spike_fraction (min / mean / max, z={z:g})")
     for frac, (lo, mean, hi) in inj.items():
         print(f"{frac:8.1%}  ->  {lo:7.2%} {mean:7.2%} {hi:7.2%}")
 
-    size, n, duration = ((160, 120), 3, 4.0) if args.quick else ((640, 480), 4, (8.0, 12.0))
+    size, n, duration = {"full": ((640, 480), 4, (8.0, 12.0)), "quick": ((160, 120), 3, 4.0),
+                         "tiny": ((64, 48), 2, 2.0)}[size_name]
     with tempfile.TemporaryDirectory(prefix="dyna-quality-bench-") as tmp:
         frames = frame_figures(Path(tmp), n, *size, duration)
     print(f"\n(c) frames at {size[0]}x{size[1]}: live change (mean |dY|, 8-bit) and transcode counts")
@@ -143,7 +147,7 @@ def main(argv: list[str]) -> int:
               f"{r['dark_counted']:5d}")
 
     summary = {
-        "spike_z": z, "clean_episodes": len(episodes),
+        "size": size_name, "spike_z": z, "clean_episodes": len(episodes),
         "clean_spike_fraction_max": max(r[f"z{z:g}"] for r in clean.values()),
         "clean_spike_fraction_max_at_half_z": max(r[f"z{z * 0.5:g}"] for r in clean.values()),
         "injected_to_measured": {str(k): v[1] for k, v in inj.items()},

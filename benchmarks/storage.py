@@ -1,6 +1,6 @@
 """Storage and read cost: HDF5 with per-frame JPEG vs our MCAP, and three chunk layouts.
 
-`python -m benchmarks storage [--quick]`
+`python -m benchmarks storage [--quick | --tiny]`
 
 On the same generated episodes (scenes built from real photographs, moved and lit like
 a camera sees them, with sensor noise):
@@ -21,6 +21,9 @@ request costs 20 ms to first byte plus its bytes at 200 MB/s, requests issued on
 another, as a single reader does; remote time = local read time + modeled request time.
 Opening a file (one tail request for footer + summary) is the same for every layout and
 is reported separately.
+
+``--quick``: 2 episodes x 24 s at 320x240, no CRF trade-off; ``--tiny``: 1 episode x 11 s at
+64x48 (a sample window is 10 s), 6 samples.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ from dyna_resources.episodes.read_profile import per_topic_profile
 from dyna_resources.episodes.rechunk import INTERLEAVED, rechunk
 from dyna_resources.episodes.sim import SimulatedEpisode, generate_fleet
 from dyna_resources.episodes.transcode import TranscodeSettings, transcode_episode
+
+from ._cli import add_size_flags, size_of
 
 FIRST_BYTE_S = 0.020
 BANDWIDTH_BPS = 200e6
@@ -100,13 +105,12 @@ def crf_frontier(tmp: Path, g, settings: TranscodeSettings, workers: int) -> lis
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks storage")
-    ap.add_argument("--quick", action="store_true")
+    add_size_flags(ap, quick="2 episodes x 24 s at 320x240, no CRF trade-off")
     ap.add_argument("--workdir", default="")
     args = ap.parse_args(argv)
-    if args.quick:
-        n_eps, dur, w, h, n_samples, every = 2, 24.0, 320, 240, 60, 15
-    else:
-        n_eps, dur, w, h, n_samples, every = 4, 40.0, 640, 480, 200, 10
+    size = size_of(args)
+    n_eps, dur, w, h, n_samples, every = {"full": (4, 40.0, 640, 480, 200, 10), "quick": (2, 24.0, 320, 240, 60, 15),
+                                          "tiny": (1, WINDOW_S + 1, 64, 48, 6, 30)}[size]
     workers = os.cpu_count() or 1
     with tempfile.TemporaryDirectory(dir=args.workdir or None) as tmp:
         tmp = Path(tmp)
@@ -144,7 +148,7 @@ def main(argv: list[str]) -> int:
             o, j = quality(g, out, every)
             ours += o
             jpeg += j
-        frontier = [] if args.quick else crf_frontier(tmp, gens[0], settings, workers)
+        frontier = crf_frontier(tmp, gens[0], settings, workers) if size == "full" else []
 
         # -- sample workload ----------------------------------------------------------------
         rng = random.Random(5)
@@ -183,7 +187,7 @@ def main(argv: list[str]) -> int:
     mean = {k: {m: float(np.mean(v)) for m, v in s.items()} for k, s in stats.items()}
     g, p = mean["grouped"], mean["per_topic"]
     result = {
-        "episodes": n_eps, "seconds_per_episode": dur, "resolution": f"{w}x{h}", "cameras": 3, "samples": n_samples,
+        "size": size, "episodes": n_eps, "seconds_per_episode": dur, "resolution": f"{w}x{h}", "cameras": 3, "samples": n_samples,
         "h5_bytes": h5_bytes, "mcap_bytes": sizes["grouped"], "size_ratio": sizes["grouped"] / h5_bytes,
         "mcap_bytes_per_topic": sizes["per_topic"], "mcap_bytes_interleaved": sizes["interleaved"],
         "psnr_db": float(np.mean(ours)), "psnr_jpeg_db": float(np.mean(jpeg)), "psnr_frames": len(ours),

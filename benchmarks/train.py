@@ -1,6 +1,6 @@
 """Training on the warm cache: is the loader ever the bottleneck, and do checkpoints stall the steps?
 
-`python -m benchmarks train [--quick]`
+`python -m benchmarks train [--quick | --tiny]`
 
 Data: a generated fleet like `make demo`'s (640x480, three cameras, H.264 with 5 s GOPs), transcoded
 and put on a loopback S3-compatible origin (``benchmarks.object_server``, 10 ms + 200 MB/s per
@@ -15,6 +15,8 @@ page cache. Then, in one invocation on the same data:
    the step's own rate (compute only), the fraction of step time spent waiting for data after the
    first epoch, and per checkpoint the time the step loop was blocked against the time the
    checkpoint took to be written locally and to be complete in the store.
+
+``--tiny``: one 4 s episode at 64x48, 4 steps with a checkpoint every 2.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from ._cli import add_size_flags, size_of
 from .object_server import ObjectServer
 
 BUCKET = "bench"
@@ -36,16 +39,22 @@ BUCKET = "bench"
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks train", description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="fewer episodes and steps")
-    ap.add_argument("--episodes", type=int, help="episodes of 8 s (default 6, quick 3)")
-    ap.add_argument("--steps", type=int, help="training steps (default 120, quick 50)")
-    ap.add_argument("--width", type=int, default=640)
-    ap.add_argument("--height", type=int, default=480)
+    add_size_flags(ap, quick="fewer episodes and steps")
+    ap.add_argument("--episodes", type=int, help="episodes (default 6, quick 3, tiny 1)")
+    ap.add_argument("--duration", type=float, help="seconds per episode (default 8, tiny 4)")
+    ap.add_argument("--steps", type=int, help="training steps (default 120, quick 50, tiny 4)")
+    ap.add_argument("--width", type=int, help="frame width (default 640, tiny 64)")
+    ap.add_argument("--height", type=int, help="frame height (default 480, tiny 48)")
     ap.add_argument("--workers", type=int, default=1, help="DataLoader workers (the demo's: 1 on 2 cores)")
     ap.add_argument("--dir", help="where to put the files (default: a temp folder)")
     args = ap.parse_args(argv)
-    n_eps = args.episodes or (3 if args.quick else 6)
-    steps = args.steps or (50 if args.quick else 120)
+    size = size_of(args)
+    tiny = size == "tiny"
+    n_eps = args.episodes or {"full": 6, "quick": 3, "tiny": 1}[size]
+    steps = args.steps or {"full": 120, "quick": 50, "tiny": 4}[size]
+    duration = args.duration or (4.0 if tiny else 8.0)
+    args.width, args.height = args.width or (64 if tiny else 640), args.height or (48 if tiny else 480)
+    checkpoint_every = 2 if tiny else max(10, steps // 4)
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
 
@@ -54,28 +63,29 @@ def main(argv: list[str]) -> int:
         served = tmp / "origin"
         (served / BUCKET / "mcap").mkdir(parents=True)
         (served / BUCKET / "checkpoints").mkdir(parents=True)
-        manifest = _fleet(tmp, served / BUCKET / "mcap", n_eps, args.width, args.height)
+        manifest = _fleet(tmp, served / BUCKET / "mcap", n_eps, duration, args.width, args.height)
         with ObjectServer(served, latency_s=0.01, bandwidth_Bps=200e6) as server:
             os.environ["DYNA_S3_ENDPOINT_URL"] = server.endpoint_url
-            results = _run(tmp, manifest, server, steps, args.workers)
-    results.update(episodes=n_eps, resolution=f"{args.width}x{args.height}", workers=args.workers,
-                   cores=os.cpu_count(), quick=args.quick)
+            results = _run(tmp, manifest, server, steps, args.workers, checkpoint_every)
+    results.update(episodes=n_eps, episode_s=duration, resolution=f"{args.width}x{args.height}",
+                   workers=args.workers, cores=os.cpu_count(), size=size, quick=args.quick)
     _table(results)
     print(json.dumps(results))
     return 0
 
 
-def _fleet(tmp: Path, out: Path, n: int, width: int, height: int) -> pa.Table:
+def _fleet(tmp: Path, out: Path, n: int, duration_s: float, width: int, height: int) -> pa.Table:
     from dyna_resources.episodes.mcap_reader import EpisodeReader
     from dyna_resources.episodes.sim import EpisodeSpec, write_episode
     from dyna_resources.episodes.transcode import transcode_episode
 
-    print(f"generating and transcoding {n} episodes of 8 s at {width}x{height} ...", flush=True)
+    print(f"generating and transcoding {n} episodes of {duration_s:g} s at {width}x{height} ...", flush=True)
     rows: dict[str, list] = {"episode_id": [], "uri": [], "start_ns": [], "end_ns": []}
     for i in range(n):
         spec = EpisodeSpec(episode_id=f"ep-train-{i:03d}", seed=900 + i, task="pick_place", robot_id=f"arm-{i % 3}",
                            robot_model="dyna-a1", robot_sw_version="4.2.1", site="bench", operator="op-1",
-                           success=True, started_at="2026-11-29T10:00:00Z", duration_s=8.0, width=width, height=height)
+                           success=True, started_at="2026-11-29T10:00:00Z", duration_s=duration_s, width=width,
+                           height=height)
         raw = tmp / f"ep{i}.h5"
         write_episode(spec, raw)
         path = out / f"ep{i:03d}.mcap"
@@ -92,7 +102,8 @@ def _fleet(tmp: Path, out: Path, n: int, width: int, height: int) -> pa.Table:
     return pa.table(rows)
 
 
-def _run(tmp: Path, manifest: pa.Table, server: ObjectServer, steps: int, workers: int) -> dict:
+def _run(tmp: Path, manifest: pa.Table, server: ObjectServer, steps: int, workers: int,
+         checkpoint_every: int) -> dict:
     from torch.utils.data import DataLoader
 
     from dyna_resources.catalog.manifest import write_manifest
@@ -110,7 +121,7 @@ def _run(tmp: Path, manifest: pa.Table, server: ObjectServer, steps: int, worker
     print(f"prewarmed {report.fetched_bytes / 2**20:.1f} MiB in {report.seconds:.2f} s", flush=True)
 
     cfg = TrainConfig(manifest=files.arrow, run_dir=str(tmp / "run"), steps=steps, workers=workers,
-                      cache_dir=cache_dir, checkpoint_every=max(10, steps // 4), log_every=10,
+                      cache_dir=cache_dir, checkpoint_every=checkpoint_every, log_every=10,
                       checkpoint_store=f"s3://{BUCKET}/checkpoints")
     # 1. the loader alone
     with PageCache(CacheConfig(root=cache_dir), Origins.from_env()) as cache:

@@ -17,6 +17,7 @@ from pathlib import Path
 from dagster import DagsterInstance, materialize
 
 from dyna_resources.episodes.sim import generate_fleet
+from dyna_resources.episodes.sim.fleet import arrival_folder
 from dyna_resources.faces import IngestResource
 from dyna_resources.home import DynaHome
 from dyna_resources.ingest.batches import batch_summary
@@ -66,8 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     if not any(home.landing.rglob("*.h5")):
         print(f"landing {args.episodes} sample episodes in {home.landing} "
               f"(faults: {', '.join(FAULTS)}) ...", flush=True)
-        generate_fleet(home.landing, args.episodes, seed=args.seed, width=args.width, height=args.height,
-                       duration_s=(6.0, 12.0), faults=FAULTS, workers=os.cpu_count() or 1)
+        # in a time-named folder, as uploaders do: later drops (`dyna generate`) sort after it, past the cursor
+        generate_fleet(home.landing / arrival_folder(), args.episodes, seed=args.seed, width=args.width,
+                       height=args.height, duration_s=(6.0, 12.0), faults=FAULTS, workers=os.cpu_count() or 1)
     landed = sum(p.stat().st_size for p in home.landing.rglob("*.h5"))
     ingest = IngestResource(target_batch_bytes=max(1, landed // args.batches), max_wait_s=0)
     resources = {**defs.resources, "ingest": ingest}

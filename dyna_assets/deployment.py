@@ -1,12 +1,12 @@
 """Which resources the graph runs with, switched by one variable: ``DYNA_ENV``.
 
 - ``embedded`` (default): everything under ``$DYNA_HOME`` (SQLite registry, local files), what
-  ``make demo`` and the tests use;
+  ``make demo`` and the tests use; a short landing batch is released after 30 s;
 - ``production``: the registry in PostgreSQL, manifests and checkpoints in the object store, the
-  page cache on the nodes' NVMe. The settings come from the environment (secrets included, e.g.
-  the password inside ``DYNA_REGISTRY_URL``), read through ``EnvVar`` at launch, and their
-  presence is checked when the definitions load, so a missing one fails the deployment (and CI),
-  not a run at 3 a.m.
+  page cache on the nodes' NVMe; a short landing batch waits up to an hour for more files. The
+  settings come from the environment (secrets included, e.g. the password inside
+  ``DYNA_REGISTRY_URL``), read through ``EnvVar`` at launch, and their presence is checked when
+  the definitions load, so a missing one fails the deployment (and CI), not a run at 3 a.m.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from dagster import EnvVar
 
 from dyna_resources.faces import (CacheResource, GatesResource, HomeResource, IngestResource, LadderResource,
                                   ReplicaResource, TrainerResource, TranscodeResource, WarehouseResource)
+from dyna_resources.ingest.tick import LandingSettings
 
 PRODUCTION_SETTINGS = {
     "DYNA_HOME": "a shared folder (ReadWriteMany volume): landing zone, MCAP episodes, curation specs",
@@ -52,7 +53,9 @@ def production_resources(environ: Mapping[str, str] | None = None) -> dict:
     home = EnvVar("DYNA_HOME")
     return {
         "home": HomeResource(root=home, manifest_store=EnvVar("DYNA_MANIFEST_STORE")),
-        "ingest": IngestResource(home_root=home, registry_url=EnvVar("DYNA_REGISTRY_URL")),
+        # a fleet uploads all day: full batches, a short one only after an hour (the embedded default: 30 s)
+        "ingest": IngestResource.with_landing(LandingSettings(), home_root=home,
+                                              registry_url=EnvVar("DYNA_REGISTRY_URL")),
         "gates": GatesResource(),
         "transcode": TranscodeResource(),
         "warehouse": WarehouseResource(path=EnvVar("DYNA_WAREHOUSE_PATH")),

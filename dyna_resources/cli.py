@@ -1,6 +1,7 @@
 """`dyna`: the engines from the shell, without Dagster.
 
     dyna generate OUT_DIR [--episodes N] [--width W --height H] [--faults truncated=1,corrupt_jpeg=1]
+        (writes OUT_DIR/<UTC time>/<episode>.h5: OUT_DIR may be the landing zone)
     dyna transcode SRC.h5 DST.mcap [--gop-frames N] [--crf X] [--preset P]
     dyna inspect EPISODE.mcap
     dyna review list
@@ -22,10 +23,15 @@ from .episodes.errors import EpisodeError
 
 def _generate(args) -> int:
     from .episodes.sim import generate_fleet
+    from .episodes.sim.fleet import arrival_folder
 
     faults = dict((k, int(v)) for k, v in (f.split("=") for f in args.faults.split(",") if f)) if args.faults else None
-    eps = generate_fleet(Path(args.out), args.episodes, seed=args.seed, width=args.width, height=args.height,
-                         faults=faults, workers=args.workers)
+    lo, _, hi = args.duration_s.partition(",")
+    duration = (float(lo), float(hi)) if hi else float(lo)
+    # One time-stamped folder per call: dropped into the landing zone, its keys sort after every earlier
+    # drop's, so the landing sensor's next tick sees them (it lists only keys after its cursor).
+    eps = generate_fleet(Path(args.out) / arrival_folder(), args.episodes, seed=args.seed, width=args.width,
+                         height=args.height, duration_s=duration, faults=faults, workers=args.workers)
     for e in eps:
         print(f"{e.path}  {e.spec.task:<12} {e.spec.duration_s:5.1f} s  {e.fault or ''}")
     return 0
@@ -123,12 +129,14 @@ def _ladder(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="dyna", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    g = sub.add_parser("generate", help="write a sample fleet of legacy HDF5 episodes")
+    g = sub.add_parser("generate", help="write a sample fleet of legacy HDF5 episodes into OUT/<UTC time>/ "
+                                        "(keys that sort after earlier drops into a landing zone)")
     g.add_argument("out")
     g.add_argument("--episodes", type=int, default=8)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--width", type=int, default=640)
     g.add_argument("--height", type=int, default=480)
+    g.add_argument("--duration-s", default="8,16", help="seconds per episode, or LO,HI for a range (default 8,16)")
     g.add_argument("--faults", default="", help="name=count,... e.g. truncated=1,corrupt_jpeg=1")
     g.add_argument("--workers", type=int, default=1)
     g.set_defaults(fn=_generate)

@@ -25,7 +25,7 @@ from .home import DynaHome
 from .ingest.batches import IngestStores
 from .ingest.gates import GateConfig
 from .ingest.landing import LandingZone
-from .ingest.tick import LandingSettings
+from .ingest.tick import EMBEDDED_LANDING, LandingSettings
 from .ladders.config import LadderConfig
 from .storage.origins import Origins
 from .storage.page_cache import CacheConfig, PageCache
@@ -67,16 +67,24 @@ class RegistryResource(ConfigurableResource):
 
 
 class IngestResource(ConfigurableResource):
-    """Where ingest reads and writes, and how the landing sensor batches what arrives."""
+    """Where ingest reads and writes, and how the landing sensor batches what arrives (the embedded
+    defaults; a deployment's come from ``dyna_assets.deployment``)."""
 
     home_root: str = ""
     registry_url: str = ""
-    target_batch_bytes: int = LandingSettings.target_batch_bytes
-    tolerance: float = LandingSettings.tolerance
-    max_wait_s: float = LandingSettings.max_wait_s
-    max_runs_per_tick: int = LandingSettings.max_runs_per_tick
-    scan_limit: int = LandingSettings.scan_limit
-    reconcile_every: int = LandingSettings.reconcile_every
+    target_batch_bytes: int = EMBEDDED_LANDING.target_batch_bytes
+    tolerance: float = EMBEDDED_LANDING.tolerance
+    max_wait_s: float = EMBEDDED_LANDING.max_wait_s
+    max_runs_per_tick: int = EMBEDDED_LANDING.max_runs_per_tick
+    scan_limit: int = EMBEDDED_LANDING.scan_limit
+    reconcile_every: int = EMBEDDED_LANDING.reconcile_every
+
+    @classmethod
+    def with_landing(cls, settings: LandingSettings, **fields: Any) -> IngestResource:
+        """This resource with every landing setting taken from ``settings``."""
+        return cls(target_batch_bytes=settings.target_batch_bytes, tolerance=settings.tolerance,
+                   max_wait_s=settings.max_wait_s, max_runs_per_tick=settings.max_runs_per_tick,
+                   scan_limit=settings.scan_limit, reconcile_every=settings.reconcile_every, **fields)
 
     def stores(self) -> IngestStores:
         home = HomeResource(root=self.home_root).home()
@@ -134,10 +142,11 @@ class TranscodeResource(ConfigurableResource):
     crf_by_site: dict[str, float] = dict(CRF_BY_SITE)  # already-compressed sources (LeRobot imports) need a lower CRF
     preset: str = VideoSettings.preset
     workers: int = 0
+    max_cpu_s: float = 0.0  # CPU seconds one episode may take before its worker is stopped (0: no limit)
 
     def settings(self) -> TranscodeSettings:
         return TranscodeSettings(video=VideoSettings(gop_frames=self.gop_frames, crf=self.crf, preset=self.preset),
-                                 crf_by_site=tuple(sorted(self.crf_by_site.items())))
+                                 crf_by_site=tuple(sorted(self.crf_by_site.items())), max_cpu_s=self.max_cpu_s)
 
     def pool_size(self) -> int:
         return self.workers or os.cpu_count() or 1
@@ -236,6 +245,9 @@ class TrainerResource(ConfigurableResource):
     checkpoint_every: int = 20
     keep_checkpoints: int = 3
     checkpoint_store: str = ""  # empty: $DYNA_CHECKPOINT_STORE, else checkpoints stay in the run folder
+    # checkpoints exist but none is intact: "error" fails the run naming the damaged files, "start_fresh"
+    # trains the same run folder from step 0 (TrainConfig.all_checkpoints_damaged; not part of the run's key)
+    all_checkpoints_damaged: str = "error"
     optimizer_mode: str = "auto"
     image_size: int = 64
     seed: int = 0
@@ -289,12 +301,13 @@ class TrainerResource(ConfigurableResource):
             optimizer_mode=self.optimizer_mode, workers=self.workers, checkpoint_every=self.checkpoint_every,
             keep_checkpoints=self.keep_checkpoints,
             checkpoint_store=self.checkpoint_store or os.environ.get("DYNA_CHECKPOINT_STORE", ""),
+            all_checkpoints_damaged=self.all_checkpoints_damaged,
             cache_dir=cache.root_dir(), model=ModelConfig(image_size=size), sample=SampleSpec(image_size=size),
             lineage={"curation_spec": partition, "dataset": dataset or f"manifest:{manifest_sha[:16]}",
                      "manifest": manifest_url, "manifest_sha256": manifest_sha,
                      "schema_version": versions.SCHEMA_VERSION, "pipeline_version": versions.PIPELINE_VERSION,
                      "code_commit": _code_commit()})
-        key = hashlib.sha256(cfg.to_json().encode()).hexdigest()[:12]
+        key = hashlib.sha256(cfg.identity_json().encode()).hexdigest()[:12]
         run_dir = h.root / "runs" / partition / key
         cfg.run_dir = str(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)

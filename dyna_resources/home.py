@@ -17,6 +17,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from .keys import check_key
+
 
 @dataclass(frozen=True)
 class DynaHome:
@@ -41,6 +43,10 @@ class DynaHome:
     @property
     def curation(self) -> Path:
         return self.root / "curation"
+
+    def curation_spec(self, name: str) -> Path:
+        """The file of curation spec ``name`` (a manifests partition key), refused unless a safe key."""
+        return self.curation / f"{check_key(name, 'curation spec')}.yaml"
 
     @property
     def manifests(self) -> Path:

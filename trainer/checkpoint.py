@@ -22,7 +22,15 @@ Errors of that background part are kept and raised by the next ``save``/``wait``
 every file's size and SHA-256 against ``COMPLETE.json``, downloads what this node lacks or has
 damaged (under a file lock, so ranks on a node do not download concurrently) and skips, with a
 warning, checkpoints that cannot be made whole. An unreachable store is an error, not a reason
-to fall back: a run must not quietly restart from an older checkpoint, or from scratch.
+to fall back: a run must not quietly restart from an older checkpoint, or from scratch. Neither
+may it when every checkpoint it found is damaged: ``NoIntactCheckpointError`` lists each one and
+why (the caller decides whether starting over is allowed).
+
+Every ``latest()`` hashes the files again: file metadata is no evidence (a flipped bit, or a
+rewrite with ``os.utime`` putting the mtime back, keeps size, mtime and inode). Within one call
+the first rank of a node hashes and leaves a ``.verified.json`` stamp naming that call, so the
+other ranks of the node trust it instead of hashing the same files again. The cost is reading
+the checkpoint once per node at SHA-256 speed (files hashed in parallel, one thread per file).
 
 What DCP does and does not do here (PyTorch 2.13):
 
@@ -59,7 +67,7 @@ import warnings
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Self
 
@@ -82,7 +90,7 @@ from dyna_resources.storage.stores import Store, redact
 MARKER = "COMPLETE.json"
 LOCAL_POINTER = "latest"
 REMOTE_POINTER = "latest.json"
-_VERIFIED = ".verified.json"  # stat() of files already hashed, so ranks sharing a node hash once
+_VERIFIED = ".verified.json"  # files hashed in this latest() call, so ranks sharing a node hash once
 _LOCK = ".lock"
 _STEP_DIR = re.compile(r"step-(\d{9,})")
 
@@ -93,6 +101,15 @@ def step_dir(step: int) -> str:
 
 class CheckpointError(RuntimeError):
     pass
+
+
+class NoIntactCheckpointError(CheckpointError):
+    """Checkpoints were found, but none of them can be loaded by every rank: ``skipped`` says, per
+    checkpoint, what is wrong (damaged files are named)."""
+
+    def __init__(self, where: str, skipped: list[str]):
+        self.skipped = list(skipped)
+        super().__init__(f"no intact checkpoint to resume from in {where}: " + "; ".join(self.skipped))
 
 
 class _Damaged(CheckpointError):
@@ -108,6 +125,7 @@ class CheckpointInfo:
     extra: dict
     files: dict[str, dict]  # name -> {"size": int, "sha256": str}
     time: float
+    skipped: tuple[str, ...] = ()  # newer checkpoints passed over, each with the reason
 
 
 @dataclass(eq=False)
@@ -313,12 +331,15 @@ class CheckpointManager:
 
     # ---- finding and loading ------------------------------------------------------------------
     def latest(self) -> CheckpointInfo | None:
-        """The newest complete checkpoint every rank can load, verified (sizes and SHA-256), made
-        local (downloaded from the store when this node lacks or has damaged files); ``None`` if
-        there is none. Incomplete or damaged ones are skipped with a warning naming them.
-        Collective with a process group: all ranks get the same step."""
+        """The newest complete checkpoint every rank can load, verified (sizes and SHA-256 of
+        every file, hashed now), made local (downloaded from the store when this node lacks or has
+        damaged files); ``None`` if there is none at all. Incomplete or damaged ones are skipped
+        with a warning naming them and listed in ``skipped``; ``NoIntactCheckpointError`` if every
+        one found was skipped. Collective with a process group: all ranks get the same step."""
         self._wait_inflight()
+        session = self._all_gather(uuid.uuid4().hex)[0]  # names this call in the nodes' stamps
         excluded: set[int] = set()
+        skipped: list[str] = []
         while True:
             mine, err = set(), None
             try:
@@ -327,23 +348,32 @@ class CheckpointManager:
                 err = e
             parts = self._all_gather((mine, _describe(err)))
             self._agree([p[1] for p in parts], "looking for the latest checkpoint", err)
-            common = set.intersection(*(p[0] for p in parts))
+            found = [p[0] for p in parts]
+            common = set.intersection(*found)
             if not common:
+                for s in sorted(set().union(*found), reverse=True):  # on some ranks only
+                    missing = [r for r, f in enumerate(found) if s not in f]
+                    skipped.append(f"{step_dir(s)}: not found by rank(s) {', '.join(map(str, missing))}")
+                if skipped:
+                    raise NoIntactCheckpointError(self._where(), skipped)
                 return None
             step = max(common)
             info, damaged, err = None, None, None
             try:
-                info = self._materialize(step)
+                info = self._materialize(step, session)
             except _Damaged as e:
                 damaged = str(e)
             except Exception as e:  # noqa: BLE001  (raised below, on every rank)
                 err = e
             parts = self._all_gather((damaged, _describe(err)))
             self._agree([p[1] for p in parts], f"restoring {step_dir(step)}", err)
-            if not any(p[0] for p in parts):
-                return info
+            if not any(p[0] for p in parts) and info is not None:
+                return replace(info, skipped=tuple(skipped))
             for r, (problem, _) in enumerate(parts):
-                if problem and (r == self.rank or self.rank == 0):
+                if not problem:
+                    continue
+                skipped.append(f"{step_dir(step)} (rank {r}): {problem}")
+                if r == self.rank or self.rank == 0:
                     warnings.warn(f"skipping checkpoint {step_dir(step)} (rank {r}): {problem}",
                                   stacklevel=2)
             excluded.add(step)
@@ -368,11 +398,13 @@ class CheckpointManager:
                     found.add(s)
         return found
 
-    def _materialize(self, step: int) -> CheckpointInfo:
+    def _materialize(self, step: int, session: str | None = None) -> CheckpointInfo:
         """Make checkpoint ``step`` whole and verified in the local folder, downloading what is
         missing or damaged from the store; ``CheckpointError`` saying what is wrong otherwise.
         Under the node's lock: ranks on a node download and hash one after the other, and the
-        ones after the first find the ``.verified.json`` stamp and hash nothing."""
+        ones after the first find the ``.verified.json`` stamp of this ``session`` (this
+        ``latest()`` call) and hash nothing. Without a session every file is hashed."""
+        session = session or uuid.uuid4().hex
         name = step_dir(step)
         folder = self.local_dir / name
         with self._lock():
@@ -381,7 +413,7 @@ class CheckpointManager:
             if from_store:
                 record = self._remote_record(name)
             files = record["files"]
-            if not _stamp_matches(folder, files):
+            if not _stamp_matches(folder, files, session):
                 bad = [n for n, h in _hash_files(folder, list(files), missing_ok=True).items()
                        if h != files[n]]
                 bad += [n for n in files if not (folder / n).is_file()]
@@ -392,7 +424,7 @@ class CheckpointManager:
                     self._download(f"{name}/{n}", folder / n, files[n])
                 if from_store:
                     _write_json(folder / MARKER, record)
-                _write_json(folder / _VERIFIED, _stat_files(folder, files))
+                _write_json(folder / _VERIFIED, {"session": session, "files": _stat_files(folder, files)})
         return CheckpointInfo(step=record["step"], path=folder, extra=record.get("extra", {}),
                               files=files, time=record["time"])
 
@@ -432,6 +464,9 @@ class CheckpointManager:
             tmp.unlink(missing_ok=True)
 
     # ---- helpers --------------------------------------------------------------------------------
+    def _where(self) -> str:
+        return str(self.local_dir) + (f" and {self._store_name()}" if self.store is not None else "")
+
     def _store_name(self) -> str:
         return redact(self.store.root) if self.store is not None else "(no store)"
 
@@ -536,12 +571,13 @@ def _stat_files(folder: Path, files: dict[str, dict]) -> dict[str, list[int]]:
     return out
 
 
-def _stamp_matches(folder: Path, files: dict[str, dict]) -> bool:
+def _stamp_matches(folder: Path, files: dict[str, dict], session: str) -> bool:
+    """Whether another rank of this node hashed these very files in this ``latest()`` call."""
     stamp = _read_json(folder / _VERIFIED)
-    if stamp is None or set(stamp) != {*files, MARKER}:
+    if not isinstance(stamp, dict) or stamp.get("session") != session:
         return False
     try:
-        return stamp == _stat_files(folder, files)
+        return stamp.get("files") == _stat_files(folder, files)
     except FileNotFoundError:
         return False
 
@@ -597,5 +633,5 @@ def _describe(e: BaseException | None) -> str | None:
     return redact(f"{type(e).__name__}: {msg}" if msg else type(e).__name__)
 
 
-__all__ = ["AppState", "CheckpointError", "CheckpointInfo", "CheckpointManager", "RNGState",
-           "SaveHandle", "rng_state", "set_rng_state", "step_dir"]
+__all__ = ["AppState", "CheckpointError", "CheckpointInfo", "CheckpointManager", "NoIntactCheckpointError",
+           "RNGState", "SaveHandle", "rng_state", "set_rng_state", "step_dir"]

@@ -6,8 +6,11 @@
 
 Each attempt (torchrun's TORCHELASTIC_RESTART_COUNT) writes its diagnostics into
 ``<run_dir>/attempts/<n>/`` (one log per rank, and torchrun's error file when a rank fails), and
-starts from the latest complete checkpoint: model, optimizer, data position and RNG, so a resumed
-run continues with the losses it would have had. Checkpoints are written asynchronously to
+starts from the latest complete checkpoint whose files all match their SHA-256 (hashed on every
+resume): model, optimizer, data position and RNG, so a resumed run continues with the losses it
+would have had. Damaged checkpoints are skipped, each named with its damaged files in the rank log
+and in ``result.json`` (``skipped_checkpoints``); if checkpoints exist and none is intact, the run
+stops with that list unless ``all_checkpoints_damaged`` is ``"start_fresh"``. Checkpoints are written asynchronously to
 ``<run_dir>/checkpoints`` and uploaded to ``checkpoint_store`` when one is set; each records the
 manifest it trained on and the versions and code commit (``lineage``).
 
@@ -32,18 +35,28 @@ import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal, get_args
 
 import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.utils.data import DataLoader
 
-from .checkpoint import AppState, CheckpointManager, RNGState
+from .checkpoint import (
+    AppState,
+    CheckpointError,
+    CheckpointInfo,
+    CheckpointManager,
+    NoIntactCheckpointError,
+    RNGState,
+)
 from .dataset import ManifestDataset, SampleSpec, worker_init_threads
 from .manifest_loader import local_copy, open_manifest
 from .model import ModelConfig, WorldActionModel
 
 log = logging.getLogger("dyna.train")
+
+OnAllDamaged = Literal["error", "start_fresh"]
 
 
 @dataclass
@@ -64,6 +77,11 @@ class TrainConfig:
     checkpoint_every: int = 20
     keep_checkpoints: int = 3
     checkpoint_store: str = ""  # a store URL to upload checkpoints to ("" keeps them local)
+    # When checkpoints exist but none is intact (each misses files or fails its SHA-256 check, here
+    # and in the store): "error" stops the run, naming every damaged file; "start_fresh" trains from
+    # step 0 (the new run's checkpoints replace the damaged ones step by step). Not part of the run's
+    # identity (``identity_json``): switching it resumes the same run folder.
+    all_checkpoints_damaged: OnAllDamaged = "error"
     cache_dir: str = ""  # the node page cache ("" reads the origin directly)
     log_every: int = 5
     lineage: dict = field(default_factory=dict)  # manifest data version, pipeline versions, code commit
@@ -71,8 +89,19 @@ class TrainConfig:
     sample: SampleSpec = field(default_factory=SampleSpec)
     fault: dict = field(default_factory=dict)  # test hook: {"step": 7, "rank": 1, "attempt": 0} -> SIGKILL
 
+    def __post_init__(self):
+        if self.all_checkpoints_damaged not in get_args(OnAllDamaged):
+            raise ValueError(f"all_checkpoints_damaged: {self.all_checkpoints_damaged!r} is not one of "
+                             f"{', '.join(map(repr, get_args(OnAllDamaged)))}")
+
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=1)
+
+    def identity_json(self) -> str:
+        """``to_json`` without the fields that say how to run rather than what (a run folder's key)."""
+        d = dataclasses.asdict(self)
+        del d["all_checkpoints_damaged"]
+        return json.dumps(d, indent=1)
 
     @classmethod
     def from_json(cls, text: str) -> TrainConfig:
@@ -179,7 +208,7 @@ def run(cfg: TrainConfig) -> dict:
         endpoint = os.environ.get("DYNA_S3_ENDPOINT_URL") if cfg.checkpoint_store.startswith("s3://") else None
         ckpt = stack.enter_context(CheckpointManager(run_dir / "checkpoints", store_url=cfg.checkpoint_store or None,
                                                      endpoint_url=endpoint, keep=cfg.keep_checkpoints))
-        latest = ckpt.latest()
+        latest = _resume_point(ckpt, cfg, summary)
         if latest is not None:
             ckpt.load(latest, state)
             log.info("resumed from step %d (%s)", counter.step, latest.path)
@@ -204,6 +233,28 @@ def run(cfg: TrainConfig) -> dict:
     if distributed:
         dist.destroy_process_group()
     return summary
+
+
+def _resume_point(ckpt: CheckpointManager, cfg: TrainConfig, summary: dict) -> CheckpointInfo | None:
+    """The verified checkpoint to resume from (None: start at step 0); what was skipped goes to the
+    log and to ``summary``."""
+    try:
+        latest = ckpt.latest()
+    except NoIntactCheckpointError as e:
+        if cfg.all_checkpoints_damaged != "start_fresh":
+            raise CheckpointError(f"{e}. To train from step 0 instead, set all_checkpoints_damaged to "
+                                  "'start_fresh' in the trainer config") from e
+        for reason in e.skipped:
+            log.warning("damaged checkpoint skipped: %s", reason)
+        log.warning("no intact checkpoint: starting from step 0 (all_checkpoints_damaged = 'start_fresh')")
+        summary["skipped_checkpoints"] = e.skipped
+        summary["started_fresh"] = True
+        return None
+    if latest is not None and latest.skipped:
+        for reason in latest.skipped:
+            log.warning("damaged checkpoint skipped: %s", reason)
+        summary["skipped_checkpoints"] = list(latest.skipped)
+    return latest
 
 
 def _loop(cfg, model, optimizer, ds, ckpt, counter, state, topo, attempt, metrics, pipes) -> dict:

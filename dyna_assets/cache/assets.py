@@ -16,13 +16,15 @@ from trainer.manifest_loader import local_copy, open_manifest
 
 from .. import k8s
 from ..curation.assets import curation_specs
+from ..partitions import partition_key
 
 
 def _manifest(context: AssetExecutionContext, home: HomeResource):
-    """This partition's manifest, through the node's verified local copy (what every rank maps)."""
-    h = home.home()
-    path = local_copy(home.manifest_arrow_url(context.partition_key), h.root / "node-cache")
-    return path, open_manifest(path)
+    """This partition's (checked) name and manifest, through the node's verified local copy (what every
+    rank maps)."""
+    name = partition_key(context, "curation spec")
+    path = local_copy(home.manifest_arrow_url(name), home.home().root / "node-cache")
+    return name, path, open_manifest(path)
 
 
 @asset(partitions_def=curation_specs, deps=["manifests"], group_name="cache", tags={"dyna/stage": "cache"},
@@ -33,7 +35,7 @@ def _manifest(context: AssetExecutionContext, home: HomeResource):
                    "topic groups, found through each MCAP's chunk index), fetched into the node-local page "
                    "cache before training; or an Alluxio load job when $DYNA_ALLUXIO_* configures a cluster.")
 def cache_sets(context: AssetExecutionContext, home: HomeResource, cache: CacheResource):
-    path, table = _manifest(context, home)
+    name, path, table = _manifest(context, home)
     manifest_sha = path.stem
     read_set = cache.read_set()
     version = hashlib.sha256(json.dumps([manifest_sha, list(read_set.groups)]).encode()).hexdigest()
@@ -51,7 +53,7 @@ def cache_sets(context: AssetExecutionContext, home: HomeResource, cache: CacheR
             context.log.info(f"prewarm: {done}/{total} pages")
 
     with cache.cache() as page_cache:
-        report = prewarm_manifest(table, page_cache, read_set, dataset=context.partition_key,
+        report = prewarm_manifest(table, page_cache, read_set, dataset=name,
                                   parallel=cache.parallel, progress=progress)
         usage = page_cache.usage()
         root = str(page_cache.root)
@@ -73,7 +75,7 @@ def cache_sets(context: AssetExecutionContext, home: HomeResource, cache: CacheR
             "already_warm_pages": report.warm_pages,
             "seconds": round(report.seconds, 3),
             "fetched_MBps": round(report.fetched_MBps, 1),
-            "dataset_bytes_cached": usage.get(context.partition_key, 0),
+            "dataset_bytes_cached": usage.get(name, 0),
             "errors": MetadataValue.json(report.errors),
         },
         check_results=[AssetCheckResult(passed=not report.errors, metadata={"files_not_prewarmed": len(report.errors)})],
@@ -89,7 +91,7 @@ def cache_sets(context: AssetExecutionContext, home: HomeResource, cache: CacheR
                    "is missing, each verified by SHA-256 after upload and tagged with the primary's version so "
                    "the page cache keys stay the same whichever origin a cluster reads.")
 def mcap_replica(context: AssetExecutionContext, home: HomeResource, replica: ReplicaResource):
-    _, table = _manifest(context, home)
+    _, _, table = _manifest(context, home)
     uris = sorted(set(table.column("uri").to_pylist()))
     store = replica.store()
     report = replicate(uris, replica.source(), store)

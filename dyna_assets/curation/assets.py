@@ -3,15 +3,18 @@
 No ``from __future__ import annotations`` here: Dagster reads the context annotation at runtime.
 """
 
-from dagster import (AssetExecutionContext, DataVersion, DynamicPartitionsDefinition, MaterializeResult,
+from dagster import (AssetExecutionContext, DataVersion, DynamicPartitionsDefinition, Failure, MaterializeResult,
                      MetadataValue, asset)
 
-from dyna_resources.catalog.curation import CurationSpec, curate
+from dyna_resources.catalog.curation import CurationSpec, CurationSpecError, curate
 from dyna_resources.catalog.manifest import write_manifest
 from dyna_resources.faces import HomeResource, WarehouseResource
 
 from .. import k8s
+from ..partitions import partition_key
 
+# One partition per spec file stem, added by the curation sensor; every asset of the partition checks
+# its key (dyna_assets/partitions.py), since anyone with API access can add one.
 curation_specs = DynamicPartitionsDefinition(name="curation_specs")
 
 
@@ -20,13 +23,16 @@ curation_specs = DynamicPartitionsDefinition(name="curation_specs")
        description="The curation spec's ONE SQL query over the warehouse, written as a zstd Parquet manifest "
                    "plus an Arrow IPC copy (fixed record batches) for mmap loading; content-hashed.")
 def manifests(context: AssetExecutionContext, home: HomeResource, warehouse: WarehouseResource):
-    h = home.home()
-    spec = CurationSpec.load(h.curation / f"{context.partition_key}.yaml")
-    sql, params = spec.compile()
-    with warehouse.open(read_only=True) as wh:
-        info = write_manifest(curate(wh, spec), home.manifests_url(), context.partition_key,
-                              count_by=("task", "robot_id", "site", "pipeline_version", "schema_version"),
-                              extra={"spec": spec.name, "sql": sql})
+    name = partition_key(context, "curation spec")
+    try:
+        spec = CurationSpec.load(home.home().curation_spec(name))
+        sql, params = spec.compile()
+        with warehouse.open(read_only=True) as wh:
+            info = write_manifest(curate(wh, spec), home.manifests_url(), name,
+                                  count_by=("task", "robot_id", "site", "pipeline_version", "schema_version"),
+                                  extra={"spec": spec.name, "sql": sql})
+    except CurationSpecError as e:
+        raise Failure(description=str(e), metadata={"field": e.field}, allow_retries=False) from None
     stats = info.stats
     top = lambda col: dict(list(stats.get(f"by_{col}", {}).items())[:20])  # noqa: E731
     return MaterializeResult(

@@ -4,8 +4,8 @@ import hashlib
 
 from dagster import AssetKey, RunRequest, SensorEvaluationContext, SensorResult, sensor
 
-from dyna_resources.catalog.curation import NAME
 from dyna_resources.faces import HomeResource
+from dyna_resources.keys import RULE, is_safe_key
 
 from ..ingest.sensors import default_status
 from .assets import curation_specs
@@ -17,10 +17,10 @@ from .assets import curation_specs
 def curation_spec_sensor(context: SensorEvaluationContext, home: HomeResource):
     specs = {}
     for p in sorted(home.home().curation.glob("*.yaml")):
-        if NAME.match(p.stem):  # the file name becomes a partition key and a manifest file name
+        if is_safe_key(p.stem):  # the file name becomes a partition key and a manifest file name
             specs[p.stem] = hashlib.sha256(p.read_bytes()).hexdigest()[:16]
         elif not p.name.startswith("."):
-            context.log.warning(f"ignoring curation spec {p.name}: name must match {NAME.pattern}")
+            context.log.warning(f"ignoring curation spec {p.name}: the name must be {RULE}")
     known = set(context.instance.get_dynamic_partitions(curation_specs.name))
     new = sorted(set(specs) - known)
     return SensorResult(

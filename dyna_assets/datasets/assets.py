@@ -32,6 +32,7 @@ from dyna_resources.faces import HomeResource
 
 from .. import k8s
 from ..curation.assets import curation_specs
+from ..partitions import partition_key
 
 
 def dataset_declaration(curation_dir: Path, spec: str) -> dict | None:
@@ -49,8 +50,8 @@ def dataset_declaration(curation_dir: Path, spec: str) -> dict | None:
        description="The spec's current manifest published as an immutable dataset version (name@version, "
                    "declared in $DYNA_HOME/curation/datasets/<spec>.yaml), with the diff against the previous one.")
 def datasets(context: AssetExecutionContext, home: HomeResource):
+    spec = partition_key(context, "curation spec")
     h = home.home()
-    spec = context.partition_key
     declared = dataset_declaration(h.curation, spec)
     if declared is None:
         return MaterializeResult(metadata={"published": False, "reason": "nothing to publish: no "
@@ -62,7 +63,7 @@ def datasets(context: AssetExecutionContext, home: HomeResource):
     try:
         try:
             ref, new = reg.publish(declared["name"], declared["version"], spec,
-                                   (h.curation / f"{spec}.yaml").read_text(), sidecar,
+                                   h.curation_spec(spec).read_text(), sidecar,
                                    arrow_url=f"{base}.arrow", parquet_url=f"{base}.parquet", notes=declared["notes"])
         except DatasetError as e:
             raise Failure(str(e)) from None

@@ -15,7 +15,7 @@ from dyna_resources.ingest.gates import POST_GATES, PRE_GATES
 
 from .. import k8s
 from .checks import gate_check_results, gate_check_specs
-from .partitions import ingest_batches
+from .partitions import batch_keys, ingest_batches
 
 
 def version_tags() -> dict[str, str]:
@@ -67,7 +67,7 @@ def _log_totals(context, reports) -> None:
 def raw_episodes(context: AssetExecutionContext, ingest: IngestResource, gates: GatesResource):
     stores, config = ingest.stores(), gates.config()
     reports = []
-    for batch in context.partition_keys:
+    for batch in batch_keys(context):
         rep = inventory_batch(batch, stores, config, log=context.log.warning)
         context.add_asset_metadata(_partition_metadata(batch_summary(batch, stores.registry, "pre"), rep),
                                    partition_key=batch)
@@ -89,7 +89,7 @@ def mcap_episodes(context: AssetExecutionContext, ingest: IngestResource, gates:
                   transcode: TranscodeResource):
     stores, config = ingest.stores(), gates.config()
     reports = []
-    for batch in context.partition_keys:
+    for batch in batch_keys(context):
         rep = transcode_batch(batch, stores, config, settings=transcode.settings(), workers=transcode.pool_size(),
                               log=context.log.warning)
         summary = batch_summary(batch, stores.registry)

@@ -21,7 +21,7 @@ from dyna_resources.ladders.run import LadderReport, ladder_batch
 
 from .. import k8s
 from .assets import BACKFILL
-from .partitions import ingest_batches
+from .partitions import batch_keys, ingest_batches
 
 
 def _pictures_markdown(report: LadderReport) -> str:
@@ -51,7 +51,7 @@ def _partition_metadata(report: LadderReport) -> dict:
 def step_ladders(context: AssetExecutionContext, ingest: IngestResource, ladders: LadderResource):
     registry, config = ingest.stores().registry, ladders.config()
     reports = []
-    for batch in context.partition_keys:
+    for batch in batch_keys(context):
         rep = ladder_batch(batch, registry, config, pictures=ladders.pictures, log=context.log.warning)
         context.add_asset_metadata(_partition_metadata(rep), partition_key=batch)
         context.log.info(f"{batch}: segmented {len(rep.segmented)}, not segmentable {len(rep.errors)}, "

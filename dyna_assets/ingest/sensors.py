@@ -8,8 +8,8 @@ import os
 
 from dagster import (AssetKey, DefaultSensorStatus, RunRequest, SensorEvaluationContext, SensorResult, SkipReason,
                      sensor)
-from dagster._core.definitions.events import AssetKeyPartitionKey
 from dagster._core.definitions.assets.graph.asset_graph_subset import AssetGraphSubset
+from dagster._core.definitions.events import AssetKeyPartitionKey
 from dagster._core.execution.backfill import BulkActionsFilter, BulkActionStatus
 
 from dyna_resources import versions
@@ -19,6 +19,7 @@ from dyna_resources.ingest.tick import LandingCursor, landing_tick
 from .partitions import ingest_batches
 
 INGEST_ASSETS = [AssetKey("raw_episodes"), AssetKey("mcap_episodes"), AssetKey("step_ladders")]
+DRIFT_ASSETS = [AssetKey("mcap_episodes"), AssetKey("step_ladders")]  # what a drift backfill may redo
 DRIFT_TAG = "dyna/drift"
 
 
@@ -48,7 +49,9 @@ def landing_sensor(context: SensorEvaluationContext, ingest: IngestResource):
     )
 
 
-@sensor(minimum_interval_seconds=60, default_status=default_status(),
+# The daemon only accepts a backfill request (RunRequest.for_asset_graph_subset) from a sensor that declares
+# the assets it may target, and refuses a subset reaching outside them.
+@sensor(asset_selection=DRIFT_ASSETS, minimum_interval_seconds=60, default_status=default_status(),
         description="Batches holding episodes of an outdated PIPELINE/SCHEMA_VERSION → ONE backfill of "
                     "mcap_episodes + step_ladders for exactly those partitions, plus step_ladders alone for "
                     "batches whose ladders an older segmenter/config wrote (never while one is in flight).")
@@ -72,7 +75,7 @@ def version_drift_sensor(context: SensorEvaluationContext, ingest: IngestResourc
     if context.cursor == fingerprint:
         return SkipReason(f"{len(stale) + len(relabel)} stale batches were already backfilled once at these "
                           "versions; see that backfill's failures")
-    mcap, ladder = AssetKey("mcap_episodes"), AssetKey("step_ladders")
+    mcap, ladder = DRIFT_ASSETS
     wanted = {AssetKeyPartitionKey(k, b) for b in stale for k in (mcap, ladder)}
     wanted |= {AssetKeyPartitionKey(ladder, b) for b in relabel}
     subset = AssetGraphSubset.from_asset_partition_set(wanted, context.repository_def.asset_graph)

@@ -9,6 +9,7 @@ from dyna_resources.faces import CacheResource, HomeResource, TrainerResource
 
 from .. import k8s
 from ..curation.assets import curation_specs
+from ..partitions import partition_key
 
 
 @asset(partitions_def=curation_specs, deps=["manifests", "cache_sets"], group_name="training",
@@ -18,7 +19,7 @@ from ..curation.assets import curation_specs
                    "complete checkpoint), async sharded checkpoints; each records its manifest, versions and "
                    "code commit.")
 def checkpoints(context: AssetExecutionContext, home: HomeResource, cache: CacheResource, trainer: TrainerResource):
-    run = trainer.prepare(home, cache, context.partition_key)
+    run = trainer.prepare(home, cache, partition_key(context, "curation spec"))
     context.log.info(f"training run {run.run_dir} ({'resuming' if run.resuming else 'new'}): {' '.join(run.command)}")
     invocation = PipesSubprocessClient(env=run.env).run(command=run.command, context=context)
     progress = [m for m in invocation.get_custom_messages() if isinstance(m, dict) and "step" in m]

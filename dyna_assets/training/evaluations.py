@@ -19,15 +19,18 @@ from dagster import (
     AssetRecordsFilter,
     Config,
     DataVersion,
+    Failure,
     MaterializeResult,
     MetadataValue,
     asset,
 )
 
 from dyna_resources.faces import HomeResource
+from dyna_resources.keys import UnsafeKeyError, check_key
 
 from .. import k8s
 from ..curation.assets import curation_specs
+from ..partitions import partition_key
 
 HISTORY = 20  # earlier evaluations shown in the comparison table
 
@@ -49,7 +52,8 @@ class ReleaseConfig(Config):
 
 def _latest_metadata(context: AssetExecutionContext, key: str, limit: int = 1) -> list[dict]:
     records = context.instance.fetch_materializations(
-        AssetRecordsFilter(asset_key=AssetKey(key), asset_partitions=[context.partition_key]), limit=limit).records
+        AssetRecordsFilter(asset_key=AssetKey(key), asset_partitions=[partition_key(context, "curation spec")]),
+        limit=limit).records
     return [{k: getattr(v, "value", v) for k, v in r.asset_materialization.metadata.items()} for r in records]
 
 
@@ -58,6 +62,14 @@ def _run_dir(context: AssetExecutionContext) -> Path:
     if not found or "checkpoints_dir" not in found[0]:
         raise RuntimeError(f"no checkpoints materialization for partition {context.partition_key!r}: train first")
     return Path(found[0]["checkpoints_dir"]).parent
+
+
+def _checked(name: str, what: str) -> str:
+    """A name from run config that becomes a path or object key, checked like partition keys."""
+    try:
+        return check_key(name, what)
+    except UnsafeKeyError as e:
+        raise Failure(description=str(e), allow_retries=False) from None
 
 
 def _row(md: dict, this: bool = False) -> str:
@@ -98,9 +110,9 @@ def comparison_table(current: dict, earlier: list[dict]) -> str:
 def evaluations(context: AssetExecutionContext, config: EvaluationConfig, home: HomeResource):
     from trainer.evaluate import evaluate_checkpoint
 
+    held = config.heldout_manifest or partition_key(context, "curation spec")
+    url = held if held.endswith(".arrow") else home.manifest_arrow_url(_checked(held, "held-out manifest name"))
     run_dir = _run_dir(context)
-    held = config.heldout_manifest or context.partition_key
-    url = held if held.endswith(".arrow") else home.manifest_arrow_url(held)
     context.log.info(f"evaluating {run_dir} ({config.evaluation}) on {url}")
     res = evaluate_checkpoint(run_dir, url, step=None if config.step < 0 else config.step,
                               evaluation=config.evaluation, batch_size=config.batch_size,
@@ -146,6 +158,7 @@ def evaluations(context: AssetExecutionContext, config: EvaluationConfig, home: 
 def released_models(context: AssetExecutionContext, config: ReleaseConfig, home: HomeResource):
     from trainer.release import export_weights, publish
 
+    name = _checked(config.name, "release name") if config.name else partition_key(context, "curation spec")
     evaluated = _latest_metadata(context, "evaluations")
     if config.step >= 0:
         run_dir, step = _run_dir(context), config.step
@@ -155,7 +168,7 @@ def released_models(context: AssetExecutionContext, config: ReleaseConfig, home:
         run_dir, step = _run_dir(context), None
     store = config.store_url or os.environ.get("DYNA_MODEL_STORE") or f"file://{home.home().root}"
     folder = export_weights(run_dir, step)
-    rel = publish(folder, store, config.name or context.partition_key)
+    rel = publish(folder, store, name)
     context.log.info(f"{'already released' if rel.already_released else 'released'}: {rel.url}")
     side = rel.sidecar
     md = {

@@ -17,11 +17,22 @@ over the warehouse that yields the manifest's rows (one per segment).
 
 Column names are checked against the warehouse's columns and operators against a fixed
 list; every value is a bound parameter, so nothing from a spec is ever spliced into SQL.
-Any mistake is a :class:`CurationSpecError` naming the field (``where.tsk``).
+Values are checked against their column's type (text, number, boolean) and the segment
+sizes against bounds, all before the query runs: any mistake is a :class:`CurationSpecError`
+naming the field (``where.tsk``), and the value and what was expected where there is one.
+
+Bounds (what cannot be a sensible training set, or would blow up the query):
+
+* ``segments.length_s`` and ``segments.stride_s``: from ``MIN_SEGMENT_S`` (1 ms: one tick of a
+  1 kHz control loop, finer than any robot records) to ``MAX_SEGMENT_S`` (one day);
+* at most ``MAX_SEGMENTS_PER_EPISODE`` (1,000,000) segments per episode or step window, checked
+  on the chosen episodes before the manifest query (a 1 h episode at a 10 ms stride is 360,000);
+* weights: finite, from 0 to ``MAX_WEIGHT`` (1e6).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -29,6 +40,7 @@ from pathlib import Path
 
 import yaml
 
+from ..keys import SAFE_KEY, is_safe_key
 from .warehouse import STEP_COLUMNS, warehouse_columns
 
 COLUMNS = dict(warehouse_columns())
@@ -37,13 +49,30 @@ OPERATORS = {"=": "IS NOT DISTINCT FROM", "!=": "IS DISTINCT FROM", "<": "<", "<
              "in": "IN", "not_in": "NOT IN", "like": "LIKE", "is_null": "IS NULL"}
 SPEC_FIELDS = {"name", "description", "where", "segments", "weights", "steps"}
 STEP_SCOPES = ("step", "episode")
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+NAME = SAFE_KEY  # a spec's name, like its file's stem, becomes a partition key and a file name
+MIN_SEGMENT_S = 0.001
+MAX_SEGMENT_S = 86_400.0
+MAX_SEGMENTS_PER_EPISODE = 1_000_000
+MAX_WEIGHT = 1e6
+# What a value compared with a column of each warehouse type must be.
+_NUMERIC = ("INTEGER", "BIGINT", "DOUBLE")
+_EXPECTED = {"VARCHAR": "text", "BOOLEAN": "true or false", "INTEGER": "an integer", "BIGINT": "an integer",
+             "DOUBLE": "a number"}
 # Manifest columns carried over from the warehouse as they are (after the computed ones:
 # episode_id, uri, start_ns, end_ns, n_steps, weight).
 PASSTHROUGH = ["task", "robot_id", "robot_model", "site", "success", "sim", "pipeline_version", "schema_version"]
 # Of those, the few-valued text columns leave DuckDB as ENUMs, i.e. Arrow dictionary arrays:
 # one byte per row instead of a string, in the manifest and in every rank's mapped pages.
 DICTIONARY = ["task", "robot_id", "robot_model", "site", "pipeline_version", "schema_version"]
+
+
+class _SpecLoader(yaml.SafeLoader):
+    """YAML 1.1 (PyYAML) reads an exponent without a dot, ``stride_s: 1e-9``, as a string; a spec
+    reads it as the number it is, as YAML 1.2 does."""
+
+
+_SpecLoader.add_implicit_resolver("tag:yaml.org,2002:float",
+                                  re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
 
 
 class CurationSpecError(ValueError):
@@ -63,11 +92,12 @@ class CurationSpec:
     default_weight: float = 1.0
     step_where: Mapping | None = None  # conditions on episode_steps; None: no step selection
     step_scope: str = "step"
+    source: str = field(default="curation spec", compare=False)  # the file, for errors found later
 
     @classmethod
     def load(cls, path: str | Path) -> CurationSpec:
         try:
-            data = yaml.safe_load(Path(path).read_text())
+            data = yaml.load(Path(path).read_text(), Loader=_SpecLoader)  # a SafeLoader
         except yaml.YAMLError as e:
             raise CurationSpecError("(file)", f"not valid YAML: {e}", str(path)) from None
         return cls.from_mapping(data, source=str(path))
@@ -81,8 +111,8 @@ class CurationSpec:
             if k not in SPEC_FIELDS:
                 raise err(str(k), f"unknown field; known: {', '.join(sorted(SPEC_FIELDS))}")
         name = data.get("name")
-        if not isinstance(name, str) or not NAME.match(name):
-            raise err("name", "required; letters, digits, '.', '_', '-' (at most 128)")
+        if not is_safe_key(name):
+            raise err("name", f"required; letters, digits, '.', '_', '-' (at most 128, no '..'), got {name!r}")
         where = data.get("where") or {}
         if not isinstance(where, Mapping):
             raise err("where", "expected a mapping of column: condition")
@@ -106,8 +136,10 @@ class CurationSpec:
             raise err("segments", "expected {length_s, stride_s}")
         length_s, stride_s = seg.get("length_s", 2.0), seg.get("stride_s", seg.get("length_s", 2.0))
         for f, v in (("segments.length_s", length_s), ("segments.stride_s", stride_s)):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
                 raise err(f, f"must be a positive number, got {v!r}")
+            if not MIN_SEGMENT_S <= v <= MAX_SEGMENT_S:
+                raise err(f, f"{v!r} s is out of bounds: from {MIN_SEGMENT_S} s (1 ms) to {MAX_SEGMENT_S:g} s (a day)")
         w = data.get("weights") or {}
         if not isinstance(w, Mapping) or set(w) - {"by", "values", "default"}:
             raise err("weights", "expected {by, values, default}")
@@ -117,15 +149,18 @@ class CurationSpec:
         values = w.get("values") or {}
         if not isinstance(values, Mapping):
             raise err("weights.values", "expected a mapping of value: weight")
-        for k, v in {**values, "default": w.get("default", 1.0)}.items():
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-                raise err(f"weights.values.{k}" if k != "default" else "weights.default",
-                          f"must be a number >= 0, got {v!r}")
+        weights = [(f"weights.values.{k}", v) for k, v in values.items()] + [("weights.default", w.get("default", 1.0))]
+        for f, v in weights:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= MAX_WEIGHT:
+                raise err(f, f"must be a number from 0 to {MAX_WEIGHT:g}, got {v!r}")
+        if by is not None:
+            for k in values:
+                _check_value(err, f"weights.values.{k}", k, by, COLUMNS[by], "a key")
         if values and by is None:
             raise err("weights.by", "required when weights.values is given")
         return cls(name=name, where=dict(where), length_s=float(length_s), stride_s=float(stride_s), weight_by=by,
                    weights=dict(values), default_weight=float(w.get("default", 1.0)),
-                   step_where=None if step_where is None else dict(step_where), step_scope=scope)
+                   step_where=None if step_where is None else dict(step_where), step_scope=scope, source=source)
 
     def _chosen(self) -> tuple[str, dict]:
         """The episodes the spec selects, with their weight: the query's first step."""
@@ -160,11 +195,9 @@ class CurationSpec:
             (f"CREATE OR REPLACE TEMP TYPE {_enum(col)} AS ENUM (SELECT DISTINCT {col} FROM {values} "
              f"WHERE {col} IS NOT NULL ORDER BY ALL)", {}) for col in DICTIONARY]
 
-    def compile(self) -> tuple[str, dict]:
-        """The one query, and its parameters (DuckDB ``$name`` placeholders). Segments are cut
-        inside windows: each chosen episode's whole time range, or with ``steps`` (scope step) the
-        matching steps' windows, each row then naming its step. An episode's sample count scales
-        with its own rate either way."""
+    def _windows(self) -> tuple[str, dict, bool]:
+        """The ``chosen`` and ``windows`` CTEs (the time ranges segments are cut in), their
+        parameters, and whether windows are steps."""
         chosen, params = self._chosen()
         if self.step_where is not None and self.step_scope == "step":
             step_conds = " AND ".join(["s.end_ns - s.start_ns >= $length_ns",
@@ -172,17 +205,33 @@ class CurationSpec:
             windows = ("SELECT c.*, s.step, s.step_index, s.start_ns AS w_start, s.end_ns AS w_end\n"
                        "    FROM chosen c JOIN episode_steps s ON s.episode_id = c.episode_id\n"
                        f"    WHERE {step_conds}")
-            step_column, order = ", step", "episode_id, step_index, k"
         else:
             windows = "SELECT *, start_ns AS w_start, end_ns AS w_end FROM chosen"
-            step_column, order = "", "episode_id, k"
-        sql = f"""
+        ctes = f"""
 WITH chosen AS (
     {chosen}
 ), windows AS (
     {windows}
-), segments AS (
-    SELECT *, unnest(range(0, CAST(floor((w_end - w_start - $length_ns) / $stride_ns) AS BIGINT) + 1)) AS k
+)"""
+        return ctes, params, self.step_where is not None and self.step_scope == "step"
+
+    def segment_count_query(self) -> tuple[str, dict]:
+        """The window with the most segments (``episode_id``, count), or no row: what
+        :func:`curate` checks against ``MAX_SEGMENTS_PER_EPISODE`` before the manifest query."""
+        ctes, params, _ = self._windows()
+        sql = (f"{ctes}\nSELECT episode_id, {_SEGMENTS} AS n FROM windows WHERE weight > 0 "
+               f"ORDER BY n DESC, episode_id LIMIT 1")
+        return sql.strip(), {k: params[k] for k in re.findall(r"\$(\w+)", sql)}
+
+    def compile(self) -> tuple[str, dict]:
+        """The one query, and its parameters (DuckDB ``$name`` placeholders). Segments are cut
+        inside windows: each chosen episode's whole time range, or with ``steps`` (scope step) the
+        matching steps' windows, each row then naming its step. An episode's sample count scales
+        with its own rate either way."""
+        ctes, params, by_step = self._windows()
+        step_column, order = (", step", "episode_id, step_index, k") if by_step else ("", "episode_id, k")
+        sql = f"""{ctes}, segments AS (
+    SELECT *, unnest(range(0, {_SEGMENTS})) AS k
     FROM windows
 )
 SELECT episode_id, mcap_uri AS uri,
@@ -194,6 +243,10 @@ FROM segments
 WHERE weight > 0
 ORDER BY {order}"""
         return sql.strip(), params
+
+
+# Segments in a window of ``w_start``..``w_end`` (at least one: shorter windows are not chosen).
+_SEGMENTS = "CAST(floor((w_end - w_start - $length_ns) / $stride_ns) AS BIGINT) + 1"
 
 
 def _conditions(where: Mapping, prefix: str, params: dict, qualifier: str = "") -> list[str]:
@@ -243,6 +296,31 @@ def _check_condition(err, col: str, cond, columns: Mapping = COLUMNS, section: s
         raise err(f"{section}.{col}", f"{op} needs one plain value (use is_null for NULL)")
     if op == "like" and not isinstance(value, str):
         raise err(f"{section}.{col}", "like needs a string pattern")
+    if op == "like" and columns[col] != "VARCHAR":
+        raise err(f"{section}.{col}", f"like applies to text columns; {col} is {columns[col]}")
+    if op in ("in", "not_in"):
+        for i, v in enumerate(value if isinstance(value, list) else []):
+            _check_value(err, f"{section}.{col}", v, col, columns[col], f"{op} item {i}")
+    elif op != "is_null":
+        _check_value(err, f"{section}.{col}", value, col, columns[col], op)
+
+
+def _check_value(err, field: str, value, col: str, duck_type: str, what: str) -> None:
+    """``value`` must be what DuckDB can compare with ``col`` as it is, never a cast that fails in the
+    query (where the error would name a parameter, ``$w0``, instead of the field)."""
+    if duck_type == "VARCHAR":
+        ok = isinstance(value, str)
+    elif duck_type == "BOOLEAN":
+        ok = isinstance(value, bool)
+    elif duck_type in _NUMERIC:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+    else:  # a column type this module does not know: let DuckDB decide
+        return
+    if not ok:
+        shown = str(value).lower() if isinstance(value, bool) else value
+        hint = f" (quote it in YAML: '{shown}')" if duck_type == "VARCHAR" else ""
+        raise err(field, f"{what}: expected {_EXPECTED[duck_type]} ({col} is {duck_type}), "
+                         f"got {value!r} ({type(value).__name__}){hint}")
 
 
 def _passthrough(col: str) -> str:
@@ -261,9 +339,23 @@ def prepare(con, spec: CurationSpec) -> None:
         con.execute(sql, params)
 
 
+def check_segment_count(con, spec: CurationSpec) -> None:
+    """:class:`CurationSpecError` on ``segments.stride_s`` if some chosen window would be cut into more
+    than ``MAX_SEGMENTS_PER_EPISODE`` segments (one small query over the chosen episodes)."""
+    sql, params = spec.segment_count_query()
+    worst = con.execute(sql, params).fetchone()
+    if worst is not None and worst[1] > MAX_SEGMENTS_PER_EPISODE:
+        episode, n = worst
+        raise CurationSpecError(
+            "segments.stride_s", f"episode {episode} would give {n:,} segments of {spec.length_s:g} s every "
+            f"{spec.stride_s:g} s, more than the {MAX_SEGMENTS_PER_EPISODE:,} per episode allowed: raise stride_s "
+            "(or exclude the episode, e.g. where: {duration_s: {'<=': ...}})", spec.source)
+
+
 def curate(warehouse, spec: CurationSpec, *, batch_rows: int = 64 * 1024):
     """Run the spec's query on the warehouse; the manifest rows as a stream of Arrow batches
-    (``.read_all()`` for a table)."""
+    (``.read_all()`` for a table). First checks the segment count bound (``check_segment_count``)."""
     sql, params = spec.compile()
+    check_segment_count(warehouse.con, spec)
     prepare(warehouse.con, spec)
     return warehouse.con.sql(sql, params=params).to_arrow_reader(batch_rows)

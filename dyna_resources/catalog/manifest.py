@@ -33,6 +33,8 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
+from ..keys import check_key
+
 BATCH_ROWS = 64 * 1024
 ROW_GROUP_BATCHES = 16  # Parquet row groups of 1 Mi rows: few footers entries, still prunable
 
@@ -59,8 +61,11 @@ def write_manifest(rows: pa.RecordBatchReader | pa.Table, dest: str | Path, name
                    extra: dict | None = None, fs=None) -> ManifestFiles:
     """Write ``rows`` as ``<dest>/<name>.{parquet,arrow,json}``; ``count_by`` columns get value
     counts in the stats (with ``episode_id``/``start_ns``/``end_ns``: episodes and segment time).
-    ``fs``: an fsspec filesystem for ``dest`` (default: resolved from the URL)."""
+    ``fs``: an fsspec filesystem for ``dest`` (default: resolved from the URL). ``name`` must be a
+    safe key (``dyna_resources.keys``): one file name inside ``dest``, never a path out of it."""
     import fsspec
+
+    check_key(name, "manifest name")
 
     if fs is None:
         fs, root = fsspec.core.url_to_fs(str(dest))

@@ -37,6 +37,29 @@ class RegistryUnavailableError(RuntimeError):
     """The registry database cannot be reached: critical, the run must fail (nothing is lost)."""
 
 
+class FieldValueError(ValueError):
+    """A value the registry refuses on every backend (too long for its column, or holding a NUL,
+    which PostgreSQL cannot store): raised before anything is written, naming the column."""
+
+    def __init__(self, table: str, column: str, problem: str):
+        self.table, self.column, self.problem = table, column, problem
+        super().__init__(f"{table}.{column}: {problem}")
+
+
+def check_values(table, row: dict) -> None:
+    """Refuse a row the registry would store on one backend and not the other: text longer than
+    its column (VARCHAR(n) on PostgreSQL, unbounded on SQLite) or holding a NUL character."""
+    limits = t.string_limits(table)
+    for col, v in row.items():
+        if not isinstance(v, str):
+            continue
+        limit = limits.get(col)
+        if limit is not None and len(v) > limit:
+            raise FieldValueError(table.name, col, f"{len(v)} characters, the registry stores at most {limit}")
+        if "\x00" in v:
+            raise FieldValueError(table.name, col, "contains a NUL character, which PostgreSQL cannot store")
+
+
 @dataclass(frozen=True, order=True)
 class LandedFile:
     path: str  # relative to the landing root
@@ -205,34 +228,43 @@ class Registry:
                        episode: dict | None = None, quarantine: dict | None = None,
                        release_quarantine: bool = True, now: float | None = None) -> None:
         """Record what one stage did to one file, in one transaction: its gate results, its
-        episode row (upserted) and either a quarantine record or the release of an old one."""
+        episode row (upserted) and either a quarantine record or the release of an old one.
+        A value either backend would refuse raises :class:`FieldValueError` and writes nothing."""
         now = time.time() if now is None else now
         episode_id = (episode or {}).get("episode_id") or (quarantine or {}).get("episode_id")
+        results = [{
+            "source_path": source_path, "stage": stage, "gate": g["gate"], "batch_key": batch_key,
+            "episode_id": episode_id, "passed": bool(g["passed"]), "action": g["action"],
+            "detail": g.get("detail", ""), "pipeline_version": g["pipeline_version"], "checked_at": now,
+        } for g in gates]
+        row, row_id = None, ""
+        if episode is not None:
+            row_id = episode["episode_id"]
+            row = {**episode, "source_path": source_path, "batch_key": batch_key, "updated_at": now}
+            if "cameras" in row and not isinstance(row["cameras"], str):
+                row["cameras"] = json.dumps(row["cameras"])
+        held = None if quarantine is None else {
+            "source_path": source_path, "batch_key": batch_key, "episode_id": episode_id,
+            "stage": quarantine.get("stage", stage), "gate": quarantine["gate"],
+            "reason": quarantine["reason"], "stream": quarantine.get("stream"),
+            "pipeline_version": quarantine["pipeline_version"], "quarantined_at": now}
+        for table, rows in ((t.quality_results, results), (t.episodes, [row] if row else []),
+                            (t.quarantine, [held] if held else [])):
+            for r in rows:
+                check_values(table, r)  # before the transaction: a refused value writes nothing
         with self._begin() as c:
-            if gates:
-                self._upsert(c, t.quality_results, [{
-                    "source_path": source_path, "stage": stage, "gate": g["gate"], "batch_key": batch_key,
-                    "episode_id": episode_id, "passed": bool(g["passed"]), "action": g["action"],
-                    "detail": g.get("detail", ""), "pipeline_version": g["pipeline_version"], "checked_at": now,
-                } for g in gates], ["source_path", "stage", "gate"])
-            if episode is not None:
-                row = {**episode, "source_path": source_path, "batch_key": batch_key, "updated_at": now}
-                if "cameras" in row and not isinstance(row["cameras"], str):
-                    row["cameras"] = json.dumps(row["cameras"])
+            if results:
+                self._upsert(c, t.quality_results, results, ["source_path", "stage", "gate"])
+            if row is not None:
                 if "source_bytes" in row:  # a whole row (inventory): insert or replace
                     self._upsert(c, t.episodes, [row], ["episode_id"])
                 else:  # an update of a known episode (transcode outcome)
                     if row.get("mcap_uri"):  # a new MCAP: its step ladder is redone from it
                         row["ladder_version"] = None
                     c.execute(update(t.episodes).where(t.episodes.c.episode_id == row.pop("episode_id")).values(**row))
-                self._score(c, source_path, episode["episode_id"])
-            if quarantine is not None:
-                self._upsert(c, t.quarantine, [{
-                    "source_path": source_path, "batch_key": batch_key, "episode_id": episode_id,
-                    "stage": quarantine.get("stage", stage), "gate": quarantine["gate"],
-                    "reason": quarantine["reason"], "stream": quarantine.get("stream"),
-                    "pipeline_version": quarantine["pipeline_version"], "quarantined_at": now,
-                }], ["source_path"])
+                self._score(c, source_path, row_id)
+            if held is not None:
+                self._upsert(c, t.quarantine, [held], ["source_path"])
             elif release_quarantine:
                 c.execute(delete(t.quarantine).where(t.quarantine.c.source_path == source_path))
 
@@ -280,6 +312,7 @@ class Registry:
             raise ValueError(f"review verdict must be one of {REVIEW_VERDICTS}, not {verdict!r}")
         if not reviewer or not reviewer.strip():
             raise ValueError("a review needs the reviewer's name")
+        check_values(t.episodes, {"reviewed_by": reviewer.strip(), "review_note": note})
         with self._begin() as c:
             n = c.execute(update(t.episodes).where(t.episodes.c.episode_id == episode_id).values(
                 review_verdict=verdict, reviewed_by=reviewer.strip(), review_note=note,

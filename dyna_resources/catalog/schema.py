@@ -2,6 +2,8 @@
 
 Times are UTC epoch seconds (float) so both backends store and compare them the same way.
 Paths of landed files are relative to the landing root (``site-a/2026/ep-000001.h5``).
+Bounded text columns (``String(n)``) are VARCHAR(n) on PostgreSQL and unbounded on SQLite, so
+the registry checks every value against :func:`string_limits` itself: one limit on both.
 """
 
 from __future__ import annotations
@@ -130,3 +132,12 @@ quarantine = Table(
     Column("quarantined_at", Float, nullable=False),
     Index("ix_quarantine_batch", "batch_key"),
 )
+
+
+def string_limits(table: Table) -> dict[str, int]:
+    """The longest value, in characters, each bounded text column of ``table`` holds."""
+    return dict(_LIMITS[table.name])
+
+
+_LIMITS = {tab.name: {c.name: c.type.length for c in tab.columns if isinstance(c.type, String) and c.type.length}
+           for tab in metadata.sorted_tables}

@@ -139,9 +139,18 @@ def jpeg_to_yuv(data: bytes) -> av.VideoFrame:
 
 
 def to_yuv(frame: av.VideoFrame | np.ndarray) -> av.VideoFrame:
-    """Full-range YUV 4:2:0: JPEG's 4:2:0 planes pass through; anything else is converted."""
+    """Full-range YUV 4:2:0: JPEG's 4:2:0 planes pass through; anything else is converted.
+
+    4:2:0 (and H.264 in 4:2:0, whose cropping window moves in 2-pixel steps) cannot hold an odd
+    width or height, so an odd-sized frame loses its last column and/or row here, ffmpeg's usual
+    ``crop=trunc(iw/2)*2:trunc(ih/2)*2``: only source pixels are kept (padding would invent an
+    edge), at most one line per axis. Raises ValueError for a frame under 2x2 pixels.
+    """
     if isinstance(frame, np.ndarray):
-        frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24")
+        if frame.ndim != 3 or frame.shape[2] != 3 or min(frame.shape[:2]) < 2:
+            raise ValueError(f"expected an RGB frame of at least 2x2 pixels, got shape {frame.shape}")
+        frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(frame[: frame.shape[0] & ~1, : frame.shape[1] & ~1]),
+                                           format="rgb24")
     # threads=1: PyAV's reformat defaults to threads=0, i.e. a fresh swscale slice-thread
     # pool of one thread per core for every frame (each frame carries its own reformatter).
     # The pixels are the same at any thread count (checked: 1-16 threads, bit-identical), but
@@ -154,8 +163,23 @@ def to_yuv(frame: av.VideoFrame | np.ndarray) -> av.VideoFrame:
         out = frame
     else:
         out = frame.reformat(format="yuv420p", dst_color_range=FULL_RANGE, threads=1)
+    out = _crop_to_even(out)
     out.color_range = FULL_RANGE
     return out
+
+
+def _crop_to_even(frame: av.VideoFrame) -> av.VideoFrame:
+    """A yuv420p frame without its last column/row where the width/height is odd (see :func:`to_yuv`)."""
+    w, h = frame.width & ~1, frame.height & ~1
+    if (w, h) == (frame.width, frame.height):
+        return frame
+    if w == 0 or h == 0:
+        raise ValueError(f"a {frame.width}x{frame.height} frame is too small to encode (at least 2x2 pixels)")
+    planes = []
+    for plane, (pw, ph) in zip(frame.planes, ((w, h), (w // 2, h // 2), (w // 2, h // 2)), strict=True):
+        rows = np.frombuffer(memoryview(plane), np.uint8).reshape(-1, plane.line_size)
+        planes.append(rows[:ph, :pw].reshape(-1))
+    return av.VideoFrame.from_ndarray(np.concatenate(planes).reshape(h * 3 // 2, w), format="yuv420p")
 
 
 def yuv420_to_rgb(planes: np.ndarray, full_range: bool = True) -> np.ndarray:

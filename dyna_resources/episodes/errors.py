@@ -30,6 +30,14 @@ class RawFormatError(EpisodeError):
     kind = "raw_format"
 
 
+class ExternalDataError(RawFormatError):
+    """The file reaches outside itself: HDF5 external storage, an external link, a virtual
+    dataset, or a soft link that does not resolve inside the file. Refused before any byte of
+    what it points at is read; ``stream`` is the HDF5 path of the dataset or link at fault."""
+
+    kind = "external_data"
+
+
 class MissingStreamError(RawFormatError):
     """A stream the format requires is absent."""
 

@@ -8,6 +8,7 @@ complete: a failure never leaves a partial MCAP behind.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
@@ -47,6 +48,10 @@ class TranscodeSettings:
     # (the same picture again); sensor noise alone moves a live camera's picture by >= 1.5
     frozen_level: float = 0.5
     crf_by_site: tuple[tuple[str, float], ...] = CRF_BY_SITE  # (site, crf): overrides video.crf for that site
+    # CPU seconds one episode may take (transcode, post gates and scoring; 0: no limit). The batch
+    # engine enforces it on each episode's worker process: a file that would hold a transcode slot
+    # for hours is quarantined instead. Not part of the output, so not in as_dict().
+    max_cpu_s: float = 0.0
 
     def for_site(self, site: str) -> TranscodeSettings:
         crf = dict(self.crf_by_site).get(site)
@@ -193,13 +198,20 @@ def _write_episode(raw: RawEpisode, f, settings: TranscodeSettings, source_sha: 
     video = _VideoWindows(raw.path, cameras, settings, rate, channels)
     proprio = _BlockWindows(streams, t0, block_ns, channels)
     n_messages = 0
-    for k in range((raw.end_ns - t0) // gop_ns + 1):
+    k = 0  # GOP window
+    while True:
         window_end = t0 + (k + 1) * gop_ns
         pending = video.messages_until(window_end) + proprio.messages_until(window_end)
         pending.sort(key=lambda m: (m[0], m[1]))  # time-major inside each chunk
         for ts, cid, data in pending:
             w.add_message(cid, ts, data)
         n_messages += len(pending)
+        # Next window holding a sample: windows with none are skipped, so the work follows the
+        # samples, never the time span (a clock jump of years is not years of empty windows).
+        nxt = min((t for t in (video.next_ns(), proprio.next_ns()) if t is not None), default=None)
+        if nxt is None:
+            break
+        k = max(k + 1, (nxt - t0) // gop_ns)
 
     cam_reports = video.reports()
     stream_counts = {s.name: len(s) for s in streams}
@@ -234,6 +246,11 @@ class _VideoWindows:
         self.last_luma: dict[str, np.ndarray] = {}
         self.keyframes = dict.fromkeys(self.pos, 0)
         self.video_bytes = dict.fromkeys(self.pos, 0)
+
+    def next_ns(self) -> int | None:
+        """Time of the earliest frame not encoded yet (None: all done)."""
+        return min((int(c.timestamps_ns[self.pos[c.name]]) for c in self.cameras if self.pos[c.name] < len(c)),
+                   default=None)
 
     def messages_until(self, window_end: int) -> list[tuple[int, int, bytes]]:
         out = []
@@ -292,23 +309,32 @@ class _BlockWindows:
     def __init__(self, streams: list[SampleStream], t0: int, block_ns: int, channels: dict[str, int]):
         self.streams, self.t0, self.block_ns, self.channels = streams, t0, block_ns, channels
         self.next_block = {s.name: 0 for s in streams}
+        self.pos = {s.name: 0 for s in streams}  # first sample not in a block yet
+
+    def next_ns(self) -> int | None:
+        """Time of the earliest sample not in a block yet (None: all done)."""
+        return min((int(s.timestamps_ns[self.pos[s.name]]) for s in self.streams if self.pos[s.name] < len(s)),
+                   default=None)
 
     def messages_until(self, window_end: int) -> list[tuple[int, int, bytes]]:
+        """The blocks starting before ``window_end``: every sample up to the block boundary at or after it."""
         out = []
         for s in self.streams:
-            first = self.next_block[s.name]
-            last = max(first, -(-(window_end - self.t0) // self.block_ns))
+            last = max(self.next_block[s.name], -(-(window_end - self.t0) // self.block_ns))
             self.next_block[s.name] = last
-            edges = np.searchsorted(s.timestamps_ns, self.t0 + np.arange(first, last + 1) * self.block_ns)
-            if edges[-1] == edges[0]:
+            lo = self.pos[s.name]
+            hi = int(np.searchsorted(s.timestamps_ns, self.t0 + last * self.block_ns, side="left"))
+            self.pos[s.name] = hi
+            if hi == lo:
                 continue
-            slab = {n: a[edges[0] : edges[-1]] for n, a in s.fields.items()}
+            ts = s.timestamps_ns[lo:hi]
+            slab = {n: a[lo:hi] for n, a in s.fields.items()}
+            block = (ts - self.t0) // self.block_ns
+            cuts = [0, *(np.flatnonzero(np.diff(block)) + 1).tolist(), hi - lo]  # one block per block index
             cid = self.channels[stream_topic(s.name)]
-            for lo, hi in zip(edges[:-1], edges[1:]):
-                if hi > lo:
-                    rows = slice(lo - edges[0], hi - edges[0])
-                    data = blocks.encode_block(s.timestamps_ns[lo:hi], {n: a[rows] for n, a in slab.items()})
-                    out.append((int(s.timestamps_ns[lo]), cid, data))
+            for a, b in itertools.pairwise(cuts):
+                data = blocks.encode_block(ts[a:b], {n: v[a:b] for n, v in slab.items()})
+                out.append((int(ts[a]), cid, data))
         return out
 
 

@@ -3,8 +3,10 @@
 Durable and replayable: every episode's outcome is committed to the registry the moment
 it is known, and every MCAP is written under a temporary name and renamed, so a run
 killed at any point and launched again redoes only the episodes that had not finished.
-A bad episode is quarantined with its reason and the batch goes on; an unreachable
-landing store or registry raises and fails the run (nothing is half-recorded).
+A bad episode is quarantined with its reason and the batch goes on, whatever it raises (not
+only the reader's typed errors) and even when it kills its worker process (each episode is
+transcoded in a process of its own); an unreachable landing store or registry raises and
+fails the run (nothing is half-recorded).
 """
 
 from __future__ import annotations
@@ -16,12 +18,13 @@ import shutil
 import time
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import versions
-from ..catalog.registry import ACCEPTED, QUARANTINED, REJECTED, TRANSCODED, Registry
+from ..catalog import schema
+from ..catalog.registry import ACCEPTED, QUARANTINED, REJECTED, TRANSCODED, FieldValueError, Registry
 from ..episodes.errors import EpisodeError
 from ..episodes.raw_format import RawEpisode
 from ..episodes.transcode import TranscodeSettings, transcode_episode
@@ -30,6 +33,7 @@ from .landing import LandingZone
 from .post_gates import post_gates
 from .pre_gates import Inspection, inspect_file
 from .quality import score_episode
+from .workers import WorkerFailure, run_each
 
 
 def quality_row(src: str | Path, cameras: dict, gates: GateConfig) -> dict:
@@ -83,7 +87,7 @@ class StageReport:
     quarantined: list[dict] = field(default_factory=list)
     gates: dict[str, GateTally] = field(default_factory=dict)
     cpu_s: float = 0.0  # CPU of the work itself (workers included)
-    worker_busy_s: dict[int, float] = field(default_factory=dict)
+    worker_busy_s: dict[int, float] = field(default_factory=dict)  # worker slot -> seconds it worked
 
     def tally(self, key: str, episode_id: str | None, results: list[GateResult]) -> None:
         for r in results:
@@ -98,22 +102,31 @@ def inventory_batch(batch_key: str, stores: IngestStores, gates: GateConfig,
     files = stores.registry.batch_files(batch_key)
     registered = stores.registry.registered_at([f.path for f in files])
     rep = StageReport(batch_key, "pre", files=len(files))
-    pv = versions.PIPELINE_VERSION
     t_cpu = time.process_time()
     for f in files:
         path = stores.landing.resolve(f.path)
         if not path.is_file():
             stores.landing.check()  # the whole store gone is critical; one vanished file is not
-            insp = Inspection(key=f.path, bytes=f.bytes, quarantine={
-                "gate": "readable", "reason": "file vanished from the landing zone", "stream": None, "stage": "pre"})
-            insp.gates = [GateResult("readable", False, "quarantine", "file vanished from the landing zone")]
+            insp = _held(f.path, f.bytes, "file vanished from the landing zone")
         else:
-            insp = inspect_file(path, f.path, gates)
+            try:
+                insp = inspect_file(path, f.path, gates)
+            except Exception as e:  # noqa: BLE001  (whatever one file raises, the batch goes on)
+                stores.landing.check()
+                insp = _held(f.path, f.bytes, f"cannot inspect: {type(e).__name__}: {e}")
         episode, release = _episode_row(stores.registry, insp, registered.get(f.path))
-        rep.tally(f.path, (insp.episode or {}).get("episode_id"), insp.gates)
-        stores.registry.record_outcome(source_path=f.path, batch_key=batch_key, stage="pre",
-                                       gates=[g.as_record(pv) for g in insp.gates], episode=episode,
-                                       quarantine=_q(insp.quarantine), release_quarantine=release)
+        try:
+            _record_pre(stores.registry, batch_key, f.path, insp, episode, release)
+        except FieldValueError as e:  # a value from the file the registry cannot hold
+            insp = _held(f.path, f.bytes, f"attribute {e.column!r}: {e.problem}", stream=e.column,
+                         episode_id=(insp.episode or {}).get("episode_id"))
+            try:
+                _record_pre(stores.registry, batch_key, f.path, insp, None, True)
+            except FieldValueError as e2:  # not even the quarantine fits: the landing key itself
+                log(f"cannot record {f.path[:200]!r} at all, left out of the registry: {e2}")
+                insp.quarantine = {**(insp.quarantine or {}), "reason": f"not recorded: {e2}"}
+        rep.tally(f.path, (insp.episode or {}).get("episode_id") or (insp.quarantine or {}).get("episode_id"),
+                  insp.gates)
         if insp.quarantine:
             rep.quarantined.append({"path": f.path, **insp.quarantine})
             log(f"quarantined {f.path}: {insp.quarantine['gate']}: {insp.quarantine['reason']}")
@@ -122,8 +135,36 @@ def inventory_batch(batch_key: str, stores: IngestStores, gates: GateConfig,
     return rep
 
 
+def _held(key: str, size: int, reason: str, *, stream: str | None = None, episode_id: str | None = None) -> Inspection:
+    """An inspection that holds the file back as unreadable, with the reason."""
+    insp = Inspection(key=key, bytes=size, quarantine={"gate": "readable", "reason": reason, "stream": stream,
+                                                       "stage": "pre", "episode_id": episode_id})
+    insp.gates = [GateResult("readable", False, "quarantine", reason)]
+    return insp
+
+
+def _record_pre(registry: Registry, batch_key: str, key: str, insp: Inspection, episode: dict | None,
+                release: bool) -> None:
+    pv = versions.PIPELINE_VERSION
+    registry.record_outcome(source_path=key, batch_key=batch_key, stage="pre",
+                            gates=[g.as_record(pv) for g in insp.gates], episode=episode,
+                            quarantine=_q(insp.quarantine), release_quarantine=release)
+
+
+_STREAM_MAX = schema.string_limits(schema.quarantine)["stream"]
+
+
 def _q(q: dict | None) -> dict | None:
-    return None if q is None else {**q, "pipeline_version": versions.PIPELINE_VERSION}
+    """A quarantine record as the registry stores it. Its stream may be a dataset name from the
+    file (any length): clipped to the column, the reason (unbounded) keeps everything."""
+    if q is None:
+        return None
+    out = {**q, "pipeline_version": versions.PIPELINE_VERSION, "reason": q["reason"].replace("\x00", "\\x00")}
+    stream = q.get("stream")
+    if stream is not None:
+        stream = stream.replace("\x00", "\\x00")
+        out["stream"] = stream if len(stream) <= _STREAM_MAX else stream[:_STREAM_MAX - 1] + "…"
+    return out
 
 
 def _episode_row(registry: Registry, insp: Inspection, registered_at: float | None) -> tuple[dict | None, bool]:
@@ -218,16 +259,33 @@ def transcode_batch(batch_key: str, stores: IngestStores, gates: GateConfig, *,
              r["source_sha256"], str(stores.quarantine_dir), r) for r in todo]
     workers = max(1, min(workers or os.cpu_count() or 1, len(jobs) or 1))
     cpu0 = _cpu_s()
-    if workers == 1:
-        for j in jobs:
-            _record(stores, rep, j[4], _transcode_one(*j[:4], settings, gates), log)
-    else:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            futures = {pool.submit(_transcode_one, *j[:4], settings, gates): j[4] for j in jobs}
-            for fut in as_completed(futures):
-                _record(stores, rep, futures[fut], fut.result(), log)
+    # Each episode in a process of its own, recorded the moment it finishes: one that raises or
+    # kills its worker is quarantined with the reason and the others land.
+    with closing(run_each(_transcode_one, [(*j[:4], settings, gates) for j in jobs], workers,
+                          cpu_limit_s=settings.max_cpu_s)) as finished:
+        for i, slot, out in finished:
+            if isinstance(out, WorkerFailure):
+                out = _worker_died(jobs[i][1], jobs[i][3], out, stores.mcap_dir)
+            _record(stores, rep, jobs[i][4], out, slot, log)
     rep.cpu_s = _cpu_s() - cpu0
     return rep
+
+
+def _worker_died(dst: str, quarantine_dir: str, failure: WorkerFailure, mcap_dir: Path) -> dict:
+    remove_orphan_temps(mcap_dir)  # what the dead worker was writing
+    held = _hold(dst, quarantine_dir)  # it may have died after its MCAP was in place
+    return {"gates": [], "wall_s": 0.0, "cpu_s": 0.0,
+            "quarantine": {"gate": "transcode", "stage": "transcode", "reason": failure.reason, "stream": None,
+                           **({"held_at": held} if held else {})}}
+
+
+def _hold(dst: str, quarantine_dir: str) -> str | None:
+    """Move an MCAP that must not be served into the quarantine folder; its new path, if there was one."""
+    if not Path(dst).is_file():
+        return None
+    held = Path(quarantine_dir) / Path(dst).name
+    shutil.move(dst, held)
+    return str(held)
 
 
 def _cpu_s() -> float:
@@ -239,37 +297,69 @@ def _cpu_s() -> float:
 def _transcode_one(src: str, dst: str, sha256: str, quarantine_dir: str, settings: TranscodeSettings,
                    gates: GateConfig) -> dict:
     t0, c0 = time.perf_counter(), time.process_time()
-    out: dict = {"pid": os.getpid()}
+    out: dict = {}
     try:
         report = transcode_episode(src, dst, settings, source_sha256=sha256).as_dict()
     except EpisodeError as e:
         out["quarantine"] = {"gate": "transcode", "stage": "transcode", "reason": e.reason, "stream": e.stream}
         out["gates"] = []
+    except Exception as e:  # noqa: BLE001  (anything a file makes the transcode raise holds that file back)
+        out["quarantine"] = {"gate": "transcode", "stage": "transcode", "reason": f"{type(e).__name__}: {e}",
+                             "stream": None}
+        out["gates"] = []
     else:
-        results = post_gates(Path(dst), report, gates)
-        failed = [r for r in results if not r.passed and r.action == "quarantine"]
-        out.update(report=report, gates=results)
-        out["quality"] = quality_row(src, report["cameras"], gates)
-        if failed:
-            held = Path(quarantine_dir) / Path(dst).name
-            shutil.move(dst, held)
-            out["quarantine"] = {"gate": failed[0].gate, "stage": "post", "reason": failed[0].detail,
-                                 "stream": None, "held_at": str(held)}
+        try:
+            results = post_gates(Path(dst), report, gates)
+            quality = quality_row(src, report["cameras"], gates)
+        except Exception as e:  # noqa: BLE001
+            held = _hold(dst, quarantine_dir)
+            out["quarantine"] = {"gate": "transcode", "stage": "post", "stream": None, "held_at": held,
+                                 "reason": f"checking the MCAP failed: {type(e).__name__}: {e}"}
+            out["gates"] = []
+        else:
+            failed = [r for r in results if not r.passed and r.action == "quarantine"]
+            out.update(report=report, gates=results, quality=quality)
+            if failed:
+                out["quarantine"] = {"gate": failed[0].gate, "stage": "post", "reason": failed[0].detail,
+                                     "stream": None, "held_at": _hold(dst, quarantine_dir)}
     out["wall_s"], out["cpu_s"] = time.perf_counter() - t0, time.process_time() - c0
     return out
 
 
-def _record(stores: IngestStores, rep: StageReport, row: dict, out: dict, log: Callable[[str], None]) -> None:
-    sv, pv = versions.SCHEMA_VERSION, versions.PIPELINE_VERSION
+def _record(stores: IngestStores, rep: StageReport, row: dict, out: dict, slot: int,
+            log: Callable[[str], None]) -> None:
+    pv = versions.PIPELINE_VERSION
+    rep.worker_busy_s[slot] = rep.worker_busy_s.get(slot, 0.0) + out["wall_s"]
     results: list[GateResult] = out["gates"]
+    episode = _post_row(row, out)
+    try:
+        stores.registry.record_outcome(source_path=row["source_path"], batch_key=rep.batch_key, stage="post",
+                                       gates=[g.as_record(pv) for g in results], episode=episode,
+                                       quarantine=_q(out.get("quarantine")))
+    except FieldValueError as e:  # e.g. an output path longer than its column: held back, said why
+        held = _hold(episode["mcap_path"], str(stores.quarantine_dir)) if episode.get("mcap_path") else None
+        out = {**out, "quarantine": {"gate": "transcode", "stage": "post", "stream": e.column, "held_at": held,
+                                     "reason": f"the registry cannot store the outcome: {e}"}}
+        episode = _post_row(row, out)
+        stores.registry.record_outcome(source_path=row["source_path"], batch_key=rep.batch_key, stage="post",
+                                       gates=[g.as_record(pv) for g in results], episode=episode,
+                                       quarantine=_q(out["quarantine"]))
     rep.tally(row["source_path"], row["episode_id"], results)
-    rep.worker_busy_s[out["pid"]] = rep.worker_busy_s.get(out["pid"], 0.0) + out["wall_s"]
-    episode = {"episode_id": row["episode_id"], "schema_version": sv, "pipeline_version": pv}
     q = out.get("quarantine")
     if q:
-        episode.update(status=QUARANTINED, mcap_path=None, mcap_uri=None, mcap_bytes=None, quality_ok=False)
         rep.quarantined.append({"path": row["source_path"], "episode_id": row["episode_id"], **q})
         log(f"quarantined {row['episode_id']} ({row['source_path']}): {q['gate']}: {q['reason']}")
+    else:
+        rep.processed.append(row["episode_id"])
+
+
+def _post_row(row: dict, out: dict) -> dict:
+    """The episode's registry update after its transcode."""
+    results: list[GateResult] = out["gates"]
+    episode = {"episode_id": row["episode_id"], "schema_version": versions.SCHEMA_VERSION,
+               "pipeline_version": versions.PIPELINE_VERSION}
+    if out.get("quarantine"):
+        episode.update(status=QUARANTINED, mcap_path=None, mcap_uri=None, mcap_bytes=None, quality_ok=False)
     else:
         r = out["report"]
         episode.update(status=TRANSCODED, mcap_path=r["output"], mcap_uri=Path(r["output"]).resolve().as_uri(),
@@ -288,10 +378,7 @@ def _record(stores: IngestStores, rep: StageReport, row: dict, out: dict, log: C
         if dark:
             episode.update(camera_dead=True, quality_ok=False)
         episode.update(out.get("quality") or {})
-        rep.processed.append(row["episode_id"])
-    stores.registry.record_outcome(source_path=row["source_path"], batch_key=rep.batch_key, stage="post",
-                                   gates=[g.as_record(pv) for g in results], episode=episode,
-                                   quarantine=_q(q))
+    return episode
 
 
 # -- what the UI shows for a partition ---------------------------------------------------------

@@ -25,15 +25,20 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-PRE_GATES = ("readable", "required_streams", "timestamps_monotonic", "frame_drops", "dead_camera", "min_duration")
+PRE_GATES = ("readable", "required_streams", "timestamps_monotonic", "max_duration", "min_frames", "finite_values",
+             "frame_drops", "dead_camera", "min_duration")
 POST_GATES = ("decodable", "frame_counts", "durations", "size_sanity")
 ACTIONS = ("quarantine", "flag")
 
 GATE_DOCS = {
-    "readable": "the file opens as a legacy HDF5 episode with a safe episode id",
+    "readable": "the file opens as a legacy HDF5 episode with a safe episode id and attributes that fit the registry",
     "required_streams": "joint states, actions and a camera (the reader's minimum), plus params.streams "
                         "(e.g. [wrench, images/wrist])",
     "timestamps_monotonic": "every stream's timestamps strictly increase",
+    "max_duration": "the episode's timestamps span at most params.max_s seconds (a clock jump would "
+                    "otherwise be transcoded as years of empty time)",
+    "min_frames": "every camera holds at least params.min_frames frames",
+    "finite_values": "no NaN or infinite value in joint states, actions or any other numeric stream",
     "frame_drops": "no camera misses more than params.max_drop_fraction of its frames",
     "dead_camera": "no camera goes dark or frozen (params.samples frames per camera are checked)",
     "min_duration": "the episode lasts at least params.min_s seconds",
@@ -57,6 +62,9 @@ DEFAULTS: dict[str, GateSetting] = {
     "readable": GateSetting(),
     "required_streams": GateSetting(params={"streams": []}),
     "timestamps_monotonic": GateSetting(),
+    "max_duration": GateSetting(params={"max_s": 4 * 3600.0}),
+    "min_frames": GateSetting(params={"min_frames": 1}),
+    "finite_values": GateSetting(),
     "frame_drops": GateSetting(action="flag", blocking=False, params={"max_drop_fraction": 0.02}),
     "dead_camera": GateSetting(action="flag", blocking=False, params={"samples": 12, "flat_std": 1.5}),
     "min_duration": GateSetting(params={"min_s": 1.0}),
@@ -179,6 +187,13 @@ def drop_fraction(ts_ns: np.ndarray) -> float:
     missing = np.rint(d[d > 1.5 * period] / period).astype(np.int64) - 1
     dropped = int(missing.sum())
     return dropped / (len(ts_ns) + dropped)
+
+
+def non_finite(a: np.ndarray) -> tuple[int, int, int, int]:
+    """(NaN count, +inf count, -inf count, first row holding any of them or -1) of a 2-D block."""
+    nan, pos, neg = np.isnan(a), np.isposinf(a), np.isneginf(a)
+    bad = np.flatnonzero((nan | pos | neg).any(axis=1))
+    return int(nan.sum()), int(pos.sum()), int(neg.sum()), int(bad[0]) if len(bad) else -1
 
 
 def flat_frames(lumas: list[np.ndarray], flat_std: float) -> list[int]:

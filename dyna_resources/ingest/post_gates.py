@@ -63,7 +63,7 @@ def post_gates(mcap_path: Path, source: dict, gates: GateConfig) -> list[GateRes
                 if got != info["frames"]:
                     bad.append(f"{cam}: {got} frames, source has {info['frames']}")
             try:
-                streams = reader.read_streams(list(source["streams"]), 0, 2**62)  # every sample
+                streams = reader.read_streams(list(source["streams"]), 0, 2**63 - 1)  # every sample
                 for name, n in source["streams"].items():
                     if len(streams[name].timestamps_ns) != n:
                         bad.append(f"{name}: {len(streams[name].timestamps_ns)} samples, source has {n}")

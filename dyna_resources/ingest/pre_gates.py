@@ -16,7 +16,7 @@ import simplejpeg
 
 from ..episodes.errors import CorruptFrameError, EpisodeError, MissingStreamError, TimestampError
 from ..episodes.raw_format import RawEpisode, file_sha256
-from .gates import GateConfig, GateResult, drop_fraction, flat_frames
+from .gates import GateConfig, GateResult, drop_fraction, flat_frames, non_finite
 
 SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -64,6 +64,21 @@ def inspect_file(path: Path, key: str, gates: GateConfig) -> Inspection:
             missing = sorted(set(gates.param("required_streams", "streams") or []) - have)
             results.append(GateResult("required_streams", not missing, gates["required_streams"].action,
                                       f"missing {', '.join(missing)}" if missing else ""))
+        if gates["max_duration"].enabled:
+            max_s = float(gates.param("max_duration", "max_s"))
+            ok = raw.duration_s <= max_s
+            results.append(GateResult("max_duration", ok, gates["max_duration"].action,
+                                      "" if ok else f"timestamps span {raw.duration_s:.6g} s > {max_s:g} s; "
+                                                    f"{_largest_step(raw)}"))
+        if gates["min_frames"].enabled:
+            least = int(gates.param("min_frames", "min_frames"))
+            short = {c: len(cam) for c, cam in sorted(raw.cameras.items()) if len(cam) < least}
+            results.append(GateResult("min_frames", not short, gates["min_frames"].action,
+                                      f"frames per camera {short} < {least}" if short else ""))
+        if gates["finite_values"].enabled:
+            bad_values = _non_finite_fields(raw)
+            results.append(GateResult("finite_values", not bad_values, gates["finite_values"].action,
+                                      "; ".join(bad_values)))
         drops = {c: drop_fraction(cam.timestamps_ns) for c, cam in raw.cameras.items()}
         worst = max(drops.values(), default=0.0)
         max_drop = float(gates.param("frame_drops", "max_drop_fraction"))
@@ -106,13 +121,48 @@ def _fail_unreadable(insp: Inspection, gates: GateConfig, gate: str, err: Episod
                      reason: str | None = None, stream: str | None = None) -> None:
     """A file the reader refuses cannot go on whatever the gates say: with its gate off it is
     quarantined as a transcode failure (the transcoder uses the same reader), not as a gate."""
-    reason = reason if reason is not None else err.reason
-    stream = stream if err is None else err.stream
+    if err is not None:
+        reason, stream = err.reason if reason is None else reason, err.stream
+    reason = reason or "unreadable"
     if gates[gate].enabled:
         insp.gates = [GateResult(gate, False, "quarantine", reason)]
         insp.quarantine = {"gate": gate, "reason": reason, "stream": stream, "stage": "pre"}
     else:
         insp.quarantine = {"gate": "transcode", "reason": reason, "stream": stream, "stage": "transcode"}
+
+
+def _largest_step(raw: RawEpisode) -> str:
+    """Where the span comes from: the largest step between two timestamps of one stream."""
+    series = [(name, s.timestamps_ns) for name, s in raw.streams.items()]
+    series += [(f"images/{c}", cam.timestamps_ns) for c, cam in raw.cameras.items()]
+    steps = [(int(np.diff(ts).max()), name, int(np.diff(ts).argmax()) + 1) for name, ts in series if len(ts) > 1]
+    if not steps:
+        return "no stream has two samples"
+    step, name, i = max(steps)
+    return f"largest step {step / 1e9:.6g} s in {name} at index {i}"
+
+
+_ROWS = 1 << 16  # rows read per HDF5 call: a long stream is never loaded whole
+
+
+def _non_finite_fields(raw: RawEpisode) -> list[str]:
+    """One line per numeric field holding NaN or infinite values, with counts and the first row."""
+    out = []
+    for s in raw.streams.values():
+        for fname, col in s.fields.items():
+            n, k = col.shape
+            nan = pos = neg = 0
+            first = -1
+            for lo in range(0, n, _ROWS):
+                a, b, c, at = non_finite(np.asarray(col[lo:lo + _ROWS]))
+                nan, pos, neg = nan + a, pos + b, neg + c
+                if first < 0 and at >= 0:
+                    first = lo + at
+            if nan + pos + neg:
+                counts = ", ".join(f"{v} {label}" for v, label in ((nan, "NaN"), (pos, "+inf"), (neg, "-inf")) if v)
+                total = "all" if nan + pos + neg == n * k else f"of {n * k}"
+                out.append(f"{s.name}.{fname}: {counts} ({total} values, first at row {first})")
+    return out
 
 
 def _dead_cameras(raw: RawEpisode, samples: int, flat_std: float) -> dict[str, list[int]]:

@@ -34,12 +34,20 @@ class LandingCursor:
 
 @dataclass(frozen=True)
 class LandingSettings:
+    """How the landing sensor batches arrivals. The defaults are a deployment's (a fleet uploading
+    all day: full batches, a short one after an hour); :data:`EMBEDDED_LANDING` is one machine's."""
+
     target_batch_bytes: int = 2 << 30  # 2 GiB: ~100-200 episodes of 10-20 MB
     tolerance: float = 0.1
     max_wait_s: float = 3600.0  # release a short batch once its oldest file waited this long
     max_runs_per_tick: int = 4
     scan_limit: int = 50_000  # keys listed per tick at most; the rest next tick
     reconcile_every: int = 120  # every N ticks list the whole zone to catch out-of-order arrivals
+
+
+# The embedded defaults (`make ui`, files dropped by hand): a file is registered by the first sensor tick
+# after it lands and a short batch released by the tick 30 s later, so a drop becomes a run within a minute.
+EMBEDDED_LANDING = LandingSettings(max_wait_s=30.0)
 
 
 @dataclass

@@ -10,7 +10,7 @@ cache and its training config do not depend on which origin it reads:
   metadata (``dyna-version``); reading it through a route yields that version, not the replica's own
   ETag;
 - any other object's version is its store's token (GCS generation, S3 VersionId or ETag, local
-  mtime+inode+size), see ``stores.ObjectInfo``.
+  size+mtime+ctime+inode), see ``stores.ObjectInfo`` and ``stores.local_version``.
 
 ``read`` fetches a byte range *of a given version*: pinned on the request where the store can
 (GCS generation, S3 VersionId), else checked afterwards (``ObjectChangedError`` when the object
@@ -26,7 +26,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .stores import ObjectInfo, Store, StoreUnavailableError, redact
+from .stores import ObjectInfo, Store, StoreUnavailableError, local_version, redact
 
 VERSION_METADATA = "dyna-version"  # user metadata on a replica: the version of the primary it copies
 
@@ -164,7 +164,7 @@ def _read_local(path: str, start: int, end: int, version: str, url: str, *, repl
     fd = os.open(path, os.O_RDONLY)
     try:
         st = os.fstat(fd)
-        found = (_xattr(fd) if replica else None) or f"{st.st_mtime_ns}-{st.st_ino}-{st.st_size}"
+        found = (_xattr(fd) if replica else None) or local_version(st)
         if found != version:
             raise ObjectChangedError(url, version, found)
         return os.pread(fd, end - start, start)

@@ -4,9 +4,14 @@ Objects are cut into fixed pages (default 4 MiB). A page is keyed by (logical UR
 version, page index), so a rewritten object never serves old pages: its new version has new keys.
 Layout under ``root``::
 
-    index.sqlite          which pages exist, their dataset, size and access times (WAL, shared)
+    index.sqlite          which pages exist, their dataset, size and access times (WAL, shared);
+                          its ``user_version`` is the on-disk format (``_FORMAT``)
     locks                 a lock file: byte-range locks, one slot per page key (fetch-once)
     pages/ab/<object>/N   page N of one object version: header, per-block checksums, data
+
+A folder of another format (an older release's) is rebuilt when it is first opened: the index
+tables are recreated and the old pages removed, under the index's write lock, so concurrent
+readers agree and none reads a page in a layout it does not know.
 
 Why not fsspec's own caching filesystems (``blockcache``, ``filecache``): they have no size-based
 eviction and their metadata is a per-process JSON file, unsafe with many DataLoader workers and
@@ -14,9 +19,12 @@ ranks on one node. Why SQLite for the index: it is the well-kept multi-process t
 Python ships with; eviction needs a consistent "least recently used, by dataset" view across
 processes, which file mtimes alone cannot give without scanning the tree.
 
-- **Integrity**: a page file is written to a temp name and renamed; its header carries an xxh3
-  checksum per 64 KiB block, checked on every hit for the blocks that hit reads (xxh3 runs at
-  memory speed, so a warm read stays at the disk's own speed). A bad page is dropped and refetched.
+- **Integrity**: a page file is written to a temp name and renamed; its header names what it holds
+  (the object's URL + version digest and the page index) and carries an xxh3 checksum per 64 KiB
+  block. Every hit checks the blocks it reads (xxh3 runs at memory speed, so a warm read stays at
+  the disk's own speed) against the checksums of a header bound to the page's own key: a page
+  file copied, renamed or swapped under another key's name fails that and, like a bad block, is
+  dropped, counted in ``corrupt_pages`` and refetched from the origin.
 - **Concurrency**: a miss takes the page's lock (a thread lock in the process, a byte-range
   ``lockf`` slot across processes), re-checks, and only then fetches: concurrent misses for one
   page cost one origin read. Missing pages of one read are fetched in parallel.
@@ -62,8 +70,10 @@ log = logging.getLogger("dyna.cache")
 
 MiB = 1 << 20
 _MAGIC = b"DYPG"
-_FORMAT = 1
-_HEADER = struct.Struct("<4sBxHIQd")  # magic, format, block count, block size, data length, fetched at
+_FORMAT = 2  # the on-disk format: page header below and index schema; another one is rebuilt
+# magic, format, block count, block size, data length, fetched at, object digest (URL, version,
+# page size: the key's middle part), page index: the header binds the file to its key
+_HEADER = struct.Struct("<4sBxHIQd16sQ")
 _LOCK_SLOTS = 1 << 20  # byte-range lock slots; two page keys sharing one only serialize their fetches
 _TOUCH_BATCH = 512
 _TOUCH_EVERY_S = 2.0
@@ -272,6 +282,12 @@ class PageCache:
     def _page_path(self, key: str) -> str:
         return f"{self._pages}/{key}"
 
+    @staticmethod
+    def _binding(key: str) -> tuple[bytes, int]:
+        """(object digest, page index) of a key: what the page file's header must name."""
+        _, digest, page = key.split("/")
+        return bytes.fromhex(digest), int(page)
+
     # ---- hits ---------------------------------------------------------------------------------
     def _hit(self, url, info, page, a, b, dest: memoryview, *, count: bool = True) -> bool:
         """Copy bytes [a, b) of a verified cached page into ``dest``; False on a miss."""
@@ -289,7 +305,7 @@ class PageCache:
         try:
             sums, data_at = self._header(fd, want, key)
             if sums is None:
-                return self._drop_bad(key, "corrupt header")
+                return self._drop_bad(key, "corrupt header, or a page file of another key")
             if sums is False:
                 return self._drop_expired(key)
             bs = self.config.block_size
@@ -326,12 +342,15 @@ class PageCache:
         self._touch(key)
         return True
 
-    def _header(self, fd: int, want: int, key: str | None = None):
-        """(checksums, data offset); (None, 0) if the header is bad, (False, 0) if expired.
+    def _header(self, fd: int, want: int, key: str, *, remember: bool = True):
+        """(checksums, data offset); (None, 0) if the header is bad or bound to another key,
+        (False, 0) if expired.
 
         Parsed headers are remembered per key: a page file under one key always holds the same
-        bytes (a refetch writes identical data), and the data itself is verified on every read."""
-        known = self._headers.get(key) if key is not None else None
+        bytes (a refetch writes identical data), and the data itself is verified on every read
+        against these checksums, which came from a header bound to ``key``: bytes of any other
+        page put in its place fail them."""
+        known = self._headers.get(key) if remember else None
         if known is not None:
             sums, data_at, fetched_at = known
             if self.config.ttl_s is not None and time.time() - fetched_at > self.config.ttl_s:
@@ -340,9 +359,9 @@ class PageCache:
         head = os.pread(fd, _HEADER.size, 0)
         if len(head) != _HEADER.size:
             return None, 0
-        magic, fmt, nblocks, bs, length, fetched_at = _HEADER.unpack(head)
+        magic, fmt, nblocks, bs, length, fetched_at, digest, index = _HEADER.unpack(head)
         if (magic != _MAGIC or fmt != _FORMAT or bs != self.config.block_size or length != want
-                or nblocks != -(-length // bs)):
+                or nblocks != -(-length // bs) or (digest, index) != self._binding(key)):
             return None, 0
         if self.config.ttl_s is not None and time.time() - fetched_at > self.config.ttl_s:
             return False, 0
@@ -350,7 +369,7 @@ class PageCache:
         if len(raw) != 8 * nblocks:
             return None, 0
         sums, data_at = memoryview(raw).cast("Q"), _HEADER.size + 8 * nblocks
-        if key is not None:
+        if remember:
             if len(self._headers) >= _HEADER_MEMO:
                 self._headers.clear()
             self._headers[key] = (sums, data_at, fetched_at)
@@ -366,7 +385,7 @@ class PageCache:
         except OSError:
             return False
         try:
-            sums, data_at = self._header(fd, want)
+            sums, data_at = self._header(fd, want, key, remember=False)
             return bool(sums) and os.fstat(fd).st_size == data_at + want
         except OSError:
             return False
@@ -433,7 +452,7 @@ class PageCache:
             bs = self.config.block_size
             view = memoryview(data)
             sums = [xxhash.xxh3_64_intdigest(view[i:i + bs]) for i in range(0, size, bs)]
-            head = _HEADER.pack(_MAGIC, _FORMAT, len(sums), bs, size, time.time())
+            head = _HEADER.pack(_MAGIC, _FORMAT, len(sums), bs, size, time.time(), *self._binding(key))
             with open(tmp, "wb") as f:
                 f.write(head)
                 f.write(struct.pack(f"<{len(sums)}Q", *sums))
@@ -674,37 +693,67 @@ def _reinit_after_fork() -> None:
 os.register_at_fork(after_in_child=_reinit_after_fork)
 
 
+_SCHEMA = (
+    """CREATE TABLE pages (
+        key TEXT PRIMARY KEY, dataset TEXT NOT NULL, size INTEGER NOT NULL,
+        fetched_at REAL NOT NULL, accessed_at REAL NOT NULL) WITHOUT ROWID""",
+    "CREATE INDEX pages_lru ON pages (accessed_at)",
+    "CREATE INDEX pages_dataset_lru ON pages (dataset, accessed_at)",
+    "CREATE INDEX pages_fetched ON pages (fetched_at)",
+    "CREATE TABLE usage (dataset TEXT PRIMARY KEY, bytes INTEGER NOT NULL)",
+    """CREATE TRIGGER pages_added AFTER INSERT ON pages BEGIN
+        INSERT INTO usage VALUES (new.dataset, new.size)
+        ON CONFLICT (dataset) DO UPDATE SET bytes = bytes + new.size;
+    END""",
+    """CREATE TRIGGER pages_removed AFTER DELETE ON pages BEGIN
+        UPDATE usage SET bytes = bytes - old.size WHERE dataset = old.dataset;
+    END""",
+    """CREATE TABLE objects (
+        url TEXT PRIMARY KEY, version TEXT NOT NULL, size INTEGER NOT NULL, checked_at REAL NOT NULL)""",
+)
+
+
 def _open_index(root: Path) -> tuple[sqlite3.Connection, tuple[int, int]]:
+    """The index of ``root``, created, or rebuilt when it is of another format than ``_FORMAT``."""
     root.mkdir(parents=True, exist_ok=True)
-    (root / "pages").mkdir(exist_ok=True)
     path = root / "index.sqlite"
     db = sqlite3.connect(path, timeout=60, isolation_level=None, check_same_thread=False)
+    old_pages = None
     try:
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
-        db.executescript("""
-            CREATE TABLE IF NOT EXISTS pages (
-                key TEXT PRIMARY KEY, dataset TEXT NOT NULL, size INTEGER NOT NULL,
-                fetched_at REAL NOT NULL, accessed_at REAL NOT NULL) WITHOUT ROWID;
-            CREATE INDEX IF NOT EXISTS pages_lru ON pages (accessed_at);
-            CREATE INDEX IF NOT EXISTS pages_dataset_lru ON pages (dataset, accessed_at);
-            CREATE INDEX IF NOT EXISTS pages_fetched ON pages (fetched_at);
-            CREATE TABLE IF NOT EXISTS usage (dataset TEXT PRIMARY KEY, bytes INTEGER NOT NULL);
-            CREATE TRIGGER IF NOT EXISTS pages_added AFTER INSERT ON pages BEGIN
-                INSERT INTO usage VALUES (new.dataset, new.size)
-                ON CONFLICT (dataset) DO UPDATE SET bytes = bytes + new.size;
-            END;
-            CREATE TRIGGER IF NOT EXISTS pages_removed AFTER DELETE ON pages BEGIN
-                UPDATE usage SET bytes = bytes - old.size WHERE dataset = old.dataset;
-            END;
-            CREATE TABLE IF NOT EXISTS objects (
-                url TEXT PRIMARY KEY, version TEXT NOT NULL, size INTEGER NOT NULL, checked_at REAL NOT NULL);
-        """)
+        if db.execute("PRAGMA user_version").fetchone()[0] != _FORMAT:
+            with _immediate(db):  # one process rebuilds; the others wait here, then find it done
+                if db.execute("PRAGMA user_version").fetchone()[0] != _FORMAT:
+                    old_pages = _rebuild_index(db, root)
+        (root / "pages").mkdir(exist_ok=True)
         st = os.stat(path)
     except BaseException:
         db.close()
         raise
+    if old_pages is not None:
+        shutil.rmtree(old_pages, ignore_errors=True)
     return db, (st.st_dev, st.st_ino)
+
+
+def _rebuild_index(db: sqlite3.Connection, root: Path) -> Path | None:
+    """In a write transaction: drop whatever schema is there, create this format's, and move the
+    pages folder aside (returned, to be removed after the commit)."""
+    found = db.execute("SELECT type, name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'").fetchall()
+    for kind, name in found:
+        if kind in ("table", "trigger"):  # a table's indexes go with it
+            db.execute(f'DROP {kind.upper()} IF EXISTS "{name}"')
+    for statement in _SCHEMA:
+        db.execute(statement)
+    db.execute(f"PRAGMA user_version = {_FORMAT}")
+    pages = root / "pages"
+    if not pages.exists():
+        return None
+    aside = root / f".pages-format-rebuild-{os.getpid()}-{time.time_ns()}"
+    os.rename(pages, aside)
+    if found:
+        log.warning("cache at %s had another on-disk format: rebuilt (format %d)", root, _FORMAT)
+    return aside
 
 
 # struct flock on Linux (l_type, l_whence, l_start, l_len, l_pid), native alignment: 32 bytes

@@ -7,14 +7,21 @@ A ``Store`` is a root URL plus (lazily) the fsspec filesystem that serves it:
   gcloud, the metadata server; ``STORAGE_EMULATOR_HOST`` for an emulator).
 - ``s3://bucket/prefix``: s3fs, optionally an S3-compatible origin at ``endpoint_url`` (credentials,
   region and retry settings from the standard ``AWS_*`` variables, which botocore reads itself).
+  Every request is bounded (``S3Limits``): a 3 s connect and a 10 s read timeout
+  (``DYNA_S3_CONNECT_TIMEOUT_S``, ``DYNA_S3_READ_TIMEOUT_S``) and 3 attempts in botocore's
+  ``standard`` retry mode (``AWS_MAX_ATTEMPTS``, ``AWS_RETRY_MODE``); s3fs' own retry loop, which
+  multiplies botocore's attempts (5 x 5 with 15 s read timeouts: minutes for one ``info`` against a
+  hung endpoint), is switched off. So a request to a down endpoint fails within
+  attempts x (connect + read timeout) + backoff (at most 1 s + 2 s): about 3 s when connections are
+  refused, 12 s when they time out, 33 s when the endpoint accepts and never answers.
 
 Objects are named by *keys*: relative ``/``-separated paths below the root. A key can never leave
 the root: absolute keys, ``..``/``.``/empty segments, backslashes, NUL and the characters fsspec
 reads as version selectors (``?``, ``#``) are refused with ``StoreKeyError`` before any I/O.
 
 ``info(key)`` returns the size and a *version token* that changes whenever the object's bytes may
-have changed (GCS generation, S3 VersionId or ETag, local mtime_ns+inode+size), so a cache can key
-pages by object version. A store that cannot be reached (refused connection, timeout, missing
+have changed (GCS generation, S3 VersionId or ETag, ``local_version`` for local files), so a cache can
+key pages by object version. A store that cannot be reached (refused connection, timeout, missing
 credentials, permission denied) raises ``StoreUnavailableError`` naming the URL and the reason;
 user info and query strings in URLs are redacted from such errors, and secrets never appear in them.
 
@@ -95,6 +102,50 @@ def check_key(key: object, *, allow_empty: bool = False) -> str:
 
 
 @dataclass(frozen=True)
+class S3Limits:
+    """How long one S3 request may take: timeouts in seconds, total attempts (first one included)."""
+
+    connect_timeout_s: float = 3.0
+    read_timeout_s: float = 10.0  # between bytes of a response, not for the whole body
+    max_attempts: int = 3
+    retry_mode: str = "standard"  # botocore's: exponential backoff with jitter, at most 20 s a wait
+
+    @classmethod
+    def from_env(cls) -> S3Limits:
+        """``DYNA_S3_CONNECT_TIMEOUT_S``, ``DYNA_S3_READ_TIMEOUT_S``, ``AWS_MAX_ATTEMPTS``, ``AWS_RETRY_MODE``."""
+        env, d = os.environ, cls()
+        try:
+            return cls(connect_timeout_s=float(env.get("DYNA_S3_CONNECT_TIMEOUT_S") or d.connect_timeout_s),
+                       read_timeout_s=float(env.get("DYNA_S3_READ_TIMEOUT_S") or d.read_timeout_s),
+                       max_attempts=int(env.get("AWS_MAX_ATTEMPTS") or d.max_attempts),
+                       retry_mode=env.get("AWS_RETRY_MODE") or d.retry_mode)
+        except ValueError as e:
+            raise ValueError(f"S3 request limits from the environment: {e}") from None
+
+    def describe(self) -> str:
+        return (f"{self.max_attempts} attempt(s), {self.connect_timeout_s:g} s connect and "
+                f"{self.read_timeout_s:g} s read timeout each")
+
+    def botocore_config(self) -> dict:
+        """``config_kwargs`` of ``s3fs.S3FileSystem`` (the arguments of ``botocore.config.Config``)."""
+        return {"connect_timeout": self.connect_timeout_s, "read_timeout": self.read_timeout_s,
+                "retries": {"total_max_attempts": self.max_attempts, "mode": self.retry_mode}}
+
+
+def local_version(st: os.stat_result) -> str:
+    """The version token of a local file: size, mtime, ctime and inode.
+
+    ctime is in it because mtime is not evidence: ``os.utime`` (``touch -d``, ``cp -p``, rsync
+    ``--times``) sets it back after an in-place rewrite, whereas the kernel sets ctime to the current
+    time on every write, truncate, rename, chmod or utime and no system call sets it to a chosen value.
+    Hashing the content would be the only stronger token, and it reads the whole file on every
+    ``info``; this costs one ``stat``. What it still trusts: the clock (a rewrite within one tick of
+    the file system's timestamp granularity after the version was taken keeps every field), and file
+    systems that maintain ctime (NFS clients may serve cached attributes for ``actimeo`` seconds)."""
+    return f"{st.st_mtime_ns}-{st.st_ctime_ns}-{st.st_ino}-{st.st_size}"
+
+
+@dataclass(frozen=True)
 class ObjectInfo:
     key: str
     size: int
@@ -169,8 +220,15 @@ class Store:
                 return gcsfs.GCSFileSystem(**({"endpoint_url": self.endpoint_url} if self.endpoint_url else {}))
             import s3fs
 
-            return s3fs.S3FileSystem(
-                client_kwargs={"endpoint_url": self.endpoint_url} if self.endpoint_url else {})
+            fs = s3fs.S3FileSystem(
+                client_kwargs={"endpoint_url": self.endpoint_url} if self.endpoint_url else {},
+                config_kwargs=self._s3_limits.botocore_config())
+            fs.retries = 1  # one try per s3fs call: botocore retries, and the two loops would multiply
+            return fs
+
+    @cached_property
+    def _s3_limits(self) -> S3Limits:
+        return S3Limits.from_env()
 
     # ---- addressing ---------------------------------------------------------------------------
     def url(self, key: str) -> str:
@@ -198,7 +256,10 @@ class Store:
         except PermissionError as e:
             raise StoreUnavailableError(url, f"permission denied ({_describe(e)})") from None
         except _unavailable_errors() as e:
-            raise StoreUnavailableError(url, _describe(e)) from None
+            reason = _describe(e)
+            if self.protocol == "s3" and self.fs is None:  # built here, with these limits
+                reason += f" (gave up after {self._s3_limits.describe()})"
+            raise StoreUnavailableError(url, reason) from None
 
     # ---- reads --------------------------------------------------------------------------------
     def open(self, key: str, mode: str = "rb") -> BinaryIO:
@@ -233,8 +294,7 @@ class Store:
             raise IsADirectoryError(self.url(key))
         if self.protocol == "file":
             st = os.stat(self._path(key))
-            version = f"{st.st_mtime_ns}-{st.st_ino}-{st.st_size}"
-            return ObjectInfo(key=key, size=st.st_size, version=version)
+            return ObjectInfo(key=key, size=st.st_size, version=local_version(st))
         return ObjectInfo(key=key, size=int(raw["size"]), version=_object_version(self.protocol, raw))
 
     def _info(self, key: str) -> dict:
@@ -398,4 +458,5 @@ def _unavailable_errors() -> tuple[type[BaseException], ...]:
     return tuple(kinds)
 
 
-__all__ = ["ObjectInfo", "Store", "StoreKeyError", "StoreUnavailableError", "check_key", "redact"]
+__all__ = ["ObjectInfo", "S3Limits", "Store", "StoreKeyError", "StoreUnavailableError", "check_key",
+           "local_version", "redact"]

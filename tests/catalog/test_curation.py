@@ -106,6 +106,8 @@ def test_values_are_bound_never_spliced(wh):
     ({"name": "x", "weights": {"by": "nope"}}, "weights.by"),
     ({"name": "x", "weights": {"by": "task", "values": {"a": "heavy"}}}, "weights.values.a"),
     ({"name": "../etc"}, "name"),
+    ({"name": "a..b"}, "name"),
+    ({"name": "x\n"}, "name"),  # "$" in a regex matches before a trailing newline
     ({"name": "x", "filters": {}}, "filters"),
 ])
 def test_bad_specs_are_rejected_naming_the_field(spec, field):

@@ -15,6 +15,7 @@ from dyna_resources.catalog.registry import (
     REJECTED,
     TRANSCODED,
     Batch,
+    FieldValueError,
     LandedFile,
     Registry,
     RegistryUnavailableError,
@@ -243,6 +244,40 @@ def test_episode_row_round_trips_every_column(registry):
         "robot_id": "", "robot_model": "", "robot_sw_version": "", "task": "", "site": "", "operator": "",
         "started_at": "", "cameras": "[]"}
     assert minimal["success"] is None and minimal["source_sha256"] is None and minimal["quality_ok"] is None
+
+
+def test_values_one_backend_would_refuse_are_refused_on_both_naming_the_column(registry):
+    """PostgreSQL's VARCHAR(n) refuses what SQLite stores; NUL characters the other way round. The
+    registry checks every value itself, the same on both, before writing anything."""
+    [f], key = _one_batch(registry)
+    before = registry.counts()
+
+    def record(**kw):
+        args = {"source_path": f.path, "batch_key": key, "stage": "pre", "gates": [gate("readable")],
+                "episode": episode_row("ep-000001")}
+        registry.record_outcome(**{**args, **kw})
+
+    with pytest.raises(FieldValueError, match=r"^episodes\.task: 10000000 characters, the registry stores at most 256$"):
+        record(episode=episode_row("ep-000001", task="x" * 10_000_000))
+    with pytest.raises(FieldValueError, match=r"^episodes\.site: 129 characters, the registry stores at most 128$") as e:
+        record(episode=episode_row("ep-000001", site="s" * 129))
+    assert (e.value.table, e.value.column) == ("episodes", "site")
+    with pytest.raises(FieldValueError, match=r"^episodes\.operator: contains a NUL character"):
+        record(episode=episode_row("ep-000001", operator="op\x00-3"))
+    with pytest.raises(FieldValueError, match=r"^quarantine\.stream: 257 characters"):
+        record(quarantine={"gate": "readable", "reason": "r", "stream": "/" * 257, "pipeline_version": "1.0"})
+    with pytest.raises(FieldValueError, match=r"^quality_results\.gate: 65 characters"):
+        record(gates=[gate("g" * 65)])
+    assert registry.counts() == before  # nothing half-written: not even the gate results
+
+    record(episode=episode_row("ep-000001", task="t" * 256, operator="o" * 128), quarantine={
+        "gate": "readable", "reason": "\u00e9" * 100_000, "stream": "/" * 256, "pipeline_version": "1.0"})
+    row = registry.episode_by_id("ep-000001")
+    assert (row["task"], row["operator"]) == ("t" * 256, "o" * 128)  # at the limit: stored whole on both
+    (q,) = registry.quarantined()
+    assert q["reason"] == "\u00e9" * 100_000 and q["stream"] == "/" * 256  # limits count characters, not bytes
+    with pytest.raises(FieldValueError, match=r"^episodes\.reviewed_by: 129 characters"):
+        registry.review("ep-000001", "accept", "r" * 129)
 
 
 def test_record_outcome_is_idempotent(registry):

@@ -9,18 +9,10 @@ the test does by hand what the landing sensor would do, so nothing races it.
 """
 
 import json
-import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
-import yaml
 from dagster import DagsterInstance
 
 from dyna_resources import versions
@@ -30,125 +22,14 @@ from dyna_resources.ingest.gates import POST_GATES, PRE_GATES
 from dyna_resources.ingest.landing import LandingZone
 from dyna_resources.ingest.tick import LandingCursor, LandingSettings, landing_tick
 
-ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent  # the virtualenv's bin: dagster-webserver, dagster-daemon
+from .deploy_harness import Services, service_env, write_instance_config
+
 PARTITIONS_DEF = "ingest_batches"
 ASSETS = ("raw_episodes", "mcap_episodes")
 TERMINAL = {"COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED", "FAILED", "CANCELED"}
 
 # Every landing tick releases what is pending as one batch (huge target, no wait): one tick, one batch.
 ONE_BATCH_PER_TICK = LandingSettings(target_batch_bytes=1 << 40, max_wait_s=0, reconcile_every=0)
-
-# localhost only, never through a proxy from the environment
-_HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-# -- helpers ------------------------------------------------------------------------------------
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _tail(path: Path, n: int = 60) -> str:
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except FileNotFoundError:
-        return "(no log)"
-    return "\n".join(lines[-n:])
-
-
-class Services:
-    """The webserver and the daemon as subprocesses, each in its own process group (their code
-    servers, run workers and transcode pools go with them at teardown)."""
-
-    def __init__(self, tmp: Path, env: dict[str, str]):
-        self.tmp, self.env = tmp, env
-        self.procs: dict[str, subprocess.Popen] = {}
-        self.logs: dict[str, Path] = {}
-        self.port = _free_port()
-
-    def start(self, name: str, argv: list[str]) -> None:
-        log = self.tmp / f"{name}.log"
-        self.logs[name] = log
-        with open(log, "wb") as f:
-            self.procs[name] = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=f, stderr=subprocess.STDOUT,
-                                                stdin=subprocess.DEVNULL, start_new_session=True)
-
-    def start_webserver(self) -> None:
-        self.start("webserver", [str(BIN / "dagster-webserver"), "-h", "127.0.0.1", "-p", str(self.port),
-                                 "-w", "workspace.yaml"])
-
-    def start_daemon(self) -> None:
-        self.start("daemon", [str(BIN / "dagster-daemon"), "run", "-w", "workspace.yaml"])
-
-    def check_alive(self) -> None:
-        for name, p in self.procs.items():
-            assert p.poll() is None, f"{name} exited with {p.returncode}:\n{_tail(self.logs[name])}"
-
-    def diagnostics(self) -> str:
-        return "\n".join(f"----- {name} log tail -----\n{_tail(log)}" for name, log in self.logs.items())
-
-    def stop(self) -> None:
-        for p in self.procs.values():
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        deadline = time.monotonic() + 20
-        for p in self.procs.values():
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-            try:  # whatever is left of the group (code servers, run workers, pool workers)
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            p.wait(timeout=10)
-
-    # -- GraphQL --------------------------------------------------------------------------------
-    def gql(self, query: str, variables: dict | None = None, timeout: float = 60) -> dict:
-        body = json.dumps({"query": query, "variables": variables or {}}).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/graphql", data=body,
-                                     headers={"Content-Type": "application/json"})
-        with _HTTP.open(req, timeout=timeout) as r:
-            out = json.load(r)
-        assert not out.get("errors"), f"GraphQL errors: {out['errors']}"
-        return out["data"]
-
-    def wait_until_serving(self, deadline_s: float = 120) -> None:
-        """Wait (not a timed assertion) until the webserver answers and the code location loaded."""
-        deadline = time.monotonic() + deadline_s
-        last = None
-        while time.monotonic() < deadline:
-            self.check_alive()
-            try:
-                data = self.gql(WORKSPACE, timeout=10)
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as e:
-                last = repr(e)
-            else:
-                ws = data["workspaceOrError"]
-                assert ws["__typename"] == "Workspace", ws
-                entries = ws["locationEntries"]
-                if entries and all(e["loadStatus"] == "LOADED" for e in entries):
-                    for e in entries:
-                        loc = e["locationOrLoadError"]
-                        assert loc["__typename"] == "RepositoryLocation", f"code location {e['name']}: {loc}"
-                    return
-                last = entries
-            time.sleep(0.5)
-        raise AssertionError(f"webserver not serving the workspace after {deadline_s} s ({last})")
-
-
-WORKSPACE = """
-{ workspaceOrError { __typename
-    ... on Workspace { locationEntries { name loadStatus
-        locationOrLoadError { __typename ... on PythonError { message stack } } } }
-    ... on PythonError { message } } }
-"""
 
 LAUNCH = """
 mutation Launch($params: LaunchBackfillParams!) {
@@ -239,18 +120,13 @@ def _land(zone: LandingZone, generated, key: str) -> None:
 
 def test_backfill_launched_through_the_webserver_runs_on_the_daemon(episode_factory, tmp_path, monkeypatch):
     dyna_home, dagster_home = tmp_path / "dyna", tmp_path / "dagster_home"
-    dagster_home.mkdir()
     # The project's instance config, with a faster run queue for the test.
-    instance_cfg = yaml.safe_load((ROOT / "infra/dagster/dagster.yaml").read_text())
-    instance_cfg.setdefault("run_queue", {})["dequeue_interval_seconds"] = 1
-    (dagster_home / "dagster.yaml").write_text(yaml.safe_dump(instance_cfg, sort_keys=False))
+    write_instance_config(dagster_home, {"run_queue": {"dequeue_interval_seconds": 1}})
 
     for k, v in {"DYNA_HOME": str(dyna_home), "DAGSTER_HOME": str(dagster_home), "DYNA_SENSORS": "stopped"}.items():
         monkeypatch.setenv(k, v)
     monkeypatch.delenv("DYNA_REGISTRY_URL", raising=False)
-    env = {k: v for k, v in os.environ.items() if k != "DYNA_REGISTRY_URL"}
-    env.update(PYTHONPATH=str(ROOT), DYNA_HOME=str(dyna_home), DAGSTER_HOME=str(dagster_home),
-               DYNA_SENSORS="stopped", CI="1", DAGSTER_DISABLE_TELEMETRY="1", PYTHONUNBUFFERED="1")
+    env = service_env(dyna_home, dagster_home, DYNA_SENSORS="stopped")
 
     # -- what the landing sensor does: register landed files, pack batches, add partitions ---------
     good = [episode_factory(episode_id=f"ep-e2e-{i}", seed=700 + i, duration_s=2.0) for i in range(4)]

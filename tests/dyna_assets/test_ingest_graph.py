@@ -98,6 +98,7 @@ def test_batch_partition_materializes_with_metadata_checks_and_quarantine(home):
         assert m["quarantined_reasons"][0]["gate"] == "readable"
         c = checks(result)
         assert set(c) == {("raw_episodes", g) for g in ("readable", "required_streams", "timestamps_monotonic",
+                                                        "max_duration", "min_frames", "finite_values",
                                                         "frame_drops", "dead_camera", "min_duration")} | {
             ("mcap_episodes", g) for g in ("decodable", "frame_counts", "durations", "size_sanity")}
         readable = c[("raw_episodes", "readable")]

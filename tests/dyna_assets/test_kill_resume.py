@@ -15,6 +15,7 @@ from dagster import AssetKey, DagsterInstance, materialize
 from dyna_assets.definitions import defs
 from dyna_resources.catalog.registry import TRANSCODED, Registry
 from dyna_resources.faces import IngestResource
+from dyna_resources.ingest.gates import POST_GATES, PRE_GATES
 from dyna_resources.ingest.landing import LandingZone
 from dyna_resources.ingest.tick import LandingCursor, LandingSettings, landing_tick
 
@@ -77,7 +78,7 @@ def test_sigkill_mid_batch_then_relaunch_completes_without_duplicates(episode_fa
         assert Path(next(e["mcap_path"] for e in eps if e["episode_id"] == eid)).stat().st_mtime_ns == mtime
     counts = registry.counts()
     assert counts["episodes"] == N and counts["landed_files"] == N and counts["quarantine"] == 0
-    assert counts["quality_results"] == N * 6 + N * 4  # one row per file, stage and gate: no duplicates
+    assert counts["quality_results"] == N * len(PRE_GATES) + N * len(POST_GATES)  # one row per file, stage and gate
     mcap_dir = home / "mcap"
     assert sorted(p.name for p in mcap_dir.iterdir()) == [f"ep-kill-{i}.mcap" for i in range(N)]  # no temp left
     with DagsterInstance.get() as instance:

@@ -132,3 +132,35 @@ def test_corrupt_jpeg_names_camera_and_frame(tmp_path):
             list(raw.cameras["cam_high"].iter_frames())
     assert e.value.frame_index == 4 and e.value.stream == "images/cam_high"
     assert str(p) in str(e.value)
+
+
+@pytest.mark.parametrize("layout", ["jpeg", "aloha_rgb"])
+def test_odd_frame_sizes_lose_their_last_column_and_row_in_the_transcode(layout, episode_factory, tmp_path):
+    """H.264 in 4:2:0 has no odd sizes: a 161x121 camera becomes 160x120 (source pixels only, none
+    invented) instead of failing the transcode with "yuv420p needs even frame sizes"."""
+    from dyna_resources.episodes.codec import VideoSettings
+    from dyna_resources.episodes.mcap_reader import EpisodeReader
+    from dyna_resources.episodes.sim import SimulatedEpisode
+    from dyna_resources.episodes.sim.aloha import write_aloha_episode
+    from dyna_resources.episodes.transcode import TranscodeSettings, transcode_episode
+    from tests.conftest import small_spec
+
+    if layout == "jpeg":
+        gen = episode_factory(episode_id="ep-odd", seed=83, duration_s=1.2, width=161, height=121)
+        sim = SimulatedEpisode(gen.spec)
+        src, render = gen.path, lambda cam, i: sim.render_frame(cam, int(gen.frame_indices[cam][i]))
+    else:
+        rec = write_aloha_episode(small_spec("odd", seed=84, duration_s=1.1, width=161, height=121),
+                                  tmp_path / "episode_3.hdf5", compress=False, camera_names=("cam_high", "cam_low"))
+        src, render = rec.path, rec.render_frame
+    out = tmp_path / "odd.mcap"
+    report = transcode_episode(src, out, TranscodeSettings(video=VideoSettings(gop_frames=30, preset="veryfast")))
+    assert {(c.width, c.height) for c in report.cameras.values()} == {(160, 120)}
+    with RawEpisode(src) as raw, EpisodeReader(out) as r:
+        for cam in raw.cameras:
+            ts = raw.cameras[cam].timestamps_ns[[2, 20]]
+            frames = r.read_frames([cam], ts)[cam]
+            assert frames.images.shape[1:] == (120, 160, 3)
+            for k, i in enumerate((2, 20)):
+                diff = np.abs(frames.images[k].astype(int) - render(cam, i)[:120, :160]).mean()
+                assert diff < 6, (cam, i, diff)

@@ -1,8 +1,16 @@
 import os
+from pathlib import Path
 
 import pytest
+from dagster import DagsterInstance
 
+from dyna_assets.definitions import defs
+from dyna_assets.deployment import PRODUCTION_SETTINGS, resources
+from dyna_assets.ingest.local import landing_tick_in_process
+from dyna_assets.ingest.sensors import landing_sensor
 from dyna_resources.catalog.registry import Registry
+from dyna_resources.cli import main as cli
+from dyna_resources.faces import IngestResource
 from dyna_resources.ingest import landing as landing_mod
 from dyna_resources.ingest.landing import LandingZone, StoreUnavailableError
 from dyna_resources.ingest.tick import LandingCursor, LandingSettings, landing_tick
@@ -98,3 +106,52 @@ def test_reconciliation_scan_finds_a_file_that_landed_behind_the_cursor(tmp_path
     plan = landing_tick(plan.cursor, zone, reg, settings)  # third tick: full listing
     assert plan.reconciled and plan.new_files == 1 and [b.files for b in plan.created] == [1]
     assert {f.path for b in reg.batches_after(0) for f in reg.batch_files(b.key)} == {"b/ep-1.h5", "a/late.h5"}
+
+
+# -- what a user of the embedded default and a deployment get -------------------------------------
+def _settings(environ: dict[str, str]) -> LandingSettings:
+    return resources(environ)["ingest"].landing_settings()
+
+
+def test_a_short_drop_is_released_within_a_minute_embedded_and_after_an_hour_in_production(tmp_path):
+    production = {"DYNA_ENV": "production", **{k: f"/prod/{k.lower()}" for k in PRODUCTION_SETTINGS}}
+    for environ, released_after in (({}, 30.0), (production, 3600.0)):
+        settings = _settings(environ)  # what the landing sensor of that deployment ticks with
+        assert settings.max_wait_s == released_after
+        home = tmp_path / (environ.get("DYNA_ENV") or "embedded")
+        assert cli(["generate", str(home / "landing"), "--episodes", "2", "--width", "32", "--height", "32",
+                    "--duration-s", "1"]) == 0
+        zone, reg = LandingZone(home / "landing"), Registry.sqlite(home / "r.sqlite")
+        t0 = 1_000_000.0
+        plan = landing_tick(LandingCursor(), zone, reg, settings, now=t0)  # the tick that sees the drop
+        assert plan.new_files == 2 and not plan.created and plan.pending_files == 2
+        plan = landing_tick(plan.cursor, zone, reg, settings, now=t0 + released_after - 1)
+        assert not plan.created and plan.pending_files == 2, environ
+        plan = landing_tick(plan.cursor, zone, reg, settings, now=t0 + released_after)
+        assert [b.files for b in plan.created] == [2] and [b.seq for b in plan.launch] == [1], environ
+        reg.close()
+    # the embedded sensor ticks every 30 s: registered at the first tick after the drop, released at the next
+    assert landing_sensor.minimum_interval_seconds + _settings({}).max_wait_s <= 60
+
+
+def test_generated_drops_sort_after_the_landing_cursor_so_the_next_tick_sees_them(tmp_path, capsys):
+    home = tmp_path / "home"
+    ingest = IngestResource(home_root=str(home), target_batch_bytes=1 << 40, max_wait_s=0)
+    res = {**defs.resources, "ingest": ingest}
+    cursor = None
+    with DagsterInstance.ephemeral() as instance:
+        for seed, landed in ((0, 2), (1, 4), (0, 6)):  # the same seed again: the same episode names, a new drop
+            argv = ["generate", str(home / "landing"), "--episodes", "2", "--seed", str(seed), "--width", "32",
+                    "--height", "32", "--duration-s", "1"]
+            assert cli(argv) == 0
+            printed = [Path(line.split()[0]) for line in capsys.readouterr().out.splitlines()]
+            keys = [p.relative_to(home / "landing").as_posix() for p in printed]
+            assert len(keys) == 2 and all(k.count("/") == 1 for k in keys), keys  # <UTC time>/<episode>.h5
+            before = cursor
+            tick = landing_tick_in_process(instance, defs, cursor, res)  # the landing sensor, as deployed
+            cursor = tick.cursor
+            # seen by the incremental listing (the reconciliation scan runs only every 120 ticks)
+            assert ingest.stores().registry.counts()["landed_files"] == landed, (before, keys)
+            assert all(k > (LandingCursor.loads(before).after or "") for k in keys)
+            assert len(tick.run_requests) == 1  # each drop its own batch and run
+    ingest.stores().registry.close()

@@ -247,3 +247,109 @@ def test_s3_open_reads_the_rewritten_object_not_a_cached_version(s3):
     writer.pipe_file(f"{s3.bucket}/reopen/obj", b"second, longer version")
     with store.open("obj") as f:
         assert f.read() == b"second, longer version"
+
+
+class HungEndpoint:
+    """``http://127.0.0.1:<port>`` that accepts connections and reads requests but never answers the
+    first ``hang`` of them (they time out); later ones get a 404 at once, so a client retrying more
+    often than it was told ends with FileNotFoundError instead of waiting on."""
+
+    def __init__(self, hang: int):
+        import socket
+        import threading
+
+        self.hang, self.requests = hang, []
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(64)
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        self._open: list = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:  # closed
+                return
+            line = conn.recv(65536).split(b"\r\n", 1)[0].decode(errors="replace")
+            if not line:
+                conn.close()
+                continue
+            self.requests.append(line)
+            if len(self.requests) <= self.hang:
+                self._open.append(conn)  # kept open, never answered
+            else:
+                conn.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                conn.close()
+
+    def close(self) -> None:
+        self._sock.close()
+        for c in self._open:
+            c.close()
+
+
+@pytest.fixture
+def hung_endpoint():
+    server = HungEndpoint(hang=4)
+    yield server
+    server.close()
+
+
+@pytest.mark.parametrize("attempts", [None, "1"])
+def test_hung_s3_origin_fails_after_bounded_attempts_naming_the_store(hung_endpoint, monkeypatch, tmp_path,
+                                                                       attempts):
+    """Through the page cache, as training reads: each request times out (read timeout from the
+    environment) and is tried 3 times in all (or AWS_MAX_ATTEMPTS), not s3fs' 5 x botocore's 5."""
+    from dyna_resources.storage.origins import Origins
+    from dyna_resources.storage.page_cache import CacheConfig, PageCache
+
+    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
+                        ("AWS_DEFAULT_REGION", "us-east-1"), ("DYNA_S3_ENDPOINT_URL", hung_endpoint.url),
+                        ("DYNA_S3_READ_TIMEOUT_S", "0.3")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_RETRY_MODE", raising=False)
+    if attempts is None:
+        monkeypatch.delenv("AWS_MAX_ATTEMPTS", raising=False)
+    else:
+        monkeypatch.setenv("AWS_MAX_ATTEMPTS", attempts)
+    with PageCache(CacheConfig(root=str(tmp_path / "c")), Origins.from_env()) as cache, \
+            pytest.raises(StoreUnavailableError) as err:
+        cache.info("s3://fleet/mcap/ep.mcap")
+    assert err.value.url == "s3://fleet/mcap/ep.mcap"
+    assert "timeout" in err.value.reason.lower()
+    assert str(err.value).startswith("store s3://fleet/mcap/ep.mcap is unavailable: ")
+    n = int(attempts or 3)
+    assert err.value.reason.endswith(f"(gave up after {n} attempt(s), 3 s connect and 0.3 s read timeout each)")
+    assert hung_endpoint.requests == ["HEAD /fleet/mcap/ep.mcap HTTP/1.1"] * n
+
+
+def test_s3_limits_from_the_environment(monkeypatch):
+    from dyna_resources.storage.stores import S3Limits
+
+    for name in ("DYNA_S3_CONNECT_TIMEOUT_S", "DYNA_S3_READ_TIMEOUT_S", "AWS_MAX_ATTEMPTS", "AWS_RETRY_MODE"):
+        monkeypatch.delenv(name, raising=False)
+    assert S3Limits.from_env() == S3Limits(connect_timeout_s=3.0, read_timeout_s=10.0, max_attempts=3,
+                                           retry_mode="standard")
+    monkeypatch.setenv("DYNA_S3_CONNECT_TIMEOUT_S", "1.5")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "5")
+    monkeypatch.setenv("AWS_RETRY_MODE", "adaptive")
+    assert S3Limits.from_env() == S3Limits(connect_timeout_s=1.5, read_timeout_s=10.0, max_attempts=5,
+                                           retry_mode="adaptive")
+    monkeypatch.setenv("DYNA_S3_READ_TIMEOUT_S", "soon")
+    with pytest.raises(ValueError, match="S3 request limits"):
+        S3Limits.from_env()
+
+
+def test_refused_s3_origin_error_names_the_store_and_the_limits(s3_unreachable_endpoint, monkeypatch):
+    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
+                        ("AWS_DEFAULT_REGION", "us-east-1")):
+        monkeypatch.setenv(name, value)
+    for name in ("AWS_MAX_ATTEMPTS", "AWS_RETRY_MODE", "DYNA_S3_CONNECT_TIMEOUT_S", "DYNA_S3_READ_TIMEOUT_S"):
+        monkeypatch.delenv(name, raising=False)
+    store = Store.from_url("s3://bucket/prefix", endpoint_url=s3_unreachable_endpoint)
+    with pytest.raises(StoreUnavailableError) as err:
+        store.info("k")
+    assert str(err.value) == (f'store s3://bucket/prefix/k is unavailable: EndpointConnectionError: Could not '
+                              f'connect to the endpoint URL: "{s3_unreachable_endpoint}/bucket/prefix/k" '
+                              f'(gave up after 3 attempt(s), 3 s connect and 10 s read timeout each)')

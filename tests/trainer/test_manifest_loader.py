@@ -69,11 +69,22 @@ def _load(args):
     return str(path), t.num_rows
 
 
+def _map_in_fork_pool(n: int, fn, args: list) -> list:
+    """``Pool.map`` on n forked ranks, ended by close + join rather than the context manager's terminate():
+    a worker that inherited a Python SIGTERM handler from an earlier test in this process ignores
+    terminate() while it waits on the task queue, and the join then hangs forever."""
+    pool = mp.get_context("fork").Pool(n)
+    try:
+        return pool.map(fn, args)
+    finally:
+        pool.close()
+        pool.join()
+
+
 def test_one_download_per_node_whatever_the_number_of_ranks(manifest, tmp_path):
     log = tmp_path / "downloads.log"
     fs = CountingLocalFS(str(log), skip_instance_cache=True)
-    with mp.get_context("fork").Pool(6) as pool:
-        got = pool.map(_load, [(f"file://{manifest.arrow}", tmp_path / "cache", fs)] * 12)
+    got = _map_in_fork_pool(6, _load, [(f"file://{manifest.arrow}", tmp_path / "cache", fs)] * 12)
     assert len({p for p, _ in got}) == 1 and {n for _, n in got} == {N}
     reads = [line.split() for line in log.read_text().splitlines()]
     assert len({pid for pid, _, _ in reads}) == 1  # one rank downloaded
@@ -191,8 +202,7 @@ def test_ranks_share_the_manifest_pages(manifest, tmp_path):
     ctx = mp.get_context("fork")
     with ctx.Manager() as m:
         ready, go = m.Barrier(4), m.Barrier(4)
-        with ctx.Pool(4) as pool:
-            got = pool.map(_pss_of_reader, [(path, r, 4, ready, go) for r in range(4)])
+        got = _map_in_fork_pool(4, _pss_of_reader, [(path, r, 4, ready, go) for r in range(4)])
     mapped_pss, rss = sum(g[0] for g in got), [g[1] for g in got]
     assert 0 < mapped_pss <= 1.1 * size  # shared: each rank is charged its share of the pages, not all of them
     assert sum(rss) > 1.5 * mapped_pss  # ... while RSS counts the shared pages once per rank
@@ -230,8 +240,7 @@ def test_gs_round_trip_in_parallel_ranges(gcs, gs_manifest, manifest, tmp_path):
 
 
 def test_gs_one_download_for_twelve_ranks(gcs, gs_manifest, manifest, tmp_path):
-    with mp.get_context("fork").Pool(6) as pool:
-        got = pool.map(_load, [(gs_manifest, tmp_path / "cache", gcs.fs)] * 12)
+    got = _map_in_fork_pool(6, _load, [(gs_manifest, tmp_path / "cache", gcs.fs)] * 12)
     assert len({p for p, _ in got}) == 1 and {n for _, n in got} == {N}
     assert Path(got[0][0]).read_bytes() == Path(manifest.arrow).read_bytes()
     ranges = gcs.emulator.media_gets(gs_manifest)

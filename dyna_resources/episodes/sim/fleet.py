@@ -5,7 +5,8 @@ An :class:`EpisodeSpec` holds everything needed to regenerate an episode bit-for
 and sample streams; :func:`write_episode` streams it into a file through
 :func:`raw_format.write_raw_episode`; :func:`generate_fleet` makes a deterministic,
 diverse fleet (robots, models, software versions, sites, operators, tasks, days) and can
-inject each fault of :data:`KNOWN_FAULTS` into distinct episodes.
+inject each fault of :data:`KNOWN_FAULTS` into distinct episodes. :func:`arrival_folder` names
+the folder a landing drop goes into so that its keys sort after every earlier drop's.
 
 Command line::
 
@@ -299,6 +300,14 @@ ROBOTS = (
 )
 OPERATORS = {"sfo-lab": ("op-1", "op-2", "op-3"), "muc-lab": ("op-4", "op-5", "op-6")}
 FLEET_START = dt.datetime(2026, 11, 2, 8, 0, tzinfo=dt.timezone.utc)
+
+
+def arrival_folder(now: dt.datetime | None = None) -> str:
+    """The landing folder for files arriving ``now`` (UTC, to the microsecond, fixed width), e.g.
+    ``20261129T141502.123456Z``: keys under it sort after every earlier arrival's, as the landing
+    sensor's cursor needs (``dyna_resources/ingest/landing.py``)."""
+    now = dt.datetime.now(dt.UTC) if now is None else now.astimezone(dt.UTC)
+    return now.strftime("%Y%m%dT%H%M%S.%fZ")
 
 
 def fleet_specs(n_episodes: int, *, seed: int = 0, width: int = 640, height: int = 480,

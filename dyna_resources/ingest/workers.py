@@ -1,0 +1,103 @@
+"""Run jobs each in its own worker process, at most ``workers`` at once, results as each finishes.
+
+One process per job rather than a shared pool: a worker that dies (a crash in a codec
+library, the kernel's out-of-memory killer, the CPU limit) takes down only its own job,
+which is reported with how it died, and the other jobs go on. A ``ProcessPoolExecutor``
+fails every job in flight with ``BrokenProcessPool`` and cannot say which one killed it.
+A fork costs milliseconds, an episode's transcode seconds.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import resource
+import signal
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from typing import TypeVar, cast
+
+R = TypeVar("R")
+
+_HOW = {signal.SIGXCPU: "over its CPU time limit", signal.SIGKILL: "killed, e.g. out of memory",
+        signal.SIGSEGV: "crashed: segmentation fault", signal.SIGABRT: "aborted", signal.SIGBUS: "crashed: bus error"}
+
+
+@dataclass(frozen=True)
+class WorkerFailure:
+    """A job that returned nothing: its process died, or the function raised (or its result
+    could not be sent back)."""
+
+    reason: str
+    exitcode: int | None = None
+
+
+def died(exitcode: int | None, cpu_limit_s: float = 0.0) -> WorkerFailure:
+    if exitcode is not None and exitcode < 0:
+        sig = signal.Signals(-exitcode)
+        how = _HOW.get(sig, "killed")
+        if sig == signal.SIGXCPU and cpu_limit_s:
+            how += f" of {cpu_limit_s:g} s"
+        return WorkerFailure(f"the worker process died ({sig.name}: {how})", exitcode)
+    return WorkerFailure(f"the worker process exited with status {exitcode} without a result", exitcode)
+
+
+def run_each(fn: Callable[..., R], jobs: Sequence[tuple], workers: int, *,
+             cpu_limit_s: float = 0.0) -> Generator[tuple[int, int, R | WorkerFailure], None, None]:
+    """Run ``fn(*job)`` for every job, each in a fresh process; yield ``(job index, worker slot,
+    result or WorkerFailure)`` as each finishes. ``cpu_limit_s`` (> 0) caps each job's CPU time
+    (all its threads). Closing the iterator early kills the jobs still running."""
+    ctx = mp.get_context()
+    todo = list(enumerate(jobs))[::-1]
+    free = list(range(max(1, workers)))[::-1]
+    running: dict[Connection, tuple[int, int, BaseProcess]] = {}
+    try:
+        while todo or running:
+            while todo and free:
+                i, args = todo.pop()
+                slot = free.pop()
+                recv, send = ctx.Pipe(duplex=False)
+                p: BaseProcess = ctx.Process(target=_child, args=(send, fn, args, cpu_limit_s), name=f"worker-{slot}-job-{i}")
+                p.start()
+                send.close()  # the child holds the only writer: its death reads as EOF here
+                running[recv] = (i, slot, p)
+            for ready in wait(list(running)):
+                conn = cast(Connection, ready)
+                i, slot, done = running.pop(conn)
+                try:
+                    kind, value = conn.recv()
+                except (EOFError, OSError):
+                    kind, value = "died", None
+                conn.close()
+                done.join()
+                free.append(slot)
+                if kind == "died":
+                    value = died(done.exitcode, cpu_limit_s)
+                elif kind == "raised":
+                    value = WorkerFailure(value, done.exitcode)
+                yield i, slot, value
+    finally:
+        for conn, (_, _, left) in running.items():
+            left.kill()
+            left.join()
+            conn.close()
+
+
+def _child(conn: Connection, fn: Callable, args: tuple, cpu_limit_s: float) -> None:
+    if cpu_limit_s > 0:
+        # Soft limit only: SIGXCPU's default action ends the process; the hard limit is left as it is.
+        _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+        used = sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
+        soft = math.ceil(used + cpu_limit_s)
+        resource.setrlimit(resource.RLIMIT_CPU, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
+    try:
+        msg: tuple[str, object] = ("ok", fn(*args))
+    except Exception as e:  # noqa: BLE001  (reported to the parent, which decides)
+        msg = ("raised", f"{type(e).__name__}: {e}")
+    try:
+        conn.send(msg)
+    except Exception as e:  # noqa: BLE001  (an unpicklable result)
+        conn.send(("raised", f"the result could not be sent back: {type(e).__name__}: {e}"))
+    conn.close()

@@ -1,0 +1,132 @@
+"""The backfill after a pipeline change, as a deployment runs it: batches were ingested by the
+current code; a new revision (a throwaway copy of the code whose ``PIPELINE_VERSION`` is bumped)
+is deployed and the real ``dagster-daemon`` serves it on the project's instance config. Its
+``version_drift_sensor`` must launch ONE backfill of exactly the stale batches, the backfill daemon
+must run it to completion, and only those batches' episodes are transcoded again.
+"""
+
+import re
+import shutil
+from pathlib import Path
+
+from dagster import AssetKey, DagsterInstance, DagsterRunStatus, RunsFilter, materialize
+from dagster._core.execution.backfill import BulkActionStatus
+
+from dyna_assets.definitions import defs
+from dyna_assets.ingest.sensors import DRIFT_TAG
+from dyna_resources import versions
+from dyna_resources.catalog.registry import TRANSCODED, Registry
+from dyna_resources.episodes.mcap_reader import EpisodeReader
+from dyna_resources.faces import IngestResource
+from dyna_resources.ingest.landing import LandingZone
+from dyna_resources.ingest.tick import LandingCursor, LandingSettings, landing_tick
+
+from .deploy_harness import Services, copy_code, service_env, wait_for, write_instance_config
+
+ONE_BATCH_PER_TICK = LandingSettings(target_batch_bytes=1 << 40, max_wait_s=0, reconcile_every=0)
+INGEST = ("raw_episodes", "mcap_episodes", "step_ladders")
+NEW_VERSION = f"{versions.PIPELINE_VERSION}.drift-check"
+FINISHED = {BulkActionStatus.COMPLETED, BulkActionStatus.COMPLETED_SUCCESS, BulkActionStatus.COMPLETED_FAILED,
+            BulkActionStatus.FAILED, BulkActionStatus.CANCELED}
+
+
+def _bump_pipeline_version(code: Path) -> None:
+    path = code / "dyna_resources" / "versions.py"
+    text, n = re.subn(r'^PIPELINE_VERSION = "[^"]*"', f'PIPELINE_VERSION = "{NEW_VERSION}"', path.read_text(),
+                      flags=re.MULTILINE)
+    assert n == 1, "versions.py defines PIPELINE_VERSION once"
+    path.write_text(text)
+
+
+def _mcaps(registry: Registry, batch: str) -> dict[str, tuple[str, int]]:
+    """episode -> (pipeline version stamped in its MCAP, the file's mtime)"""
+    out = {}
+    for e in registry.episodes(batch):
+        assert e["status"] == TRANSCODED, e
+        with EpisodeReader(e["mcap_path"]) as r:
+            out[e["episode_id"]] = (r.metadata()["pipeline_version"], Path(e["mcap_path"]).stat().st_mtime_ns)
+    return out
+
+
+def test_daemon_backfills_exactly_the_stale_batches_after_a_pipeline_version_bump(
+        episode_factory, tmp_path, monkeypatch):
+    dyna_home, dagster_home, code = tmp_path / "dyna", tmp_path / "dagster_home", tmp_path / "code"
+    write_instance_config(dagster_home)  # the project's instance config, as is
+    _bump_pipeline_version(copy_code(code))
+    env = service_env(dyna_home, dagster_home, code_root=code, DYNA_SENSORS="stopped")
+    for k in ("DYNA_HOME", "DAGSTER_HOME", "DYNA_SENSORS"):
+        monkeypatch.setenv(k, env[k])
+    monkeypatch.delenv("DYNA_REGISTRY_URL", raising=False)
+
+    # -- three batches of one episode each; two ingested by the current code ----------------------
+    zone = LandingZone(dyna_home / "landing")
+    registry = Registry.sqlite(dyna_home / "registry.sqlite")
+    cursor, batches = LandingCursor(), []
+    for i in range(3):
+        dst = zone.resolve(f"2026-11-2{i}/ep-drift-{i}.h5")
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(episode_factory(episode_id=f"ep-drift-{i}", seed=610 + i, duration_s=2.0).path, dst)
+        plan = landing_tick(cursor, zone, registry, ONE_BATCH_PER_TICK)
+        cursor = plan.cursor
+        batches += [b.key for b in plan.created]
+    assert len(batches) == 3
+    stale, current = batches[:2], batches[2]
+    assets = [defs.get_assets_def(k) for k in INGEST]
+    res = {**defs.resources, "ingest": IngestResource(home_root=str(dyna_home))}
+    with DagsterInstance.get() as instance:
+        instance.add_dynamic_partitions("ingest_batches", batches)
+        for b in stale:
+            assert materialize(assets, instance=instance, partition_key=b, resources=res).success
+        # the third batch landed after the change: ingested at the new version, nothing to backfill
+        with monkeypatch.context() as m:
+            m.setattr(versions, "PIPELINE_VERSION", NEW_VERSION)
+            assert materialize(assets, instance=instance, partition_key=current, resources=res).success
+    before = {b: _mcaps(registry, b) for b in batches}
+    assert {v for b in stale for v, _ in before[b].values()} == {versions.PIPELINE_VERSION}
+    assert {v for v, _ in before[current].values()} == {NEW_VERSION}
+    assert registry.outdated_batches(schema_version=versions.SCHEMA_VERSION, pipeline_version=NEW_VERSION) == stale
+
+    # -- the new revision deployed: the daemon, with the drift sensor switched on ------------------
+    services = Services(tmp_path, env, cwd=code)
+    try:
+        services.cli("sensor", "start", "version_drift_sensor", "-w", "workspace.yaml")
+        services.start_daemon()
+        with DagsterInstance.get() as instance:
+            def drift_backfills():
+                return [b for b in instance.get_backfills() if b.tags.get(DRIFT_TAG) == "true"]
+
+            def sensor_ticks():
+                return [(t.status.value, t.skip_reason, t.error and t.error.message)
+                        for s in instance.all_instigator_state() for t in instance.get_ticks(
+                            s.instigator_origin_id, s.selector_id, limit=3)]
+
+            (launched,) = wait_for("the drift sensor launching a backfill", drift_backfills, deadline_s=180,
+                                   check=services.check_alive, state=sensor_ticks)
+            done = wait_for("the drift backfill finished",
+                            lambda: [b for b in drift_backfills() if b.status in FINISHED],
+                            deadline_s=300, every_s=2, check=services.check_alive,
+                            state=lambda: [(b.backfill_id, b.status) for b in drift_backfills()])
+            (backfill,) = done
+            assert backfill.backfill_id == launched.backfill_id
+            assert backfill.status == BulkActionStatus.COMPLETED_SUCCESS, backfill
+            assert backfill.tags["dyna/pipeline_version"] == NEW_VERSION  # the new revision's sensor
+            targeted = backfill.asset_backfill_data.target_subset
+            assert {(ap.asset_key, ap.partition_key) for ap in targeted.iterate_asset_partitions()} == {
+                (AssetKey(a), b) for a in ("mcap_episodes", "step_ladders") for b in stale}
+            runs = instance.get_runs(RunsFilter(tags={"dagster/backfill": backfill.backfill_id}))
+            assert runs and all(r.status == DagsterRunStatus.SUCCESS for r in runs), runs
+    except BaseException:
+        print(services.diagnostics())
+        raise
+    finally:
+        services.stop()
+
+    # -- exactly the stale batches were redone, by the new code -----------------------------------
+    after = {b: _mcaps(registry, b) for b in batches}
+    for b in stale:
+        assert set(after[b]) == set(before[b])
+        for eid, (version, mtime) in after[b].items():
+            assert version == NEW_VERSION and mtime != before[b][eid][1], (b, eid)
+    assert after[current] == before[current]  # not touched
+    assert registry.outdated_batches(schema_version=versions.SCHEMA_VERSION, pipeline_version=NEW_VERSION) == []
+    registry.close()

@@ -1,0 +1,167 @@
+"""kill -9 of a run worker under the project's own instance config (``infra/dagster/dagster.yaml``:
+run queue, pools, run monitoring), as a deployment runs it: the real webserver and daemon on
+127.0.0.1; the run is launched through GraphQL (the UI's "Materialize" of one partition), dequeued
+by the daemon and started by the code server, holding the ``transcode`` pool's only slot when its
+worker is killed. The dead run must end FAILED, its slot must come back, and the same launch again
+must complete. (What a relaunch redoes inside a batch is tests/dyna_assets/test_kill_resume.py's.)
+"""
+
+import os
+import shutil
+import signal
+from pathlib import Path
+
+from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, materialize
+
+from dyna_assets.definitions import defs
+from dyna_resources.catalog.registry import TRANSCODED, Registry
+from dyna_resources.faces import IngestResource
+from dyna_resources.ingest.landing import LandingZone
+from dyna_resources.ingest.tick import LandingCursor, LandingSettings, landing_tick
+
+from .deploy_harness import Services, service_env, wait_for, write_instance_config
+
+N = 3
+POOL = "transcode"
+
+LAUNCH_RUN = """
+mutation Launch($params: ExecutionParams!) {
+  launchRun(executionParams: $params) {
+    __typename
+    ... on LaunchRunSuccess { run { runId status } }
+    ... on PythonError { message stack }
+    ... on Error { message }
+  }
+}
+"""
+
+
+def _launch(services: Services, location: str, repository: str, batch: str) -> str:
+    params = {
+        "selector": {"repositoryLocationName": location, "repositoryName": repository,
+                     "jobName": "__ASSET_JOB", "assetSelection": [{"path": ["mcap_episodes"]}]},
+        # one episode at a time: the kill lands between two finished episodes
+        "runConfigData": {"resources": {"transcode": {"config": {"workers": 1}}}},
+        "executionMetadata": {"tags": [{"key": "dagster/partition", "value": batch}]},
+        "mode": "default",
+    }
+    got = services.gql(LAUNCH_RUN, {"params": params})["launchRun"]
+    assert got["__typename"] == "LaunchRunSuccess", got
+    return got["run"]["runId"]
+
+
+def _run_worker_pid(instance: DagsterInstance, run_id: str) -> int | None:
+    """The run worker's pid, from the engine event the code server reports when it starts it."""
+    for ev in instance.all_logs(run_id, of_type=DagsterEventType.ENGINE_EVENT):
+        if ev.dagster_event and ev.dagster_event.message.startswith("Started process for run"):
+            return int(ev.dagster_event.engine_event_data.metadata["pid"].value)
+    return None
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (the step subprocess, the transcode pool), from /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _started_step(instance: DagsterInstance, run_id: str, step: str) -> bool:
+    return any(ev.step_key == step for ev in instance.all_logs(run_id, of_type=DagsterEventType.STEP_START))
+
+
+def _slot_holders(instance: DagsterInstance) -> set[str]:
+    info = instance.event_log_storage.get_concurrency_info(POOL)
+    return {s.run_id for s in info.claimed_slots}
+
+
+def test_kill_9_of_a_run_worker_fails_the_run_frees_its_slot_and_the_relaunch_completes(
+        episode_factory, tmp_path, monkeypatch):
+    dyna_home, dagster_home = tmp_path / "dyna", tmp_path / "dagster_home"
+    # The project's instance config as is (pools, run monitoring), but a queue that releases runs every second.
+    cfg = write_instance_config(dagster_home, {"run_queue": {"dequeue_interval_seconds": 1}})
+    assert cfg["concurrency"]["pools"]["default_limit"] == 1 and cfg["run_monitoring"]["enabled"]
+    env = service_env(dyna_home, dagster_home, DYNA_SENSORS="stopped")
+    for k in ("DYNA_HOME", "DAGSTER_HOME", "DYNA_SENSORS"):
+        monkeypatch.setenv(k, env[k])
+    monkeypatch.delenv("DYNA_REGISTRY_URL", raising=False)
+
+    landing = dyna_home / "landing" / "2026-11-29"
+    landing.mkdir(parents=True)
+    for i in range(N):
+        g = episode_factory(episode_id=f"ep-kill9-{i}", seed=500 + i, duration_s=2.0)
+        shutil.copyfile(g.path, landing / f"ep-kill9-{i}.h5")
+    registry = Registry.sqlite(dyna_home / "registry.sqlite")
+    plan = landing_tick(LandingCursor(), LandingZone(dyna_home / "landing"), registry,
+                        LandingSettings(target_batch_bytes=1 << 40, max_wait_s=0, reconcile_every=0))
+    (batch,) = [b.key for b in plan.created]
+    with DagsterInstance.get() as instance:
+        instance.add_dynamic_partitions("ingest_batches", [batch])
+        res = {**defs.resources, "ingest": IngestResource(home_root=str(dyna_home))}
+        assert materialize([defs.get_assets_def("raw_episodes")], instance=instance, partition_key=batch,
+                           resources=res).success
+
+    services = Services(tmp_path, env)
+    try:
+        services.start_webserver()
+        services.start_daemon()
+        (entry,) = services.wait_until_serving()
+        location = entry["name"]
+        (repository,) = [r["name"] for r in entry["locationOrLoadError"]["repositories"]]
+
+        with DagsterInstance.get() as instance:
+            def status(run_id: str) -> DagsterRunStatus:
+                return instance.get_run_by_id(run_id).status
+
+            first = _launch(services, location, repository, batch)
+            wait_for("the first run's transcode step started", lambda: _started_step(instance, first, "mcap_episodes"),
+                     deadline_s=180, every_s=0.2, check=services.check_alive, state=lambda: status(first))
+            assert status(first) == DagsterRunStatus.STARTED
+            assert _slot_holders(instance) == {first}  # its transcode step holds the pool's only slot
+            pid = _run_worker_pid(instance, first)
+            assert pid is not None and pid != os.getpid()
+            # the whole worker, as when its machine or container dies: the run worker, then what it started
+            tree = _descendants(pid)
+            assert tree, "the run worker runs its step in a subprocess"
+            for p in [pid, *tree]:
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+            wait_for("the killed run marked FAILED", lambda: status(first) == DagsterRunStatus.FAILURE,
+                     deadline_s=60, check=services.check_alive, state=lambda: status(first))
+            # freed by the monitoring daemon (run_monitoring.free_slots_after_run_end_seconds)
+            wait_for("the dead run's transcode slot freed", lambda: not _slot_holders(instance),
+                     deadline_s=120, check=services.check_alive, state=lambda: _slot_holders(instance))
+
+            second = _launch(services, location, repository, batch)
+            wait_for("the relaunch finished", lambda: status(second) in (
+                DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED),
+                deadline_s=240, check=services.check_alive, state=lambda: status(second))
+            assert status(second) == DagsterRunStatus.SUCCESS
+            assert not _slot_holders(instance)
+            failure = [e for e in instance.all_logs(first, of_type=DagsterEventType.ENGINE_EVENT)
+                       if "terminated by signal 9" in e.message]
+            assert failure, "the killed run names its signal"
+
+        eps = registry.episodes(batch)
+        assert len(eps) == N and all(e["status"] == TRANSCODED for e in eps)
+        counts = registry.counts()
+        assert counts["episodes"] == N and counts["landed_files"] == N and counts["quarantine"] == 0
+        assert sorted(p.name for p in (dyna_home / "mcap").iterdir()) == [f"ep-kill9-{i}.mcap" for i in range(N)]
+    except BaseException:
+        print(services.diagnostics())
+        raise
+    finally:
+        services.stop()
+        registry.close()
