@@ -720,7 +720,7 @@ def _open_index(root: Path) -> tuple[sqlite3.Connection, tuple[int, int]]:
     db = sqlite3.connect(path, timeout=60, isolation_level=None, check_same_thread=False)
     old_pages = None
     try:
-        db.execute("PRAGMA journal_mode=WAL")
+        _set_wal(db)
         db.execute("PRAGMA synchronous=NORMAL")
         if db.execute("PRAGMA user_version").fetchone()[0] != _FORMAT:
             with _immediate(db):  # one process rebuilds; the others wait here, then find it done
@@ -734,6 +734,21 @@ def _open_index(root: Path) -> tuple[sqlite3.Connection, tuple[int, int]]:
     if old_pages is not None:
         shutil.rmtree(old_pages, ignore_errors=True)
     return db, (st.st_dev, st.st_ino)
+
+
+def _set_wal(db: sqlite3.Connection, wait_s: float = 60.0) -> None:
+    """Switch ``db`` to WAL, retrying while another process holds the file: SQLite answers a journal-mode
+    change that meets another connection's lock with SQLITE_BUSY at once, without calling the busy
+    handler (two processes opening a new or rollback-journal index at the same moment)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
 
 
 def _rebuild_index(db: sqlite3.Connection, root: Path) -> Path | None:
