@@ -215,6 +215,10 @@ def print_training(partition: str, trained) -> None:
     m = {k: getattr(v, "value", v) for k, v in trained.asset_materializations_for_node("checkpoints")[0].metadata.items()}
     print(f"checkpoints {partition}: {m['steps']} steps, loss {m['loss_first']:.3f} -> {m['loss_last']:.3f}, "
           f"{m['samples_per_s']:.1f} samples/s, data wait {m['data_wait_fraction']:.1%}, optimizer {m['optimizer_mode']}")
+    if "loader" in m:
+        print(f"  loader {m['loader']}: {m['samples_per_epoch']} samples per epoch, "
+              f"{m['decodes_per_frame']:.2f} frames decoded per frame delivered, first-epoch data wait "
+              f"{m['data_wait_first_epoch']:.1%}, {m['skipped_samples']} samples skipped")
     print(f"  {m['checkpoints_dir']}  (async, sharded; each COMPLETE.json records the manifest, versions and commit "
           f"{m['lineage'].get('code_commit', '?')[:12]})")
     print("=" * 86)

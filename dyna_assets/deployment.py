@@ -42,7 +42,7 @@ class MissingSettingsError(RuntimeError):
 def embedded_resources() -> dict:
     return {"home": HomeResource(), "ingest": IngestResource(), "gates": GatesResource(),
             "transcode": TranscodeResource(), "warehouse": WarehouseResource(), "cache": CacheResource(),
-            "replica": ReplicaResource(), "trainer": TrainerResource(), "ladders": LadderResource()}
+            "replica": ReplicaResource(), "trainer": TrainerResource(anchors="every"), "ladders": LadderResource()}
 
 
 def production_resources(environ: Mapping[str, str] | None = None) -> dict:

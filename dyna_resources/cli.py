@@ -3,6 +3,7 @@
     dyna generate OUT_DIR [--episodes N] [--width W --height H] [--faults truncated=1,corrupt_jpeg=1]
         (writes OUT_DIR/<UTC time>/<episode>.h5: OUT_DIR may be the landing zone)
     dyna transcode SRC.h5 DST.mcap [--gop-frames N] [--crf X] [--preset P]
+    dyna training-streams SRC.mcap DST.mcap --spec NAME:HxW[:GOP] [--spec ...]
     dyna inspect EPISODE.mcap
     dyna review list
     dyna review set EPISODE_ID accept|reject --by NAME [--note TEXT]
@@ -44,6 +45,17 @@ def _transcode(args) -> int:
     r = transcode_episode(args.src, args.dst, settings)
     print(f"{r.episode_id}: {r.bytes_in / 1e6:.2f} MB -> {r.bytes_out / 1e6:.2f} MB "
           f"({r.bytes_out / r.bytes_in:.3f}) in {r.total_s:.1f} s; chunks {r.chunks}")
+    return 0
+
+
+def _training_streams(args) -> int:
+    from .episodes.training_streams import add_training_streams
+
+    r = add_training_streams(args.src, args.dst, args.spec)
+    for s in r.streams.values():
+        print(f"{s.name}: {s.action}, {s.frames} frames encoded, {s.bytes / 1e6:.2f} MB "
+              f"({r.bytes_fraction(s.name):.1%} of the source)")
+    print(f"{r.bytes_before / 1e6:.2f} MB -> {r.bytes_after / 1e6:.2f} MB in {r.seconds:.1f} s")
     return 0
 
 
@@ -126,6 +138,15 @@ def _ladder(args) -> int:
     return 0
 
 
+def _training_spec(text: str):
+    from .episodes.training_streams import TrainingStreamSpec
+
+    try:
+        return TrainingStreamSpec.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="dyna", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -147,6 +168,13 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--crf", type=float, default=VideoSettings.crf)
     t.add_argument("--preset", default=VideoSettings.preset)
     t.set_defaults(fn=_transcode)
+    ts = sub.add_parser("training-streams", help="add derived small video streams (training resolution and "
+                                                 "GOP) to an MCAP episode; the archive is kept byte for byte")
+    ts.add_argument("src")
+    ts.add_argument("dst", help="may be SRC (replaced atomically)")
+    ts.add_argument("--spec", action="append", required=True, type=_training_spec,
+                    help="NAME:HxW[:GOP], e.g. t128:128x128:30 (repeatable)")
+    ts.set_defaults(fn=_training_streams)
     i = sub.add_parser("inspect", help="print an MCAP episode's stamps and chunk layout")
     i.add_argument("mcap")
     i.set_defaults(fn=_inspect)

@@ -250,6 +250,14 @@ class TrainerResource(ConfigurableResource):
     all_checkpoints_damaged: str = "error"
     optimizer_mode: str = "auto"
     image_size: int = 64
+    # How samples are read: "gop" (each GOP window decoded once for every sample in it) or "random"
+    # (fully random, live GOP decoders per episode); where they sit: "end" (one per segment) or "every"
+    # (one every anchor_every_s inside each segment); read_stream: a training stream's name ("" = archive).
+    loader: str = "gop"
+    anchors: str = "end"
+    anchor_every_s: float = 0.1
+    mix_units: float = 3.0
+    read_stream: str = ""
     seed: int = 0
     dataset: str = ""  # name@version from the dataset registry; empty: the partition's current manifest
 
@@ -274,7 +282,7 @@ class TrainerResource(ConfigurableResource):
         from trainer.dataset import SampleSpec
         from trainer.manifest_loader import local_copy
         from trainer.model import ModelConfig
-        from trainer.train import TrainConfig
+        from trainer.train import LoaderConfig, TrainConfig
 
         from . import versions
 
@@ -302,7 +310,10 @@ class TrainerResource(ConfigurableResource):
             keep_checkpoints=self.keep_checkpoints,
             checkpoint_store=self.checkpoint_store or os.environ.get("DYNA_CHECKPOINT_STORE", ""),
             all_checkpoints_damaged=self.all_checkpoints_damaged,
-            cache_dir=cache.root_dir(), model=ModelConfig(image_size=size), sample=SampleSpec(image_size=size),
+            cache_dir=cache.root_dir(), model=ModelConfig(image_size=size),
+            sample=SampleSpec(image_size=size, anchors=self.anchors, anchor_every_s=self.anchor_every_s,
+                              stream=self.read_stream or None),
+            loader=LoaderConfig(kind=self.loader, mix_units=self.mix_units),  # type: ignore[arg-type]
             lineage={"curation_spec": partition, "dataset": dataset or f"manifest:{manifest_sha[:16]}",
                      "manifest": manifest_url, "manifest_sha256": manifest_sha,
                      "schema_version": versions.SCHEMA_VERSION, "pipeline_version": versions.PIPELINE_VERSION,

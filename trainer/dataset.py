@@ -42,9 +42,11 @@ import pyarrow as pa
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from dyna_resources.episodes.codec import resized_rgb
 from dyna_resources.episodes.errors import WindowError
+from dyna_resources.episodes.gop_decode import swscale_rgb
 from dyna_resources.episodes.mcap_reader import EpisodeReader, FrameCache
+
+from .sampling import plan_samples, samples_per_row
 
 
 @dataclass(frozen=True)
@@ -61,14 +63,59 @@ class SampleSpec:
     action_chunk: int = 25
     action_hz: float = 50.0
     tolerance_s: float = 0.02  # nearest recorded sample must be this close to a grid point
+    # Where samples sit in a segment: "end", one per segment at its end minus the action chunk (sparse);
+    # "every", one every anchor_every_s from the segment's start (dense: 0.1 s is every 3rd frame at 30 Hz).
+    anchors: str = "end"
+    anchor_every_s: float = 0.1
+    # A clip instead of frame_offsets_s: clip_frames frames per camera at clip_hz, ending at the anchor
+    # (e.g. 16 frames at 10 Hz); 0 keeps frame_offsets_s.
+    clip_frames: int = 0
+    clip_hz: float = 10.0
+    # Read a training stream (``dyna training-streams``: a small, short-GOP copy of each camera) by name
+    # instead of the archive video; None reads the archive stream.
+    stream: str | None = None
+
+    def __post_init__(self):
+        if self.anchors not in ("end", "every"):
+            raise ValueError(f"sample spec: anchors {self.anchors!r}: expected 'end' or 'every'")
+        if not 1e-3 <= self.anchor_every_s <= 3600:
+            raise ValueError(f"sample spec: anchor_every_s {self.anchor_every_s} outside [0.001, 3600] s")
+        if self.clip_frames < 0 or (self.clip_frames and not 0 < self.clip_hz <= 1000):
+            raise ValueError(f"sample spec: clip_frames {self.clip_frames} at clip_hz {self.clip_hz}: "
+                             "expected clip_frames >= 0 and 0 < clip_hz <= 1000")
 
     @property
     def action_horizon_ns(self) -> int:
         return int(round(self.action_chunk / self.action_hz * 1e9))
 
     def anchor_ns(self, start_ns: int, end_ns: int) -> int:
-        """``t_now`` of a segment: its end minus the action chunk."""
+        """``t_now`` of a segment in ``anchors="end"``: its end minus the action chunk."""
         return end_ns - self.action_horizon_ns
+
+    @property
+    def anchor_every_ns(self) -> int:
+        return _ns(self.anchor_every_s)
+
+    def frame_offsets_ns(self) -> np.ndarray:
+        """Offsets from the anchor of the frames each camera gives (the clip's, or frame_offsets_s)."""
+        if self.clip_frames:
+            step = 1e9 / self.clip_hz
+            return np.array([-int(round((self.clip_frames - 1 - i) * step)) for i in range(self.clip_frames)],
+                            np.int64)
+        return np.array([_ns(o) for o in self.frame_offsets_s], np.int64)
+
+    def all_frame_offsets_ns(self) -> np.ndarray:
+        """The frame offsets, then the future frame's: every frame a sample reads per camera."""
+        return np.append(self.frame_offsets_ns(), _ns(self.future_frame_s))
+
+    def proprio_offsets_ns(self) -> np.ndarray:
+        return -np.arange(self.proprio_steps - 1, -1, -1, dtype=np.int64) * int(round(1e9 / self.proprio_hz))
+
+    def action_offsets_ns(self) -> np.ndarray:
+        return np.arange(1, self.action_chunk + 1, dtype=np.int64) * int(round(1e9 / self.action_hz))
+
+    def stream_names(self) -> list[str]:
+        return sorted({s for s, _ in self.proprio_streams} | {self.action_stream[0]})
 
 
 @dataclass
@@ -120,12 +167,26 @@ class ManifestDataset(IterableDataset):
         rank_of = np.empty(len(names), np.int64)
         rank_of[by_name] = np.arange(len(names))
         self._uri_names = [names[i] for i in by_name]  # sorted, so codes order rows by episode
-        self._uri_codes = rank_of[uris.indices.to_numpy(zero_copy_only=False)]
+        row_codes = rank_of[uris.indices.to_numpy(zero_copy_only=False)]
         self._start = self.manifest.column("start_ns").slice(self.first_row, per_rank).to_numpy()
         self._end = self.manifest.column("end_ns").slice(self.first_row, per_rank).to_numpy()
+        self.plan = plan_samples(self._start, self._end, row_codes, len(names), anchors=self.spec.anchors,
+                                 every_ns=self.spec.anchor_every_ns, end_offset_ns=self.spec.action_horizon_ns)
+        self.rows = self._usable_samples(per_rank)  # samples per epoch (rows, with one sample per segment)
+        self._uri_codes = self.plan.code
         self._passes = 0  # full passes this process's copy started (persistent DataLoader workers)
         self._readers: OrderedDict = OrderedDict()
         self._readers_pid = os.getpid()
+        self._evicted_decodes = 0
+
+    def _usable_samples(self, per_rank: int) -> int:
+        """Samples per epoch on every rank (equal, so collective steps never wait on a rank whose
+        epoch ended): the fewest any rank's slice holds."""
+        if self.spec.anchors == "end":
+            return per_rank
+        counts = samples_per_row(self.manifest.column("start_ns").to_numpy(), self.manifest.column("end_ns").to_numpy(),
+                                 self.spec.anchors, self.spec.anchor_every_ns)[:per_rank * self.world]
+        return int(counts.reshape(self.world, per_rank).sum(axis=1).min())
 
     # ---- position (the data part of a checkpoint) ---------------------------------------------
     @property
@@ -153,7 +214,7 @@ class ManifestDataset(IterableDataset):
     def order(self, epoch: int) -> np.ndarray:
         """This rank's local row indices in the order of ``epoch`` (a pure function of seed, epoch)."""
         rng = np.random.default_rng([self.seed, epoch, self.rank])
-        local = np.argsort(self._uri_codes, kind="stable")  # by episode, then time (manifest order)
+        local = np.argsort(self._uri_codes[:self.rows], kind="stable")  # by episode, then time (manifest order)
         n_blocks = -(-self.rows // self.block)
         block_order = rng.permutation(n_blocks)
         # Blocks in permuted order: row r of the stream is row (block_order[r // block] * block + r % block),
@@ -224,46 +285,79 @@ class ManifestDataset(IterableDataset):
             readers.move_to_end(uri)
             return entry
         if len(readers) >= self.readers_per_worker:
-            readers.popitem(last=False)[1][0].close()  # (reader, frames, chunks) of the oldest episode
+            _, (old, frames, _) = readers.popitem(last=False)  # (reader, frames, chunks) of the oldest episode
+            old.close()
+            self._evicted_decodes += frames.decoded
         opener = self.open_file or _fsspec_open
         entry = readers[uri] = (EpisodeReader(opener(uri)),
-                                FrameCache(resized_rgb(*self.spec.image_size), max_frames=self.frames_per_reader),
+                                FrameCache(swscale_rgb(*self.spec.image_size), max_frames=self.frames_per_reader),
                                 ChunkMemo(self.chunks_per_reader))
         return entry
 
-    def sample_uri(self, local_row: int) -> str:
-        return self._uri_names[self._uri_codes[local_row]]
+    def decoded_frames(self, readers: OrderedDict | None = None) -> int:
+        """Frames this process decoded in random access (open episodes and those already closed)."""
+        readers = self._readers if readers is None else readers
+        return self._evicted_decodes + sum(frames.decoded for _, frames, _ in readers.values())
 
-    def sample(self, local_row: int, readers: OrderedDict | None = None) -> dict:
+    def sample_uri(self, i: int) -> str:
+        return self._uri_names[self.plan.code[i]]
+
+    def sample_times(self, i: int) -> SampleTimes:
+        """Every time sample ``i`` reads, clamped to its episode's span (see ``trainer.sampling``)."""
+        spec, plan = self.spec, self.plan
+        t, code = int(plan.anchor_ns[i]), int(plan.code[i])
+        lo, hi = int(plan.lo_ns[code]), int(plan.hi_ns[code])
+        proprio, actions = t + spec.proprio_offsets_ns(), t + spec.action_offsets_ns()
+        return SampleTimes(t, np.clip(t + spec.all_frame_offsets_ns(), lo, hi), np.clip(proprio, lo, hi),
+                           np.clip(actions, lo, hi), proprio < lo, actions > hi)
+
+    def sample(self, i: int, readers: OrderedDict | None = None) -> dict:
+        """Sample ``i`` of this rank's plan, read at random (a worker's open episodes keep their decoded
+        frames and live GOP decoders, ``FrameCache``, so nearby samples do not decode from the keyframe)."""
         readers = OrderedDict() if readers is None else readers
         spec = self.spec
-        uri = self.sample_uri(local_row)
-        start, end = int(self._start[local_row]), int(self._end[local_row])
-        r, frame_cache, memo = self._reader(uri, readers)
-        t_now = spec.anchor_ns(start, end)
+        r, frame_cache, memo = self._reader(self.sample_uri(i), readers)
+        times = self.sample_times(i)
         cams = list(spec.cameras) if spec.cameras is not None else r.cameras
-        times = [t_now + int(round(o * 1e9)) for o in spec.frame_offsets_s]
-        future_t = t_now + int(round(spec.future_frame_s * 1e9))
-        proprio_t = t_now - np.arange(spec.proprio_steps - 1, -1, -1) * int(round(1e9 / spec.proprio_hz))
-        action_t = t_now + np.arange(1, spec.action_chunk + 1) * int(round(1e9 / spec.action_hz))
-        names = sorted({s for s, _ in spec.proprio_streams} | {spec.action_stream[0]})
-        frames = r.read_frames(cams, [*times, future_t], memo=memo, cache=frame_cache)
-        streams = r.read_streams(names, int(proprio_t[0]) - _ns(spec.tolerance_s),
-                                 int(action_t[-1]) + _ns(spec.tolerance_s), memo=memo)
-        images = torch.from_numpy(np.stack([frames[c].images for c in cams]))  # (C, K+1, 3, h, w) uint8
-        proprio = np.concatenate([_on_grid(streams[s], f, proprio_t, spec.tolerance_s, r.path)
+        kw = {"stream": spec.stream} if spec.stream else {}
+        frames = r.read_frames(cams, times.frames, memo=memo, cache=frame_cache, **kw)
+        streams = r.read_streams(spec.stream_names(), int(times.proprio[0]) - _ns(spec.tolerance_s),
+                                 int(times.actions[-1]) + _ns(spec.tolerance_s), memo=memo)
+        images = np.stack([frames[c].images for c in cams])  # (C, K+1, 3, h, w) uint8
+        return self.assemble(i, images, streams, times, r.path)
+
+    def assemble(self, i: int, images: np.ndarray, streams: dict, times: SampleTimes, path: str) -> dict:
+        """One sample's tensors from its frames (C, K+1, 3, h, w) and the streams around it."""
+        spec = self.spec
+        proprio = np.concatenate([_on_grid(streams[s], f, times.proprio, spec.tolerance_s, path)
                                   for s, f in spec.proprio_streams], axis=1)
-        actions = _on_grid(streams[spec.action_stream[0]], spec.action_stream[1], action_t, spec.tolerance_s, r.path)
+        actions = _on_grid(streams[spec.action_stream[0]], spec.action_stream[1], times.actions, spec.tolerance_s, path)
+        images = torch.from_numpy(images)
         return {"frames": images[:, :-1], "future": images[:, -1], "proprio": torch.from_numpy(proprio),
-                "actions": torch.from_numpy(actions), "row": self.first_row + local_row}
+                "actions": torch.from_numpy(actions), "proprio_is_pad": torch.from_numpy(times.proprio_pad),
+                "actions_is_pad": torch.from_numpy(times.actions_pad),
+                "row": self.first_row + int(self.plan.row[i]), "anchor_ns": times.anchor_ns}
 
     @staticmethod
     def collate(samples: list[dict]) -> dict:
-        return {"frames": torch.stack([s["frames"] for s in samples]),
-                "future": torch.stack([s["future"] for s in samples]),
-                "proprio": torch.stack([s["proprio"] for s in samples]),
-                "actions": torch.stack([s["actions"] for s in samples]),
-                "row": torch.tensor([s["row"] for s in samples], dtype=torch.int64)}
+        out = {k: torch.stack([s[k] for s in samples])
+               for k in ("frames", "future", "proprio", "actions", "proprio_is_pad", "actions_is_pad")}
+        out["row"] = torch.tensor([s["row"] for s in samples], dtype=torch.int64)
+        out["anchor_ns"] = torch.tensor([s["anchor_ns"] for s in samples], dtype=torch.int64)
+        return out
+
+
+@dataclass(frozen=True)
+class SampleTimes:
+    """The times one sample reads, clamped to its episode's span; ``*_pad`` marks grid points that
+    fell outside it (they repeat the edge value, as LeRobot pads)."""
+
+    anchor_ns: int
+    frames: np.ndarray  # the frame offsets' times, then the future frame's
+    proprio: np.ndarray
+    actions: np.ndarray
+    proprio_pad: np.ndarray
+    actions_pad: np.ndarray
 
 
 class ChunkMemo(OrderedDict):

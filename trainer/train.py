@@ -51,12 +51,33 @@ from .checkpoint import (
     RNGState,
 )
 from .dataset import ManifestDataset, SampleSpec, worker_init_threads
+from .gop_dataset import GopDataset
 from .manifest_loader import local_copy, open_manifest
 from .model import ModelConfig, WorldActionModel
 
 log = logging.getLogger("dyna.train")
 
 OnAllDamaged = Literal["error", "start_fresh"]
+LoaderKind = Literal["gop", "random"]
+
+
+@dataclass
+class LoaderConfig:
+    """How samples are read (``trainer.gop_dataset`` and ``trainer.dataset``)."""
+
+    # "gop": decode units, each GOP window decoded once for every sample anchored in it (the default);
+    # "random": fully random samples, each worker keeping live GOP decoders and recent frames per episode.
+    kind: LoaderKind = "gop"
+    unit_s: float = 10.0  # gop: seconds of one episode decoded as one unit (whole GOPs: 2 of the fleet's 5 s)
+    mix_units: float = 3.0  # gop: units mixed in flight per lane: more is more random and holds more frames
+    lanes: int = 4  # gop: independent unit streams; the DataLoader worker count must divide it
+    decode_threads: int = 0  # gop: threads decoding a unit's cameras (0: one per camera, at most 4)
+    decoder: str = "auto"  # gop: "cpu", "cuda" (NVDEC) or "auto" (cuda when the trainer has a GPU that answers)
+    bad_samples: str = "raise"  # gop: a sample whose frame or stream fails: "raise" (naming it) or "skip" (counted)
+
+    def __post_init__(self):
+        if self.kind not in get_args(LoaderKind):
+            raise ValueError(f"loader.kind {self.kind!r}: expected one of {get_args(LoaderKind)}")
 
 
 @dataclass
@@ -87,6 +108,7 @@ class TrainConfig:
     lineage: dict = field(default_factory=dict)  # manifest data version, pipeline versions, code commit
     model: ModelConfig = field(default_factory=ModelConfig)
     sample: SampleSpec = field(default_factory=SampleSpec)
+    loader: LoaderConfig = field(default_factory=LoaderConfig)
     fault: dict = field(default_factory=dict)  # test hook: {"step": 7, "rank": 1, "attempt": 0} -> SIGKILL
 
     def __post_init__(self):
@@ -114,6 +136,7 @@ class TrainConfig:
         if "proprio_streams" in sample:
             sample["proprio_streams"] = tuple(tuple(x) for x in sample["proprio_streams"])
         d["sample"] = SampleSpec(**sample)
+        d["loader"] = LoaderConfig(**d.get("loader", {}))
         return cls(**d)
 
 
@@ -191,8 +214,17 @@ def run(cfg: TrainConfig) -> dict:
 
         cache = PageCache(CacheConfig.from_env(cfg.cache_dir, root=cfg.cache_dir), Origins.from_env())
         open_file = CachedFileSystem(cache).open
-    ds = ManifestDataset(manifest, cfg.sample, batch_size=cfg.batch_size, rank=topo.rank, world=topo.world_size,
-                         seed=cfg.seed, open_file=open_file, continuous=True)
+    common = dict(batch_size=cfg.batch_size, rank=topo.rank, world=topo.world_size, seed=cfg.seed, open_file=open_file,
+                  continuous=True)
+    if cfg.loader.kind == "gop":
+        lc = cfg.loader
+        decoder = lc.decoder if lc.decoder != "auto" or torch.cuda.is_available() else "cpu"
+        ds = GopDataset(manifest, cfg.sample, unit_s=lc.unit_s, mix_units=lc.mix_units, lanes=lc.lanes,
+                        decode_threads=lc.decode_threads, decoder=decoder, bad_samples=lc.bad_samples, **common)
+    else:
+        ds = ManifestDataset(manifest, cfg.sample, **common)
+    log.info("loader %s: %d samples per epoch on this rank, %d batches", cfg.loader.kind, ds.rows,
+             ds.batches_per_epoch)
 
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
     model = WorldActionModel(cfg.model)
@@ -263,6 +295,9 @@ def _loop(cfg, model, optimizer, ds, ckpt, counter, state, topo, attempt, metric
     blocking: list[float] = []
     compute: list[float] = []  # per step: the step itself, without waiting for data
     waits: list[float] = []  # per step: waiting for the batch
+    first_epoch = StepTimes()  # steps of epoch 0: the cold pass, every GOP decoded for the first time
+    first_epoch_steps = 0
+    io = {"decoded_frames": 0, "delivered_frames": 0, "bytes_read": 0, "skipped": 0}
     # Persistent workers keep their open episodes and decoded frames from one epoch to the next.
     loader = DataLoader(ds, batch_size=None, num_workers=cfg.workers, worker_init_fn=worker_init_threads,
                         prefetch_factor=cfg.prefetch if cfg.workers else None, persistent_workers=cfg.workers > 0)
@@ -283,8 +318,13 @@ def _loop(cfg, model, optimizer, ds, ckpt, counter, state, topo, attempt, metric
         loss.backward()
         optimizer.step()
         model.update_target()
+        in_first_epoch = ds.position.epoch == 0
+        first_epoch_steps += in_first_epoch
         ds.advance()
         counter.step += 1
+        for k in io:
+            if k in batch:
+                io[k] += int(batch[k])
         step = counter.step
         parts = _mean_across_ranks(parts)
         losses[step] = parts["loss"]
@@ -292,7 +332,7 @@ def _loop(cfg, model, optimizer, ds, ckpt, counter, state, topo, attempt, metric
         compute.append(t2 - t1)
         waits.append(t1 - t0)
         n = len(batch["row"]) * topo.world_size
-        for w in (window, total):
+        for w in (window, total, *((first_epoch,) if in_first_epoch else ())):
             w.wait_s += t1 - t0
             w.total_s += t2 - t0
             w.samples += n
@@ -318,6 +358,10 @@ def _loop(cfg, model, optimizer, ds, ckpt, counter, state, topo, attempt, metric
             "loss_last": losses.get(counter.step), "samples_per_s": total.samples / total.total_s if total.total_s else 0,
             "data_wait_fraction": total.fraction(), "checkpoint_blocking_s": blocking, "step_compute_s": compute,
             "step_wait_s": waits,
+            "data_wait_first_epoch": first_epoch.fraction() if first_epoch.total_s else None,
+            "first_epoch_steps": first_epoch_steps,
+            "decodes_per_frame": io["decoded_frames"] / io["delivered_frames"] if io["delivered_frames"] else None,
+            **io, "loader": cfg.loader.kind, "samples_per_epoch": ds.rows * topo.world_size,
             "wall_s": time.perf_counter() - t_start}
 
 
@@ -394,6 +438,10 @@ def _pipes_metadata(summary: dict, cfg: TrainConfig) -> dict:
         "steps": summary["steps"], "loss_first": summary["loss_first"], "loss_last": summary["loss_last"],
         "samples_per_s": round(summary["samples_per_s"], 2),
         "data_wait_fraction": round(summary["data_wait_fraction"], 4),
+        "data_wait_first_epoch": round(summary["data_wait_first_epoch"] or 0.0, 4),
+        "decodes_per_frame": round(summary["decodes_per_frame"] or 0.0, 3),
+        "loader": summary["loader"], "samples_per_epoch": summary["samples_per_epoch"],
+        "skipped_samples": summary["skipped"],
         "checkpoint_blocking_s": max(summary["checkpoint_blocking_s"] or [0.0]),
         "checkpoint_write_s": max((c.get("write_s") or 0.0 for c in ck), default=0.0),
         "attempt": summary["attempt"], "world_size": summary["world_size"],

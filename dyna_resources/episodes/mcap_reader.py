@@ -16,6 +16,7 @@ import io
 import json
 import os
 import struct
+import threading
 import zlib
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
@@ -38,7 +39,17 @@ from . import blocks
 from .codec import H264Decoder, StreamingH264Decoder, decoded_to_rgb, is_keyframe
 from .errors import McapFormatError, WindowError
 from .raw_format import SampleStream
-from .topics import CAMERA_PREFIX, EPISODE_METADATA, camera_topic, is_camera_topic, stream_topic
+from .topics import (
+    ARCHIVE_STREAM,
+    CAMERA_PREFIX,
+    EPISODE_METADATA,
+    camera_topic,
+    is_camera_topic,
+    is_training_camera_topic,
+    parse_training_camera_topic,
+    stream_topic,
+    training_camera_topic,
+)
 
 FOOTER_RECORD_SIZE = 1 + 8 + 8 + 8 + 4
 TAIL_READ = 64 * 1024  # one request at open usually covers footer and summary
@@ -134,6 +145,7 @@ class _RangeSource:
         else:
             self.name = getattr(source, "path", None) or getattr(source, "name", None) or repr(source)
             self._fd, self._file = None, source
+            self._lock = threading.Lock()
             self.size = source.seek(0, io.SEEK_END)
 
     def read(self, offset: int, length: int, kind: str) -> bytes:
@@ -141,8 +153,9 @@ class _RangeSource:
         if self._fd is not None:
             data = os.pread(self._fd, length, offset)
         else:
-            self._file.seek(offset)
-            data = self._file.read(length)
+            with self._lock:  # seek + read: the GOP-aware loader decodes cameras on threads
+                self._file.seek(offset)
+                data = self._file.read(length)
         if len(data) != length:
             raise McapFormatError(self.name, f"short read at offset {offset}: {len(data)} of {length} bytes")
         return data
@@ -227,7 +240,33 @@ class EpisodeReader:
 
     @property
     def streams(self) -> list[str]:
-        return sorted(t.lstrip("/") for t in self.topic_ids if not is_camera_topic(t))
+        return sorted(t.lstrip("/") for t in self.topic_ids
+                      if not is_camera_topic(t) and not is_training_camera_topic(t))
+
+    @property
+    def training_streams(self) -> dict[str, list[str]]:
+        """Training streams (derived small videos, see training_streams.py): name -> its cameras."""
+        out: dict[str, list[str]] = {}
+        for t in self.topic_ids:
+            if is_training_camera_topic(t):
+                name, camera = parse_training_camera_topic(t)
+                out.setdefault(name, []).append(camera)
+        return {name: sorted(cams) for name, cams in sorted(out.items())}
+
+    def video_topic(self, camera: str, stream: str | None = None) -> str:
+        """The topic of ``camera``'s video in ``stream`` (None or "archive": the archive stream).
+
+        Raises :class:`WindowError` naming the camera and the streams it has when it lacks ``stream``.
+        """
+        if stream is None or stream == ARCHIVE_STREAM:
+            return camera_topic(camera)
+        topic = training_camera_topic(stream, camera)
+        if topic not in self.topic_ids:
+            has = [ARCHIVE_STREAM] if camera in self.cameras else []
+            has += [n for n, cams in self.training_streams.items() if camera in cams]
+            raise WindowError(self.path, f"camera {camera!r} has no video stream {stream!r} (its streams: "
+                              f"{', '.join(has) or 'none'}; cameras: {', '.join(self.cameras)})", topic)
+        return topic
 
     @property
     def start_ns(self) -> int:
@@ -279,7 +318,8 @@ class EpisodeReader:
     # -- video --------------------------------------------------------------------------
     def read_frames(self, cameras: Iterable[str] | None, timestamps_ns: Sequence[int], *,
                     tolerance_ns: int | None = None, decode: bool = True,
-                    memo: dict | None = None, cache: FrameCache | None = None) -> dict[str, Frames]:
+                    memo: dict | None = None, cache: FrameCache | None = None,
+                    stream: str | None = None) -> dict[str, Frames]:
         """For each camera, the frame nearest each requested timestamp, decoded to RGB.
 
         ``tolerance_ns`` (default: one frame period of the camera) bounds how far the
@@ -288,15 +328,17 @@ class EpisodeReader:
 
         ``cache``: keep decoded (transformed) frames and live GOP decoders between calls; the
         images are then the transformed frames.
+
+        ``stream``: read a training stream (see :attr:`training_streams`) instead of the archive.
         """
         memo = {} if memo is None else memo
         cameras = self.cameras if cameras is None else list(cameras)
         targets = np.asarray(timestamps_ns, dtype=np.int64)
-        return {cam: self._read_camera(cam, targets, tolerance_ns, decode, memo, cache) for cam in cameras}
+        return {cam: self._read_camera(cam, targets, tolerance_ns, decode, memo, cache, stream) for cam in cameras}
 
     def _read_camera(self, camera: str, targets: np.ndarray, tolerance_ns: int | None, decode: bool,
-                     memo: dict, cache: FrameCache | None = None) -> Frames:
-        topic = camera_topic(camera)
+                     memo: dict, cache: FrameCache | None = None, stream: str | None = None) -> Frames:
+        topic = self.video_topic(camera, stream)
         cid = self._channel(topic, "camera")
         chunks = self._chunks_of[cid]
         if tolerance_ns is None:
@@ -364,6 +406,8 @@ class EpisodeReader:
         runs: dict[tuple[int, int], list[tuple[int, int]]] = {}
         for pos in missing:
             runs.setdefault(self._keyframe_before(cid, pos, memo), []).append(pos)
+        wanted_now = set(missing)
+        got: dict[tuple[int, int], np.ndarray] = {}
         for key, wanted in runs.items():
             live = cache.take_decoder((cid, key), min(wanted))
             decoder, (j, k) = live if live is not None else (StreamingH264Decoder(), key)
@@ -376,12 +420,15 @@ class EpisodeReader:
                         continue
                     for frame in decoder.feed(_video_payload(msgs[k].data)):
                         cache.decoded += 1
-                        cache.put((cid, (j, k)), cache.transform(frame))
+                        image = cache.transform(frame)
+                        cache.put((cid, (j, k)), image)
+                        if (j, k) in wanted_now:  # kept here too: a small cache may evict it before the end
+                            got[(j, k)] = image
                     k += 1
             except (av.FFmpegError, ValueError) as e:
                 raise McapFormatError(self.path, f"H.264 decode failed: {e}", topic) from None
             cache.keep_decoder((cid, key), decoder, (j, k))
-        images = [cache.get((cid, p)) for p in picks]
+        images = [got[p] if p in got else cache.get((cid, p)) for p in picks]
         if any(im is None for im in images):
             raise McapFormatError(self.path, "decoder produced fewer frames than access units", topic)
         return Frames(requested_ns=targets, timestamps_ns=np.array(stamps, dtype=np.int64), images=np.stack(images))
@@ -397,9 +444,9 @@ class EpisodeReader:
             j, k = j - 1, 1 << 62
         raise McapFormatError(self.path, "no keyframe before the requested frame", self.channels[cid].topic)
 
-    def iter_video(self, camera: str) -> Iterator[tuple[int, bytes]]:
+    def iter_video(self, camera: str, stream: str | None = None) -> Iterator[tuple[int, bytes]]:
         """Every access unit of a camera in time order, as (log time ns, Annex B bytes)."""
-        cid = self._channel(camera_topic(camera), "camera")
+        cid = self._channel(self.video_topic(camera, stream), "camera")
         for ci in self._chunks_of[cid]:
             for m in self._load_chunk(ci, {}).get(cid, []):
                 yield m.log_time, _video_payload(m.data)

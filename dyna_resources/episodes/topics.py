@@ -16,3 +16,29 @@ def stream_topic(stream: str) -> str:
 
 def is_camera_topic(topic: str) -> bool:
     return topic.startswith(CAMERA_PREFIX)
+
+
+# Training streams: derived copies of a camera at a training resolution and GOP, each in its own chunk
+# group (see training_streams.py). Not cameras and not streams to the reader: it lists them apart.
+TRAINING_CAMERA_PREFIX = "/training/"
+ARCHIVE_STREAM = "archive"  # the name under which a reader selects the archive camera topic
+
+
+def training_camera_topic(name: str, camera: str) -> str:
+    return f"{TRAINING_CAMERA_PREFIX}{name}{CAMERA_PREFIX}{camera}"
+
+
+def parse_training_camera_topic(topic: str) -> tuple[str, str]:
+    """(training stream name, camera) of a training camera topic; ValueError for any other topic."""
+    name, sep, camera = topic.removeprefix(TRAINING_CAMERA_PREFIX).partition(CAMERA_PREFIX)
+    if not topic.startswith(TRAINING_CAMERA_PREFIX) or not sep or not name or "/" in name or not camera:
+        raise ValueError(f"not a training camera topic: {topic!r}")
+    return name, camera
+
+
+def is_training_camera_topic(topic: str) -> bool:
+    try:
+        parse_training_camera_topic(topic)
+    except ValueError:
+        return False
+    return True

@@ -28,6 +28,7 @@ from .mcap_writer import GroupedChunkWriter
 from .raw_format import CameraStream, RawEpisode, SampleStream, file_sha256
 from .read_profile import TOPIC_GROUPS, ReadProfile
 from .topics import EPISODE_METADATA, STATS_METADATA, VIDEO_SCHEMA, camera_topic, stream_topic
+from .training_streams import TrainingStreamSpec, add_training_streams
 
 LIBRARY = f"dyna-pipeline/{versions.PIPELINE_VERSION}"
 
@@ -52,13 +53,19 @@ class TranscodeSettings:
     # engine enforces it on each episode's worker process: a file that would hold a transcode slot
     # for hours is quarantined instead. Not part of the output, so not in as_dict().
     max_cpu_s: float = 0.0
+    # Derived small video streams written at ingest (training_streams.py); none by default. Part of
+    # the output, so in as_dict() when there are any.
+    training_streams: tuple[TrainingStreamSpec, ...] = ()
 
     def for_site(self, site: str) -> TranscodeSettings:
         crf = dict(self.crf_by_site).get(site)
         return self if crf is None else replace(self, video=replace(self.video, crf=crf))
 
     def as_dict(self) -> dict:
-        return {"video": self.video.as_dict(), "read_profile": self.profile.as_dict(), "block_s": self.block_s}
+        d = {"video": self.video.as_dict(), "read_profile": self.profile.as_dict(), "block_s": self.block_s}
+        if self.training_streams:
+            d["training_streams"] = [s.as_dict() for s in self.training_streams]
+        return d
 
 
 @dataclass
@@ -147,6 +154,8 @@ def transcode_episode(src: str | Path, dst: str | Path, settings: TranscodeSetti
                 report = _write_episode(raw, f, settings, source_sha)
                 f.flush()
                 os.fsync(f.fileno())
+            if settings.training_streams:
+                add_training_streams(tmp, tmp, settings.training_streams)
             os.replace(tmp, dst)
         except BaseException:
             tmp.unlink(missing_ok=True)

@@ -1,0 +1,473 @@
+"""Training reads, cold, on a corpus larger than any cache: GOP-aware vs random access vs LeRobot vs JPEG.
+
+`python -m benchmarks loader [--quick | --tiny] [--dir DIR]`
+
+Corpus (full): 16 episodes of 30 s from the sample fleet's renderer, 3 cameras 640x480 at 30 Hz, as
+the legacy HDF5 (per-frame JPEG q90) and as MCAP with the fleet's 150-frame GOPs (CRF 21; preset
+``faster`` instead of the fleet's ``slower`` to keep generation in minutes: the decode side, which
+is what this measures, differs little). Segments: 2 s, back to back. Two sample sets over them:
+dense (an anchor every 0.1 s: every 3rd frame) and sparse (one anchor per segment, the demo's).
+One sample, for every loader: the frames at anchor -0.5 s and +0 s and the future frame at +0.5 s
+of every camera, 24 joint-state steps at 30 Hz up to the anchor and 15 action steps at 30 Hz
+after it (LeRobot's ``delta_timestamps`` must be multiples of 1/fps, so the grids are at 30 Hz).
+
+Loaders, side by side, each in a fresh process pinned to ONE core (figures are per loader core),
+each preceded by dropping every corpus file from the OS page cache (posix_fadvise DONTNEED), and
+each reading a pass of samples it has never decoded (a cold first epoch):
+
+(a) ``gop``: ``GopDataset`` (decode units; one epoch of the set, in its order);
+(b) ``random``: ``ManifestDataset`` in fully random order (live GOP decoders and recent frames per
+    episode), on the archive stream and on a training stream (t128: 128x128, 30-frame GOPs);
+(c) ``lerobot``: LeRobot 0.3.2's ``LeRobotDataset`` with ``delta_timestamps`` (its default video
+    backend) on the same episodes written by LeRobot's own writer (``benchmarks/_lerobot_peer.py``,
+    in the lerobot v2.1 venv; skipped, saying so, when that venv is missing);
+(d) ``jpeg``: the legacy HDF5, each frame a JPEG decoded with libjpeg-turbo (simplejpeg).
+
+(b)-(d) read a random subset of the set (``--random-samples``): they cost the same per sample
+however many are read. Frames leave every loader of ours at 64x64 (the demo model's input; swscale
+resizes in the conversion); LeRobot returns full-size float frames (its loader has no resize), the
+JPEG loader resizes through the same swscale call. Reported per loader: samples/s, frames decoded
+per frame delivered, bytes read from disk per sample (/proc/self/io read_bytes) and the worker's
+peak memory (ru_maxrss). Then the demo model trains on the dense set with the GOP-aware loader
+(``TrainConfig`` defaults: 1 DataLoader worker, batch 8) and its first-epoch data-wait fraction is
+reported (both cores: the trainer and its worker).
+
+``--quick``: 6 episodes of 20 s; ``--tiny``: 2 episodes of 6 s at 64x48 with 1 s GOPs (CI).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from ._cli import add_size_flags, size_of
+
+ROOT = Path(__file__).resolve().parents[1]
+FPS = 30
+SEGMENT_S = 2.0
+TRAINING_STREAM = "t128"
+
+
+def sample_spec(dense: bool, stream: str | None = None, image: int = 64):
+    from trainer.dataset import SampleSpec
+
+    return SampleSpec(image_size=(image, image), frame_offsets_s=(-0.5, 0.0), future_frame_s=0.5,
+                      proprio_steps=24, proprio_hz=30.0, action_chunk=15, action_hz=30.0, tolerance_s=0.034,
+                      anchors="every" if dense else "end", anchor_every_s=0.1, stream=stream)
+
+
+# ---- corpus ---------------------------------------------------------------------------------------
+def corpus(root: Path, n: int, duration: float, width: int, height: int, gop: int) -> dict:
+    """The episodes as HDF5, MCAP and MCAP with a training stream; reused when the same (stamp)."""
+    from dyna_resources.episodes.mcap_reader import EpisodeReader
+    from dyna_resources.episodes.sim.fleet import fleet_specs
+
+    stamp = {"n": n, "duration": duration, "width": width, "height": height, "gop": gop, "v": 1}
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "h5").mkdir(exist_ok=True)
+    (root / "mcap").mkdir(exist_ok=True)
+    (root / "mcap-t128").mkdir(exist_ok=True)
+    done = root / "corpus.json"
+    specs = fleet_specs(n, seed=11, width=width, height=height, duration_s=duration)
+    if not done.exists() or json.loads(done.read_text()).get("stamp") != stamp:
+        t0 = time.perf_counter()
+        jobs = [(spec, str(root), gop) for spec in specs]
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1), mp_context=ctx) as pool:
+            for k, _ in enumerate(pool.map(_make_episode, jobs)):
+                print(f"  episode {k + 1}/{n} ready ({time.perf_counter() - t0:.0f} s)", flush=True)
+        done.write_text(json.dumps({"stamp": stamp}))
+    rows: dict[str, list] = {"episode_id": [], "uri": [], "start_ns": [], "end_ns": []}
+    for spec in specs:
+        path = root / "mcap" / f"{spec.episode_id}.mcap"
+        with EpisodeReader(path) as r:
+            t = r.start_ns
+            while t + int(SEGMENT_S * 1e9) <= r.end_ns:
+                rows["episode_id"].append(spec.episode_id)
+                rows["uri"].append(str(path))
+                rows["start_ns"].append(t)
+                rows["end_ns"].append(t + int(SEGMENT_S * 1e9))
+                t += int(SEGMENT_S * 1e9)
+    sizes = {kind: sum(f.stat().st_size for f in (root / kind).iterdir()) for kind in ("h5", "mcap", "mcap-t128")}
+    return {"manifest": pa.table(rows), "episodes": [s.episode_id for s in specs], "bytes": sizes}
+
+
+def _make_episode(job) -> str:
+    """One episode: HDF5 (the fleet's renderer, JPEG q90), MCAP, MCAP + the t128 training stream."""
+    from dyna_resources.episodes.codec import VideoSettings
+    from dyna_resources.episodes.sim import write_episode
+    from dyna_resources.episodes.training_streams import TrainingStreamSpec, add_training_streams
+    from dyna_resources.episodes.transcode import TranscodeSettings, transcode_episode
+
+    spec, root, gop = job
+    root = Path(root)
+    h5 = root / "h5" / f"{spec.episode_id}.h5"
+    mcap = root / "mcap" / f"{spec.episode_id}.mcap"
+    with_stream = root / "mcap-t128" / mcap.name
+    if not mcap.exists():
+        write_episode(spec, h5)
+        transcode_episode(h5, mcap, TranscodeSettings(video=VideoSettings(gop_frames=gop, preset="faster")))
+    if not with_stream.exists():
+        add_training_streams(mcap, with_stream, [TrainingStreamSpec(TRAINING_STREAM, 128, 128, gop_frames=30)])
+    return spec.episode_id
+
+
+def drop_page_cache(*folders: Path) -> int:
+    """Evict every file under ``folders`` from the OS page cache (cold reads); returns files dropped."""
+    n = 0
+    for folder in folders:
+        if not folder.exists():
+            continue
+        for p in folder.rglob("*"):
+            if p.is_file():
+                fd = os.open(p, os.O_RDONLY)
+                try:
+                    os.fsync(fd) if os.access(p, os.W_OK) else None
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
+                n += 1
+    return n
+
+
+# ---- one loader pass, in its own process ------------------------------------------------------------
+def _io_read_bytes() -> int:
+    try:
+        for line in Path("/proc/self/io").read_text().splitlines():
+            if line.startswith("read_bytes:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def measure(job: dict) -> dict:
+    """One pass of one loader (runs in the child process)."""
+    import torch
+
+    torch.set_num_threads(1)
+    manifest = pa.ipc.open_file(job["manifest"]).read_all()
+    kind = job["kind"]
+    spec = sample_spec(job["dense"], job.get("stream"), job.get("image", 64))
+    before = _io_read_bytes()
+    t0 = time.perf_counter()
+    decoded = delivered = samples = 0
+    if kind == "gop":
+        from trainer.gop_dataset import GopDataset
+
+        ds = GopDataset(manifest, spec, batch_size=job.get("batch_size", 8), lanes=1, seed=1,
+                        mix_units=job.get("mix_units", 3.0), decode_threads=1)
+        limit = job.get("limit") or ds.rows
+        for batch in ds:
+            decoded += int(batch["decoded_frames"])
+            delivered += int(batch["delivered_frames"])
+            samples += len(batch["row"])
+            if samples >= limit:
+                break
+    elif kind == "random":
+        from collections import OrderedDict
+
+        from trainer.dataset import ManifestDataset
+
+        ds = ManifestDataset(manifest, spec, batch_size=8, seed=1, block=1, shuffle_buffer=1)
+        order = np.random.default_rng(5).permutation(ds.rows)[:job["limit"]]
+        readers: OrderedDict = OrderedDict()
+        for i in order.tolist():
+            ds.sample(int(i), readers)
+            samples += 1
+        decoded = ds.decoded_frames(readers)
+        delivered = samples * len(next(iter(readers.values()))[0].cameras) * len(spec.all_frame_offsets_ns())
+    elif kind == "jpeg":
+        decoded, delivered, samples = _jpeg_pass(job, manifest, spec)
+    seconds = time.perf_counter() - t0
+    return {"kind": kind, "samples": samples, "seconds": seconds, "samples_per_s": samples / seconds,
+            "decoded": decoded, "delivered": delivered, "decodes_per_frame": decoded / delivered if delivered else None,
+            "bytes_per_sample": (_io_read_bytes() - before) / max(1, samples),
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def _jpeg_pass(job: dict, manifest: pa.Table, spec) -> tuple[int, int, int]:
+    """Per-frame JPEG from the legacy HDF5: each sample's frames decoded from their own JPEGs."""
+    import av
+    import h5py
+    import simplejpeg
+
+    from trainer.sampling import plan_samples
+
+    h5_of = {Path(u).stem: Path(job["h5"]) / f"{Path(u).stem}.h5" for u in manifest.column("uri").to_pylist()}
+    uris = manifest.column("uri").to_pylist()
+    names = sorted(set(uris))
+    code = np.array([names.index(u) for u in uris])
+    plan = plan_samples(manifest.column("start_ns").to_numpy(), manifest.column("end_ns").to_numpy(), code,
+                        len(names), anchors=spec.anchors, every_ns=spec.anchor_every_ns,
+                        end_offset_ns=spec.action_horizon_ns)
+    order = np.random.default_rng(5).permutation(plan.n)[:job["limit"]]
+    files: dict = {}
+    h, w = spec.image_size
+    delivered = 0
+    for i in order.tolist():
+        c = int(plan.code[i])
+        f = files.get(c)
+        if f is None:
+            f = h5py.File(h5_of[Path(names[c]).stem], "r")
+            cams = sorted(f["observations/images"])
+            ts = {cam: f[f"timestamps/images/{cam}"][:] for cam in cams}
+            files[c] = f = (f, cams, ts, f["timestamps/joints"][:], f["timestamps/action"][:])
+        hf, cams, ts, tj, ta = f
+        t = int(plan.anchor_ns[i])
+        lo, hi = int(plan.lo_ns[c]), int(plan.hi_ns[c])
+        for cam in cams:
+            for target in np.clip(t + spec.all_frame_offsets_ns(), lo, hi).tolist():
+                k = int(np.abs(ts[cam] - target).argmin())
+                rgb = simplejpeg.decode_jpeg(bytes(hf[f"observations/images/{cam}"][k]), colorspace="RGB")
+                av.VideoFrame.from_ndarray(rgb, format="rgb24").reformat(width=w, height=h, interpolation="AREA",
+                                                                          threads=1).to_ndarray()
+                delivered += 1
+        pj = np.searchsorted(tj, np.clip(t + spec.proprio_offsets_ns(), lo, hi))
+        pa_ = np.searchsorted(ta, np.clip(t + spec.action_offsets_ns(), lo, hi))
+        hf["observations/qpos"][int(pj.min()):int(pj.max()) + 1]
+        hf["action"][int(pa_.min()):int(pa_.max()) + 1]
+    return delivered, delivered, len(order)
+
+
+def run_pass(job: dict, core: int | None = 0, python: str | None = None, script: list[str] | None = None) -> dict:
+    """``job`` in a fresh process pinned to ``core``; its last stdout line is the JSON result."""
+    cmd = script or [python or sys.executable, "-m", "benchmarks", "loader", "--measure", json.dumps(job)]
+    pre = (lambda: os.sched_setaffinity(0, {core})) if core is not None else None
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, preexec_fn=pre, env=env, check=False,
+                          timeout=3600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:5])}... exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# ---- LeRobot --------------------------------------------------------------------------------------
+def lerobot_venv() -> Path | None:
+    for candidate in (os.environ.get("DYNA_LEROBOT_V21_VENV"), str(ROOT / "build" / "lerobot-v21-venv")):
+        if candidate and (Path(candidate) / ".lerobot-stamp").exists():
+            return Path(candidate)
+    return None
+
+
+def lerobot_dataset(venv: Path, root: Path, c: dict) -> Path:
+    """The corpus written by LeRobot's own writer (frames from the same JPEGs); reused when present."""
+    out = root / "lerobot"
+    if (out / "meta" / "info.json").exists():
+        return out
+    import h5py
+
+    src = root / "lerobot-src"
+    src.mkdir(exist_ok=True)
+    for eid in c["episodes"]:
+        with h5py.File(root / "h5" / f"{eid}.h5", "r") as f:
+            cams = sorted(f["observations/images"])
+            ts = {cam: f[f"timestamps/images/{cam}"][:] for cam in cams}
+            n = min(len(t) for t in ts.values())
+            grid = ts[cams[0]][0] + np.arange(n) * int(1e9 / FPS)
+            tj, ta = f["timestamps/joints"][:], f["timestamps/action"][:]
+            state = f["observations/qpos"][:][np.clip(np.searchsorted(tj, grid), 0, len(tj) - 1)]
+            action = f["action"][:][np.clip(np.searchsorted(ta, grid), 0, len(ta) - 1)]
+            arrays = {"state": state.astype(np.float32), "action": action.astype(np.float32)}
+            for cam in cams:
+                idx = np.clip(np.searchsorted(ts[cam], grid), 0, len(ts[cam]) - 1)
+                jpegs = [bytes(f[f"observations/images/{cam}"][k]) for k in idx]
+                arrays[f"{cam}_jpeg"] = np.frombuffer(b"".join(jpegs), np.uint8)
+                arrays[f"{cam}_offsets"] = np.cumsum([0] + [len(j) for j in jpegs]).astype(np.int64)
+            np.savez(src / f"{eid}.npz", fps=FPS, cameras=np.array(cams), task="pick place", **arrays)
+    print(f"  writing the LeRobot dataset with LeRobot's writer ({venv.name}) ...", flush=True)
+    proc = subprocess.run([str(venv / "bin" / "python"), str(ROOT / "benchmarks" / "_lerobot_peer.py"), "create",
+                           str(out), str(src)], capture_output=True, text=True, check=False, timeout=7200,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    if proc.returncode != 0:
+        raise RuntimeError(f"LeRobot writer failed:\n{proc.stderr[-3000:]}")
+    return out
+
+
+def lerobot_pass(venv: Path, dataset: Path, c: dict, dense: bool, limit: int, tmp: Path) -> dict:
+    """LeRobot's loader over samples equivalent to ours: the same anchors, as LeRobot frame indices."""
+    spec = sample_spec(dense)
+    manifest = c["manifest"]
+    episode_index = {eid: k for k, eid in enumerate(c["episodes"])}
+    first_ns: dict[str, int] = {}
+    for eid, start in zip(manifest.column("episode_id").to_pylist(), manifest.column("start_ns").to_pylist(),
+                          strict=True):
+        first_ns.setdefault(eid, start)
+    from trainer.sampling import plan_samples
+
+    eids = manifest.column("episode_id").to_pylist()
+    names = sorted(set(eids))
+    code = np.array([names.index(e) for e in eids])
+    plan = plan_samples(manifest.column("start_ns").to_numpy(), manifest.column("end_ns").to_numpy(), code,
+                        len(names), anchors=spec.anchors, every_ns=spec.anchor_every_ns,
+                        end_offset_ns=spec.action_horizon_ns)
+    order = np.random.default_rng(5).permutation(plan.n)[:limit]
+    # LeRobot addresses a sample by (episode, frame): the anchor's frame at 30 fps from the episode's start.
+    indices = [(names[int(plan.code[i])], int(round((int(plan.anchor_ns[i]) - first_ns[names[int(plan.code[i])]])
+                                                    * FPS / 1e9))) for i in order.tolist()]
+    delta = {**{f"observation.images.{cam}": [-0.5, 0.0, 0.5] for cam in _cameras(c)},
+             "observation.state": (spec.proprio_offsets_ns() / 1e9).round(6).tolist(),
+             "action": (spec.action_offsets_ns() / 1e9).round(6).tolist()}
+    plan_file = tmp / "lerobot-plan.json"
+    plan_file.write_text(json.dumps({"delta_timestamps": delta, "samples": [[episode_index[e], f] for e, f in indices],
+                                     "num_workers": 0, "batch_size": 8}))
+    out = tmp / "lerobot-out.json"
+    run_pass({}, script=[str(venv / "bin" / "python"), str(ROOT / "benchmarks" / "_lerobot_peer.py"), "load",
+                         str(dataset), str(plan_file), str(out)])
+    return json.loads(out.read_text())
+
+
+def _cameras(c: dict) -> list[str]:
+    from dyna_resources.episodes.mcap_reader import EpisodeReader
+
+    with EpisodeReader(c["manifest"].column("uri")[0].as_py()) as r:
+        return r.cameras
+
+
+# ---- training: the demo model's data wait ---------------------------------------------------------
+def train_wait(tmp: Path, manifest: pa.Table, steps: int) -> dict:
+    from dyna_resources.catalog.manifest import write_manifest
+    from trainer.dataset import SampleSpec
+    from trainer.train import LoaderConfig, TrainConfig, run
+
+    files = write_manifest(manifest, tmp / "manifests", "loader-bench")
+    cfg = TrainConfig(manifest=files.arrow, run_dir=str(tmp / "run"), steps=steps, checkpoint_every=10 ** 6,
+                      log_every=10 ** 6, sample=SampleSpec(anchors="every", anchor_every_s=0.1),  # the demo's, dense
+                      loader=LoaderConfig(kind="gop"))
+    summary = run(cfg)
+    return {k: summary[k] for k in ("data_wait_first_epoch", "data_wait_fraction", "decodes_per_frame",
+                                    "samples_per_s", "first_epoch_steps", "steps")}
+
+
+# ---- main -----------------------------------------------------------------------------------------
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks loader", description=__doc__.split("\n")[0])
+    add_size_flags(ap, quick="6 episodes of 20 s")
+    ap.add_argument("--dir", help="keep the corpus here and reuse it (default: a temp folder)")
+    ap.add_argument("--episodes", type=int)
+    ap.add_argument("--duration", type=float)
+    ap.add_argument("--random-samples", type=int, help="samples each random-order loader reads (default 300)")
+    ap.add_argument("--steps", type=int, help="training steps for the data-wait figure (default 80)")
+    ap.add_argument("--measure", help=argparse.SUPPRESS)  # internal: one pass in this process
+    args = ap.parse_args(argv)
+    if args.measure:
+        print(json.dumps(measure(json.loads(args.measure))))
+        return 0
+    size = size_of(args)
+    tiny = size == "tiny"
+    n = args.episodes or {"full": 16, "quick": 6, "tiny": 2}[size]
+    duration = args.duration or {"full": 30.0, "quick": 20.0, "tiny": 6.0}[size]
+    width, height, gop = (64, 48, 30) if tiny else (640, 480, 150)
+    limit = args.random_samples or {"full": 300, "quick": 150, "tiny": 8}[size]
+    steps = args.steps or {"full": 80, "quick": 40, "tiny": 4}[size]
+    base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="dyna-bench-loader-"))
+    print(f"corpus: {n} episodes x {duration:g} s, 3 cameras {width}x{height} @ {FPS} Hz, GOP {gop} ({base})",
+          flush=True)
+    c = corpus(base / "corpus", n, duration, width, height, gop)
+    manifest = c["manifest"]
+    arrow = base / "manifest.arrow"
+    with pa.OSFile(str(arrow), "wb") as f, pa.ipc.new_file(f, manifest.schema) as w:
+        w.write_table(manifest)
+    stream_manifest = manifest.set_column(manifest.column_names.index("uri"), "uri", pa.array(
+        [u.replace("/mcap/", "/mcap-t128/") for u in manifest.column("uri").to_pylist()]))
+    arrow_t = base / "manifest-t128.arrow"
+    with pa.OSFile(str(arrow_t), "wb") as f, pa.ipc.new_file(f, stream_manifest.schema) as w:
+        w.write_table(stream_manifest)
+    folders = [base / "corpus"]
+    venv = lerobot_venv()
+    results: dict = {"size": size, "episodes": n, "episode_s": duration, "resolution": f"{width}x{height}",
+                     "gop_frames": gop, "segments": manifest.num_rows, "cores": os.cpu_count(),
+                     "corpus_bytes": c["bytes"], "sets": {}}
+    lerobot_ds = None
+    if venv is not None:
+        try:
+            lerobot_ds = lerobot_dataset(venv, base / "corpus", c)
+        except (RuntimeError, subprocess.SubprocessError) as e:
+            results["lerobot_error"] = str(e)[-500:]
+    for set_name, dense in (("dense", True), ("sparse", False)):
+        rows = {}
+        jobs = {"gop": {"kind": "gop", "dense": dense},
+                "random": {"kind": "random", "dense": dense, "limit": limit},
+                "random_t128": {"kind": "random", "dense": dense, "limit": limit, "stream": TRAINING_STREAM},
+                "gop_t128": {"kind": "gop", "dense": dense, "stream": TRAINING_STREAM},
+                "jpeg": {"kind": "jpeg", "dense": dense, "limit": limit, "h5": str(base / "corpus" / "h5")}}
+        for name, job in jobs.items():
+            job["manifest"] = str(arrow_t if job.get("stream") else arrow)
+            job["batch_size"] = 2 if tiny else 8
+            drop_page_cache(*folders)
+            rows[name] = run_pass(job)
+            print(f"  {set_name:6} {name:12} {rows[name]['samples_per_s']:8.1f} samples/s", flush=True)
+        if lerobot_ds is not None:
+            drop_page_cache(*folders)
+            try:
+                rows["lerobot"] = lerobot_pass(venv, lerobot_ds, c, dense, limit, base)
+                print(f"  {set_name:6} lerobot      {rows['lerobot']['samples_per_s']:8.1f} samples/s", flush=True)
+            except (RuntimeError, subprocess.SubprocessError, OSError, KeyError, ValueError) as e:
+                results["lerobot_error"] = str(e)[-500:]
+        results["sets"][set_name] = rows
+    drop_page_cache(*folders)
+    with tempfile.TemporaryDirectory(dir=base) as tmp:
+        results["training"] = train_wait(Path(tmp), manifest, steps)
+    dense = results["sets"]["dense"]
+    lr = dense.get("lerobot", {}).get("samples_per_s")
+    results.update(
+        gop_aware_samples_per_s=dense["gop"]["samples_per_s"],
+        random_samples_per_s=dense["random"]["samples_per_s"],
+        random_t128_samples_per_s=dense["random_t128"]["samples_per_s"],
+        lerobot_samples_per_s=lr, jpeg_samples_per_s=dense["jpeg"]["samples_per_s"],
+        decodes_per_frame_gop_aware=dense["gop"]["decodes_per_frame"],
+        data_wait_first_epoch=results["training"]["data_wait_first_epoch"],
+        gop_vs_lerobot=dense["gop"]["samples_per_s"] / lr if lr else None,
+        random_t128_vs_lerobot=dense["random_t128"]["samples_per_s"] / lr if lr else None,
+        lerobot_venv=str(venv) if venv else None)
+    _table(results)
+    print(json.dumps(results, default=str))
+    return 0
+
+
+def _table(r: dict) -> None:
+    print()
+    print(f"loader benchmark ({r['size']}): {r['episodes']} episodes x {r['episode_s']:g} s, 3 cameras {r['resolution']}, "
+          f"GOP {r['gop_frames']}, {r['segments']} segments of {SEGMENT_S:g} s; one core per loader, cold")
+    mib = {k: v / 2**20 for k, v in r["corpus_bytes"].items()}
+    print(f"corpus bytes: HDF5/JPEG {mib['h5']:.0f} MiB, MCAP {mib['mcap']:.0f} MiB, MCAP + t128 {mib['mcap-t128']:.0f} MiB")
+    head = (f"{'set':7}{'loader':14}{'stream':9}{'samples':>8}{'samples/s':>11}{'dec/frame':>10}{'KiB/sample':>11}"
+            f"{'peak MiB':>9}")
+    print(head)
+    print("-" * len(head))
+    for set_name, rows in r["sets"].items():
+        for name, m in rows.items():
+            stream = {"jpeg": "jpeg", "lerobot": "av1"}.get(name, "t128" if "t128" in name else "archive")
+            dpf = m.get("decodes_per_frame")
+            print(f"{set_name:7}{name:14}{stream:9}{m['samples']:>8}{m['samples_per_s']:>11.1f}"
+                  f"{(f'{dpf:.2f}' if dpf else '-'):>10}{m.get('bytes_per_sample', 0) / 1024:>11.1f}"
+                  f"{m.get('peak_rss_mib', 0):>9.0f}")
+    if r.get("lerobot_error"):
+        print(f"lerobot: {r['lerobot_error']}")
+    elif r.get("lerobot_venv") is None:
+        print("lerobot: skipped (no lerobot v2.1 venv: `make lerobot-v21-venv`)")
+    t = r["training"]
+    print(f"training (demo model, dense set, GOP-aware, 1 worker, {t['steps']} steps, {t['first_epoch_steps']} in "
+          f"epoch 0): first-epoch data wait {t['data_wait_first_epoch']:.1%}, {t['samples_per_s']:.1f} samples/s, "
+          f"{t['decodes_per_frame']:.2f} decodes per delivered frame")
+    if r.get("gop_vs_lerobot"):
+        print(f"GOP-aware / LeRobot: {r['gop_vs_lerobot']:.1f}x; random on t128 / LeRobot: "
+              f"{r['random_t128_vs_lerobot']:.1f}x")
+    print()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
+

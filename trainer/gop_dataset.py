@@ -1,0 +1,290 @@
+"""GOP-aware training samples: each decode unit decoded once, every sample anchored in it emitted
+from that one decode.
+
+Long GOPs make random access expensive: a frame in the middle of a 150-frame GOP costs ~75 decodes.
+A world-action model reads long continuous stretches anyway, so this loader plans its work as
+decode units (one episode, a window of GOPs, the cameras read; ``trainer.sampling``), decodes each
+unit's cameras once, sequentially, on threads (libavcodec and libswscale release the GIL), converts
+and resizes only the frames the unit's samples use, and emits the samples from that decode. The
+randomness the model sees comes from the unit permutation and the bounded mix of ``mix_units``
+units in flight per lane; ``mix_units`` is the knob between randomness and decoded frames held in
+memory (README: its measured effect).
+
+Every batch carries what it cost: ``decoded_frames`` (through the decoder), ``delivered_frames``
+(frames in the batch's samples), ``bytes_read`` (MCAP bytes fetched) and ``skipped`` (samples
+dropped with ``bad_samples="skip"``), so the trainer reports decodes per delivered frame.
+
+Failures stay with their samples: a frame that is missing or whose GOP does not decode fails only
+the samples that read it, with a ``WindowError`` naming the episode, camera and time
+(``bad_samples="raise"``, the default) or by leaving them out of their batch (``"skip"``, counted).
+
+No Dagster import: every DataLoader worker imports this module.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch.utils.data import get_worker_info
+
+from dyna_resources.episodes.errors import EpisodeError, WindowError
+from dyna_resources.episodes.gop_decode import CameraFrames, DecoderBackend, decode_at, swscale_rgb
+from dyna_resources.episodes.mcap_reader import EpisodeReader
+
+from .dataset import ManifestDataset, SampleTimes, _fsspec_open, _ns
+from .sampling import LaneOrder, lane_orders, samples_per_row, unit_of, usable_samples
+
+BAD_SAMPLES = ("raise", "skip")
+
+
+@dataclass
+class GopDataset(ManifestDataset):
+    """Batches of samples from this rank's slice, read unit by unit (see the module doc). Same
+    position, ``state_dict`` and resume contract as :class:`ManifestDataset`; worker counts must
+    divide ``lanes``."""
+
+    unit_s: float = 10.0  # decode unit: a window of this many seconds of one episode (whole GOPs: 2 at 5 s)
+    mix_units: float = 3.0  # units mixed in flight per lane (1: none; more: more random, more memory)
+    lanes: int = 4  # independent unit streams; DataLoader worker counts must divide it
+    decode_threads: int = 0  # threads decoding a unit's cameras; 0: one per camera, at most 4
+    decoder: str = "cpu"  # "cpu", "cuda" (NVDEC) or "auto" (cuda when a GPU answers)
+    bad_samples: str = "raise"  # a sample whose frame or stream fails: "raise" WindowError, or "skip" it
+    _lane_memo: tuple | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self):
+        if self.lanes < 1:
+            raise ValueError(f"lanes must be >= 1, got {self.lanes}")
+        if self.bad_samples not in BAD_SAMPLES:
+            raise ValueError(f"bad_samples {self.bad_samples!r}: expected one of {BAD_SAMPLES}")
+        if not 0.01 <= self.unit_s <= 3600:
+            raise ValueError(f"unit_s {self.unit_s} outside [0.01, 3600] s")
+        super().__post_init__()
+        self._units = unit_of(self.plan, int(self.spec.all_frame_offsets_ns().min()), _ns(self.unit_s))
+        self._pool: ThreadPoolExecutor | None = None
+        self._backend: DecoderBackend | None = None
+
+    def _usable_samples(self, per_rank: int) -> int:
+        if self.spec.anchors == "end":
+            counts = np.full(self.world, per_rank)
+        else:
+            counts = samples_per_row(self.manifest.column("start_ns").to_numpy(),
+                                     self.manifest.column("end_ns").to_numpy(), self.spec.anchors,
+                                     self.spec.anchor_every_ns)[:per_rank * self.world]
+            counts = counts.reshape(self.world, per_rank).sum(axis=1)
+        n, self.lanes = usable_samples(counts, self.lanes, self.batch_size)
+        return n
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return self.rows // self.batch_size
+
+    def lanes_of(self, epoch: int) -> list[LaneOrder]:
+        if self._lane_memo is None or self._lane_memo[0] != epoch:
+            self._lane_memo = (epoch, lane_orders(self.plan, self._units, self.rows, lanes=self.lanes,
+                                                  mix_units=self.mix_units, seed=self.seed, epoch=epoch,
+                                                  rank=self.rank))
+        return self._lane_memo[1]
+
+    def batch_samples(self, epoch: int, j: int) -> np.ndarray:
+        """The sample indices of batch ``j`` of ``epoch`` (what any worker count delivers there)."""
+        lane = self.lanes_of(epoch)[j % self.lanes]
+        i = j // self.lanes
+        return lane.samples[i * self.batch_size:(i + 1) * self.batch_size]
+
+    # ---- iteration ----------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[dict]:
+        info = get_worker_info()
+        if info is None:
+            worker, workers = 0, 1
+            epoch, start = self.position.epoch, self.position.batches
+        else:
+            worker, workers = info.id, info.num_workers
+            passes, self._passes = self._passes, self._passes + 1
+            epoch = self.position.epoch + passes
+            start = self.position.batches if passes == 0 else 0
+        if self.lanes % workers:
+            raise ValueError(f"{workers} DataLoader workers do not divide lanes={self.lanes}: a unit would be "
+                             "decoded by several workers; choose a worker count that divides lanes (or set lanes)")
+        per_epoch = self.batches_per_epoch
+        first = epoch * per_epoch + start
+        last = None if self.continuous else (epoch + 1) * per_epoch
+        lanes: dict[tuple[int, int], _LaneReader] = {}
+        g = first + worker
+        while last is None or g < last:
+            e, j = divmod(g, per_epoch)
+            key = (e, j % self.lanes)
+            if key not in lanes:
+                for old in [k for k in lanes if k[0] < e]:
+                    del lanes[old]
+                lanes[key] = _LaneReader(self, self.lanes_of(e)[j % self.lanes], j // self.lanes)
+            yield lanes[key].batch(j // self.lanes)
+            g += workers
+
+    # ---- decoding one unit --------------------------------------------------------------------
+    def _threads(self, cameras: int) -> ThreadPoolExecutor | None:
+        n = self.decode_threads or min(cameras, 4)
+        if n <= 1:
+            return None
+        if self._pool is None or self._readers_pid != os.getpid():
+            self._pool = ThreadPoolExecutor(n, thread_name_prefix="gop-decode")
+        return self._pool
+
+    def _open(self, uri: str) -> EpisodeReader:
+        if self._readers_pid != os.getpid():  # a forked worker must not share the parent's open files
+            self._readers.clear()
+            self._pool = None
+            self._readers_pid = os.getpid()
+        r = self._readers.get(uri)
+        if r is not None:
+            self._readers.move_to_end(uri)
+            return r
+        if len(self._readers) >= self.readers_per_worker:
+            self._readers.popitem(last=False)[1].close()
+        r = self._readers[uri] = EpisodeReader((self.open_file or _fsspec_open)(uri))
+        return r
+
+    def close(self) -> None:
+        for r in self._readers.values():
+            r.close()
+        self._readers.clear()
+
+    def decode_unit(self, samples: np.ndarray) -> _Unit:
+        """Every frame and stream value the samples (of one episode) read, decoded once."""
+        spec, plan = self.spec, self.plan
+        if self._backend is None:
+            self._backend = DecoderBackend(self.decoder)  # type: ignore[arg-type]
+        uri = self._uri_names[int(plan.code[samples[0]])]
+        r = self._open(uri)
+        bytes_before = r.log.bytes
+        code = int(plan.code[samples[0]])
+        lo, hi = int(plan.lo_ns[code]), int(plan.hi_ns[code])
+        anchors = plan.anchor_ns[samples][:, None]
+        frame_t = np.clip(anchors + spec.all_frame_offsets_ns()[None, :], lo, hi)
+        proprio_t = np.clip(anchors + spec.proprio_offsets_ns()[None, :], lo, hi)
+        action_t = np.clip(anchors + spec.action_offsets_ns()[None, :], lo, hi)
+        cams = list(spec.cameras) if spec.cameras is not None else r.cameras
+        memo: dict = {}
+        # Load the unit's camera chunks here, once, so the camera threads only parse what is loaded.
+        topic = r.video_topic(cams[0], spec.stream) if spec.stream else None
+        for cam in cams[:1]:
+            cid = r._channel(topic or f"/camera/{cam}", "camera")
+            for j in r._chunk_range(cid, int(frame_t.min()) - _ns(0.1), int(frame_t.max()) + _ns(0.1)):
+                r._load_chunk(r._chunks_of[cid][j], memo)
+        transform = swscale_rgb(*spec.image_size)
+
+        def one(cam: str) -> CameraFrames:
+            return decode_at(r, cam, frame_t.ravel(), transform=transform, stream=spec.stream, memo=memo,
+                             backend=self._backend)
+
+        pool = self._threads(len(cams))
+        frames = list(pool.map(one, cams)) if pool is not None else [one(c) for c in cams]
+        tol = _ns(spec.tolerance_s)
+        streams_error = None
+        try:
+            streams = r.read_streams(spec.stream_names(), int(proprio_t.min()) - tol, int(action_t.max()) + tol,
+                                     memo=memo)
+        except EpisodeError as e:  # a damaged proprio chunk fails the unit's samples, not the run
+            streams, streams_error = {}, e
+        return _Unit(samples, frames, streams, streams_error, frame_t, proprio_t, action_t, lo, hi, r.path,
+                     decoded=sum(f.decoded for f in frames), bytes_read=r.log.bytes - bytes_before)
+
+    def unit_sample(self, unit: _Unit, k: int) -> dict:
+        """Sample ``k`` of ``unit`` (its position in ``unit.samples``), from the unit's decode."""
+        spec = self.spec
+        i = int(unit.samples[k])
+        width = unit.frame_t.shape[1]
+        rows = np.arange(k * width, (k + 1) * width)
+        for f in unit.frames:
+            reason = f.error_for(rows)
+            if reason is not None:
+                raise WindowError(unit.path, reason, f.topic)
+        if unit.streams_error is not None:
+            raise unit.streams_error
+        images = np.stack([f.images[rows] for f in unit.frames])  # (C, K+1, 3, h, w)
+        t = int(self.plan.anchor_ns[i])
+        times = SampleTimes(t, unit.frame_t[k], unit.proprio_t[k], unit.action_t[k],
+                            t + spec.proprio_offsets_ns() < unit.lo, t + spec.action_offsets_ns() > unit.hi)
+        return self.assemble(i, images, unit.streams, times, unit.path)
+
+
+@dataclass
+class _Unit:
+    samples: np.ndarray
+    frames: list[CameraFrames]
+    streams: dict
+    streams_error: Exception | None
+    frame_t: np.ndarray
+    proprio_t: np.ndarray
+    action_t: np.ndarray
+    lo: int
+    hi: int
+    path: str
+    decoded: int = 0
+    bytes_read: int = 0
+    position: dict = field(default_factory=dict)  # sample index -> k
+
+
+class _LaneReader:
+    """One lane of one epoch in a worker: decodes each unit when its first sample is due, drops it
+    after its last (a resume mid-lane decodes only what is still to come)."""
+
+    def __init__(self, ds: GopDataset, order: LaneOrder, first_batch: int):
+        self.ds, self.order = ds, order
+        begin = first_batch * ds.batch_size
+        todo_units = order.unit[begin:]
+        self.left = np.bincount(todo_units) if len(todo_units) else np.zeros(0, np.int64)
+        self.begin = begin
+        by_unit = np.argsort(order.unit, kind="stable")
+        self._by_unit = by_unit
+        self._bounds = np.searchsorted(order.unit[by_unit], np.arange(len(self.left) + 1))
+        self.live: dict[int, _Unit] = {}
+        self.last_good: list[dict] = []
+
+    def _members(self, u: int) -> np.ndarray:
+        positions = self._by_unit[self._bounds[u]:self._bounds[u + 1]]
+        positions = np.sort(positions[positions >= self.begin])
+        return self.order.samples[positions]
+
+    def batch(self, i: int) -> dict:
+        ds = self.ds
+        lo, hi = i * ds.batch_size, (i + 1) * ds.batch_size
+        decoded = bytes_read = 0
+        out, skipped = [], 0
+        for s, u in zip(self.order.samples[lo:hi].tolist(), self.order.unit[lo:hi].tolist(), strict=True):
+            unit = self.live.get(u)
+            if unit is None:
+                members = self._members(u)
+                unit = self.live[u] = ds.decode_unit(members)
+                unit.position = {int(m): k for k, m in enumerate(members.tolist())}
+                decoded += unit.decoded
+                bytes_read += unit.bytes_read
+            try:
+                out.append(ds.unit_sample(unit, unit.position[s]))
+            except EpisodeError:
+                if ds.bad_samples == "raise":
+                    raise
+                skipped += 1
+            self.left[u] -= 1
+            if self.left[u] == 0:
+                del self.live[u]
+        if not out:  # every sample failed: repeat the lane's last good ones rather than stall the collectives
+            if not self.last_good:
+                raise WindowError("", f"every sample of batch {i} failed (bad_samples='skip') and none came before")
+            out = self.last_good
+        self.last_good = out
+        batch = ds.collate(out)
+        k1 = len(ds.spec.all_frame_offsets_ns())
+        cams = out[0]["frames"].shape[0]
+        batch["decoded_frames"] = torch.tensor(decoded)
+        batch["delivered_frames"] = torch.tensor(len(out) * cams * k1)
+        batch["bytes_read"] = torch.tensor(bytes_read)
+        batch["skipped"] = torch.tensor(skipped)
+        return batch
+
+
+__all__ = ["GopDataset"]
