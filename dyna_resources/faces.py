@@ -165,6 +165,8 @@ class CacheResource(ConfigurableResource):
     quotas_gb: dict[str, float] = {}
     ttl_s: float = 0.0  # 0: pages do not expire
     groups: list[str] = ["cameras", "proprio"]  # topic groups a training sample reads
+    video_stream: str = ""  # the video training reads: "" the archive cameras, else a training stream's name
+    # (TrainerResource.read_stream: set both to the same name)
     parallel: int = 16
 
     def root_dir(self) -> str:
@@ -185,7 +187,7 @@ class CacheResource(ConfigurableResource):
         return PageCache(CacheConfig.from_env(home.root / "page-cache", **overrides), Origins.from_env())
 
     def read_set(self) -> ReadSet:
-        return ReadSet(groups=tuple(self.groups))
+        return ReadSet(groups=tuple(self.groups), video_stream=self.video_stream or None)
 
     def alluxio(self):
         """An ``AlluxioFront`` when ``$DYNA_ALLUXIO_*`` configures a cluster, else None."""

@@ -26,6 +26,7 @@ import pyarrow as pa
 from ..episodes.errors import McapFormatError
 from ..episodes.mcap_reader import EpisodeReader
 from ..episodes.read_profile import TOPIC_GROUPS, ReadProfile
+from ..episodes.topics import camera_topic, is_camera_topic, is_training_camera_topic, parse_training_camera_topic
 from .cache_fs import CachedFileSystem
 from .page_cache import PageCache
 from .stores import ObjectInfo, StoreUnavailableError, redact
@@ -41,6 +42,9 @@ class ReadSet:
     streams: tuple[str, ...] | None = None
     frame_tolerance_ns: int | None = None  # default: one frame period, as EpisodeReader.read_frames
     profile: ReadProfile = TOPIC_GROUPS
+    # The video the run reads: None, the archive cameras; a training stream's name (``dyna
+    # training-streams``), that stream's cameras instead. Training streams are never warmed otherwise.
+    video_stream: str | None = None
 
     def __post_init__(self):
         unknown = set(self.groups) - {g.name for g in self.profile.groups}
@@ -146,11 +150,18 @@ def episode_ranges(reader: EpisodeReader, starts_ns: Sequence[int], ends_ns: Seq
     for channel in reader.channels.values():
         topic = channel.topic
         chunks = reader.chunks_of(topic)
-        group = read_set.profile.group_of(topic)
-        if group.name not in wanted or not chunks:
+        # A training stream's camera counts as its archive camera (same group, same camera name);
+        # only the video the run reads is warmed: the archive cameras or one training stream.
+        stream, source = (parse_training_camera_topic(topic) if is_training_camera_topic(topic)
+                          else (None, topic))
+        if stream is not None:
+            source = camera_topic(source)
+        video = stream is not None or is_camera_topic(topic)
+        group = read_set.profile.group_of(source)
+        if group.name not in wanted or not chunks or (video and stream != read_set.video_stream):
             continue
         name = topic.rsplit("/", 1)[-1]
-        if group.name == "cameras" or topic.startswith("/camera/"):
+        if group.name == "cameras" or video:
             if read_set.cameras is not None and name not in read_set.cameras:
                 continue
             tol = read_set.frame_tolerance_ns

@@ -158,3 +158,32 @@ def test_interval_helpers():
     assert s.tolist() == [0, 5, 20] and e.tolist() == [4, 6, 25]
     hit = _overlaps(np.array([-5, 4, 7, 10, 25, 26]), np.array([-1, 4, 9, 19, 30, 27]), s, e)
     assert hit.tolist() == [False, True, False, False, True, False]
+
+
+def test_training_streams_are_warmed_only_when_the_run_reads_them(mcap_fleet, tmp_path):
+    from dyna_resources.episodes.training_streams import TrainingStreamSpec, add_training_streams
+    from dyna_resources.storage.prewarm import ReadSet, episode_ranges
+
+    paths, _ = mcap_fleet
+    path = tmp_path / "with-stream.mcap"
+    add_training_streams(paths[0], path, [TrainingStreamSpec("t32", 32, 32, gop_frames=10, preset="veryfast")])
+    with EpisodeReader(path) as r:
+        start, end = [r.start_ns], [r.start_ns + 2_000_000_000]
+        archive = set(episode_ranges(r, start, end, ReadSet()))
+        stream = set(episode_ranges(r, start, end, ReadSet(video_stream="t32")))
+        training_chunks = {(c.chunk_start_offset, c.chunk_start_offset + c.chunk_length)
+                           for cam in r.training_streams["t32"] for c in r.chunks_of(f"/training/t32/camera/{cam}")}
+        camera_chunks = {(c.chunk_start_offset, c.chunk_start_offset + c.chunk_length)
+                         for cam in r.cameras for c in r.chunks_of(f"/camera/{cam}")}
+        # chunks in the file's tail are warmed anyway: the open reads the last 64 KiB (footer + summary)
+        tail = min(f.offset for f in r.open_log.fetches)
+        training_chunks = {c for c in training_chunks if c[1] <= tail}
+        assert training_chunks
+
+    def covers(ranges, chunk):
+        return any(s <= chunk[0] and chunk[1] <= e for s, e in ranges)
+
+    assert not any(covers(archive, c) for c in training_chunks)  # the archive run never warms t32 ...
+    assert any(covers(archive, c) for c in camera_chunks)
+    assert any(covers(stream, c) for c in training_chunks)  # ... the t32 run warms t32, not the archive video
+    assert not any(covers(stream, c) for c in camera_chunks)
