@@ -58,6 +58,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FPS = 30
 SEGMENT_S = 2.0
 TRAINING_STREAM = "t128"
+LEROBOT_EPISODES = {"full": 3, "quick": 2, "tiny": 2}
 
 
 def sample_spec(dense: bool, stream: str | None = None, image: int = 64):
@@ -69,7 +70,7 @@ def sample_spec(dense: bool, stream: str | None = None, image: int = 64):
 
 
 # ---- corpus ---------------------------------------------------------------------------------------
-def corpus(root: Path, n: int, duration: float, width: int, height: int, gop: int) -> dict:
+def corpus(root: Path, n: int, duration: float, width: int, height: int, gop: int, size: str) -> dict:
     """The episodes as HDF5, MCAP and MCAP with a training stream; reused when the same (stamp)."""
     from dyna_resources.episodes.mcap_reader import EpisodeReader
     from dyna_resources.episodes.sim.fleet import fleet_specs
@@ -101,7 +102,7 @@ def corpus(root: Path, n: int, duration: float, width: int, height: int, gop: in
                 rows["end_ns"].append(t + int(SEGMENT_S * 1e9))
                 t += int(SEGMENT_S * 1e9)
     sizes = {kind: sum(f.stat().st_size for f in (root / kind).iterdir()) for kind in ("h5", "mcap", "mcap-t128")}
-    return {"manifest": pa.table(rows), "episodes": [s.episode_id for s in specs], "bytes": sizes}
+    return {"manifest": pa.table(rows), "episodes": [s.episode_id for s in specs], "bytes": sizes, "size": size}
 
 
 def _make_episode(job) -> str:
@@ -168,7 +169,7 @@ def measure(job: dict) -> dict:
         from trainer.gop_dataset import GopDataset
 
         ds = GopDataset(manifest, spec, batch_size=job.get("batch_size", 8), lanes=1, seed=1,
-                        mix_units=job.get("mix_units", 3.0), decode_threads=1)
+                        mix_units=job.get("mix_units", 3.0), decode_threads=job.get("threads", 1))
         limit = job.get("limit") or ds.rows
         for batch in ds:
             decoded += int(batch["decoded_frames"])
@@ -262,6 +263,13 @@ def lerobot_venv() -> Path | None:
     return None
 
 
+def lerobot_episodes(c: dict) -> list[str]:
+    """The episodes LeRobot's writer gets: the first few (its writer PNG-encodes every frame, ~0.1 s
+    each at 640x480: the whole corpus would take hours). Every random-order loader reads its samples
+    from these same episodes; a sample costs the same whichever episode it comes from."""
+    return c["episodes"][:LEROBOT_EPISODES[c["size"]]]
+
+
 def lerobot_dataset(venv: Path, root: Path, c: dict) -> Path:
     """The corpus written by LeRobot's own writer (frames from the same JPEGs); reused when present."""
     out = root / "lerobot"
@@ -271,7 +279,7 @@ def lerobot_dataset(venv: Path, root: Path, c: dict) -> Path:
 
     src = root / "lerobot-src"
     src.mkdir(exist_ok=True)
-    for eid in c["episodes"]:
+    for eid in lerobot_episodes(c):
         with h5py.File(root / "h5" / f"{eid}.h5", "r") as f:
             cams = sorted(f["observations/images"])
             ts = {cam: f[f"timestamps/images/{cam}"][:] for cam in cams}
@@ -296,11 +304,10 @@ def lerobot_dataset(venv: Path, root: Path, c: dict) -> Path:
     return out
 
 
-def lerobot_pass(venv: Path, dataset: Path, c: dict, dense: bool, limit: int, tmp: Path) -> dict:
+def lerobot_pass(venv: Path, dataset: Path, c: dict, manifest: pa.Table, dense: bool, limit: int, tmp: Path) -> dict:
     """LeRobot's loader over samples equivalent to ours: the same anchors, as LeRobot frame indices."""
     spec = sample_spec(dense)
-    manifest = c["manifest"]
-    episode_index = {eid: k for k, eid in enumerate(c["episodes"])}
+    episode_index = {eid: k for k, eid in enumerate(lerobot_episodes(c))}
     first_ns: dict[str, int] = {}
     for eid, start in zip(manifest.column("episode_id").to_pylist(), manifest.column("start_ns").to_pylist(),
                           strict=True):
@@ -322,11 +329,18 @@ def lerobot_pass(venv: Path, dataset: Path, c: dict, dense: bool, limit: int, tm
              "action": (spec.action_offsets_ns() / 1e9).round(6).tolist()}
     plan_file = tmp / "lerobot-plan.json"
     plan_file.write_text(json.dumps({"delta_timestamps": delta, "samples": [[episode_index[e], f] for e, f in indices],
-                                     "num_workers": 0, "batch_size": 8}))
+                                     "num_workers": 0, "batch_size": 8, "torch_threads": 1, "profile_samples": 0}))
     out = tmp / "lerobot-out.json"
     run_pass({}, script=[str(venv / "bin" / "python"), str(ROOT / "benchmarks" / "_lerobot_peer.py"), "load",
                          str(dataset), str(plan_file), str(out)])
-    return json.loads(out.read_text())
+    got = json.loads(out.read_text())
+    # Its decodes are torchcodec's, not counted; bytes from disk and peak memory as for ours.
+    return {"kind": "lerobot", "samples": got["samples"], "seconds": got["seconds"],
+            "samples_per_s": got["samples_per_s"], "decodes_per_frame": None,
+            "bytes_per_sample": got["io"]["read_bytes_per_sample"],
+            "peak_rss_mib": got["memory"]["ru_maxrss_self_kb"] / 1024, "cpu_ms_per_sample": got["cpu"]["ms_per_sample"],
+            "video_backend": got["video_backend"], "codebase_version": got["codebase_version"],
+            "dataset_bytes": got["dataset_bytes"]}
 
 
 def _cameras(c: dict) -> list[str]:
@@ -337,15 +351,15 @@ def _cameras(c: dict) -> list[str]:
 
 
 # ---- training: the demo model's data wait ---------------------------------------------------------
-def train_wait(tmp: Path, manifest: pa.Table, steps: int) -> dict:
+def train_wait(tmp: Path, manifest: pa.Table, steps: int, stream: str | None = None) -> dict:
     from dyna_resources.catalog.manifest import write_manifest
     from trainer.dataset import SampleSpec
     from trainer.train import LoaderConfig, TrainConfig, run
 
     files = write_manifest(manifest, tmp / "manifests", "loader-bench")
     cfg = TrainConfig(manifest=files.arrow, run_dir=str(tmp / "run"), steps=steps, checkpoint_every=10 ** 6,
-                      log_every=10 ** 6, sample=SampleSpec(anchors="every", anchor_every_s=0.1),  # the demo's, dense
-                      loader=LoaderConfig(kind="gop"))
+                      log_every=10 ** 6, loader=LoaderConfig(kind="gop"),
+                      sample=SampleSpec(anchors="every", anchor_every_s=0.1, stream=stream))  # the demo's, dense
     summary = run(cfg)
     return {k: summary[k] for k in ("data_wait_first_epoch", "data_wait_fraction", "decodes_per_frame",
                                     "samples_per_s", "first_epoch_steps", "steps")}
@@ -375,7 +389,7 @@ def main(argv: list[str]) -> int:
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="dyna-bench-loader-"))
     print(f"corpus: {n} episodes x {duration:g} s, 3 cameras {width}x{height} @ {FPS} Hz, GOP {gop} ({base})",
           flush=True)
-    c = corpus(base / "corpus", n, duration, width, height, gop)
+    c = corpus(base / "corpus", n, duration, width, height, gop, size)
     manifest = c["manifest"]
     arrow = base / "manifest.arrow"
     with pa.OSFile(str(arrow), "wb") as f, pa.ipc.new_file(f, manifest.schema) as w:
@@ -385,6 +399,13 @@ def main(argv: list[str]) -> int:
     arrow_t = base / "manifest-t128.arrow"
     with pa.OSFile(str(arrow_t), "wb") as f, pa.ipc.new_file(f, stream_manifest.schema) as w:
         w.write_table(stream_manifest)
+    # The random-order loaders read samples of the episodes LeRobot's writer got (see lerobot_episodes).
+    in_subset = pa.array([e in set(lerobot_episodes(c)) for e in manifest.column("episode_id").to_pylist()])
+    subset = manifest.filter(in_subset)
+    arrow_s, arrow_st = base / "manifest-subset.arrow", base / "manifest-subset-t128.arrow"
+    for path, table in ((arrow_s, subset), (arrow_st, stream_manifest.filter(in_subset))):
+        with pa.OSFile(str(path), "wb") as f, pa.ipc.new_file(f, table.schema) as w:
+            w.write_table(table)
     folders = [base / "corpus"]
     venv = lerobot_venv()
     results: dict = {"size": size, "episodes": n, "episode_s": duration, "resolution": f"{width}x{height}",
@@ -403,16 +424,20 @@ def main(argv: list[str]) -> int:
                 "random_t128": {"kind": "random", "dense": dense, "limit": limit, "stream": TRAINING_STREAM},
                 "gop_t128": {"kind": "gop", "dense": dense, "stream": TRAINING_STREAM},
                 "jpeg": {"kind": "jpeg", "dense": dense, "limit": limit, "h5": str(base / "corpus" / "h5")}}
+        if dense:  # the cameras of a unit decoded on threads (libavcodec and swscale release the GIL), 2 cores
+            jobs["gop_threads"] = {"kind": "gop", "dense": True, "threads": 3, "cores": 2}
         for name, job in jobs.items():
-            job["manifest"] = str(arrow_t if job.get("stream") else arrow)
+            random_order = job["kind"] != "gop"
+            job["manifest"] = str({(False, False): arrow, (False, True): arrow_t, (True, False): arrow_s,
+                                   (True, True): arrow_st}[(random_order, bool(job.get("stream")))])
             job["batch_size"] = 2 if tiny else 8
             drop_page_cache(*folders)
-            rows[name] = run_pass(job)
+            rows[name] = run_pass(job, core=0 if job.get("cores", 1) == 1 else None)
             print(f"  {set_name:6} {name:12} {rows[name]['samples_per_s']:8.1f} samples/s", flush=True)
         if lerobot_ds is not None:
             drop_page_cache(*folders)
             try:
-                rows["lerobot"] = lerobot_pass(venv, lerobot_ds, c, dense, limit, base)
+                rows["lerobot"] = lerobot_pass(venv, lerobot_ds, c, subset, dense, limit, base)
                 print(f"  {set_name:6} lerobot      {rows['lerobot']['samples_per_s']:8.1f} samples/s", flush=True)
             except (RuntimeError, subprocess.SubprocessError, OSError, KeyError, ValueError) as e:
                 results["lerobot_error"] = str(e)[-500:]
@@ -420,6 +445,9 @@ def main(argv: list[str]) -> int:
     drop_page_cache(*folders)
     with tempfile.TemporaryDirectory(dir=base) as tmp:
         results["training"] = train_wait(Path(tmp), manifest, steps)
+    drop_page_cache(*folders)
+    with tempfile.TemporaryDirectory(dir=base) as tmp:
+        results["training_t128"] = train_wait(Path(tmp), stream_manifest, steps, TRAINING_STREAM)
     dense = results["sets"]["dense"]
     lr = dense.get("lerobot", {}).get("samples_per_s")
     results.update(
@@ -429,6 +457,9 @@ def main(argv: list[str]) -> int:
         lerobot_samples_per_s=lr, jpeg_samples_per_s=dense["jpeg"]["samples_per_s"],
         decodes_per_frame_gop_aware=dense["gop"]["decodes_per_frame"],
         data_wait_first_epoch=results["training"]["data_wait_first_epoch"],
+        data_wait_first_epoch_t128=results["training_t128"]["data_wait_first_epoch"],
+        gop_t128_samples_per_s=dense["gop_t128"]["samples_per_s"],
+        gop_t128_vs_lerobot=dense["gop_t128"]["samples_per_s"] / lr if lr else None,
         gop_vs_lerobot=dense["gop"]["samples_per_s"] / lr if lr else None,
         random_t128_vs_lerobot=dense["random_t128"]["samples_per_s"] / lr if lr else None,
         lerobot_venv=str(venv) if venv else None)
@@ -450,18 +481,21 @@ def _table(r: dict) -> None:
     for set_name, rows in r["sets"].items():
         for name, m in rows.items():
             stream = {"jpeg": "jpeg", "lerobot": "av1"}.get(name, "t128" if "t128" in name else "archive")
+            stream += "*" if name == "gop_threads" else ""
             dpf = m.get("decodes_per_frame")
             print(f"{set_name:7}{name:14}{stream:9}{m['samples']:>8}{m['samples_per_s']:>11.1f}"
                   f"{(f'{dpf:.2f}' if dpf else '-'):>10}{m.get('bytes_per_sample', 0) / 1024:>11.1f}"
                   f"{m.get('peak_rss_mib', 0):>9.0f}")
+    print("* gop_threads: the unit's 3 cameras on 3 decode threads over both cores (every other row: one core)")
     if r.get("lerobot_error"):
         print(f"lerobot: {r['lerobot_error']}")
     elif r.get("lerobot_venv") is None:
         print("lerobot: skipped (no lerobot v2.1 venv: `make lerobot-v21-venv`)")
-    t = r["training"]
-    print(f"training (demo model, dense set, GOP-aware, 1 worker, {t['steps']} steps, {t['first_epoch_steps']} in "
-          f"epoch 0): first-epoch data wait {t['data_wait_first_epoch']:.1%}, {t['samples_per_s']:.1f} samples/s, "
-          f"{t['decodes_per_frame']:.2f} decodes per delivered frame")
+    for key, stream in (("training", "archive"), ("training_t128", "t128")):
+        t = r[key]
+        print(f"training on {stream:7} (demo model, dense set, GOP-aware, 1 worker, {t['steps']} steps, "
+              f"{t['first_epoch_steps']} in epoch 0): first-epoch data wait {t['data_wait_first_epoch']:.1%}, "
+              f"{t['samples_per_s']:.1f} samples/s, {t['decodes_per_frame']:.2f} decodes per delivered frame")
     if r.get("gop_vs_lerobot"):
         print(f"GOP-aware / LeRobot: {r['gop_vs_lerobot']:.1f}x; random on t128 / LeRobot: "
               f"{r['random_t128_vs_lerobot']:.1f}x")

@@ -48,7 +48,7 @@ class GopDataset(ManifestDataset):
     position, ``state_dict`` and resume contract as :class:`ManifestDataset`; worker counts must
     divide ``lanes``."""
 
-    unit_s: float = 10.0  # decode unit: a window of this many seconds of one episode (whole GOPs: 2 at 5 s)
+    unit_s: float = 20.0  # decode unit: a window of this many seconds of one episode (whole GOPs: 4 at 5 s)
     mix_units: float = 3.0  # units mixed in flight per lane (1: none; more: more random, more memory)
     lanes: int = 4  # independent unit streams; DataLoader worker counts must divide it
     decode_threads: int = 0  # threads decoding a unit's cameras; 0: one per camera, at most 4

@@ -68,7 +68,7 @@ class LoaderConfig:
     # "gop": decode units, each GOP window decoded once for every sample anchored in it (the default);
     # "random": fully random samples, each worker keeping live GOP decoders and recent frames per episode.
     kind: LoaderKind = "gop"
-    unit_s: float = 10.0  # gop: seconds of one episode decoded as one unit (whole GOPs: 2 of the fleet's 5 s)
+    unit_s: float = 20.0  # gop: seconds of one episode decoded as one unit (whole GOPs: 4 of the fleet's 5 s)
     mix_units: float = 3.0  # gop: units mixed in flight per lane: more is more random and holds more frames
     lanes: int = 4  # gop: independent unit streams; the DataLoader worker count must divide it
     decode_threads: int = 0  # gop: threads decoding a unit's cameras (0: one per camera, at most 4)
