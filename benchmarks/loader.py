@@ -23,16 +23,20 @@ each reading a pass of samples it has never decoded (a cold first epoch):
     in the lerobot v2.1 venv; skipped, saying so, when that venv is missing);
 (d) ``jpeg``: the legacy HDF5, each frame a JPEG decoded with libjpeg-turbo (simplejpeg).
 
-(b)-(d) read a random subset of the set (``--random-samples``): they cost the same per sample
-however many are read. Frames leave every loader of ours at 64x64 (the demo model's input; swscale
+(b)-(d) read a random subset of the set (``--random-samples``) drawn from the episodes LeRobot's
+writer got (the first 3: it PNG-encodes every frame, hours for the whole corpus): they cost the same
+per sample however many are read and whichever episode they come from. (a) and (b) also run on the
+t128 training stream, and (a) once more with the unit's cameras on 3 threads over both cores. Frames leave every loader of ours at 64x64 (the demo model's input; swscale
 resizes in the conversion); LeRobot returns full-size float frames (its loader has no resize), the
 JPEG loader resizes through the same swscale call. Reported per loader: samples/s, frames decoded
 per frame delivered, bytes read from disk per sample (/proc/self/io read_bytes) and the worker's
 peak memory (ru_maxrss). Then the demo model trains on the dense set with the GOP-aware loader
-(``TrainConfig`` defaults: 1 DataLoader worker, batch 8) and its first-epoch data-wait fraction is
-reported (both cores: the trainer and its worker).
+(``TrainConfig`` defaults: 1 DataLoader worker, batch 8), on the archive stream and on t128, and its
+first-epoch data-wait fraction is reported (both cores: the trainer and its worker).
 
 ``--quick``: 6 episodes of 20 s; ``--tiny``: 2 episodes of 6 s at 64x48 with 1 s GOPs (CI).
+``--mix-sweep``: only (a) at ``mix_units`` 1, 3 and 8: randomness (units and episodes per batch, units
+in flight) against speed and peak memory.
 """
 
 from __future__ import annotations
@@ -193,7 +197,24 @@ def measure(job: dict) -> dict:
     elif kind == "jpeg":
         decoded, delivered, samples = _jpeg_pass(job, manifest, spec)
     seconds = time.perf_counter() - t0
-    return {"kind": kind, "samples": samples, "seconds": seconds, "samples_per_s": samples / seconds,
+    extra = {}
+    if kind == "gop":  # how mixed the stream is: distinct units and episodes per batch, the most units in flight
+        lane = ds.lanes_of(0)[0]
+        b = ds.batch_size
+        n = len(lane.unit) // b * b
+        units = lane.unit[:n].reshape(-1, b)
+        episodes = ds.plan.code[lane.samples[:n]].reshape(-1, b)
+        first = np.full(int(lane.unit.max()) + 1, n)
+        last = np.zeros(int(lane.unit.max()) + 1, np.int64)
+        np.minimum.at(first, lane.unit, np.arange(len(lane.unit)))
+        np.maximum.at(last, lane.unit, np.arange(len(lane.unit)))
+        alive = np.zeros(len(lane.unit) + 1, np.int64)
+        np.add.at(alive, first, 1)
+        np.add.at(alive, last + 1, -1)
+        extra = {"units_per_batch": float(np.mean([len(set(u)) for u in units.tolist()])),
+                 "episodes_per_batch": float(np.mean([len(set(e)) for e in episodes.tolist()])),
+                 "max_units_in_flight": int(np.cumsum(alive).max())}
+    return {**extra, "kind": kind, "samples": samples, "seconds": seconds, "samples_per_s": samples / seconds,
             "decoded": decoded, "delivered": delivered, "decodes_per_frame": decoded / delivered if delivered else None,
             "bytes_per_sample": (_io_read_bytes() - before) / max(1, samples),
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
@@ -374,11 +395,15 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--duration", type=float)
     ap.add_argument("--random-samples", type=int, help="samples each random-order loader reads (default 300)")
     ap.add_argument("--steps", type=int, help="training steps for the data-wait figure (default 80)")
+    ap.add_argument("--mix-sweep", action="store_true",
+                    help="only the GOP-aware loader on the dense set at mix_units 1, 3 and 8 (its randomness knob)")
     ap.add_argument("--measure", help=argparse.SUPPRESS)  # internal: one pass in this process
     args = ap.parse_args(argv)
     if args.measure:
         print(json.dumps(measure(json.loads(args.measure))))
         return 0
+    if args.mix_sweep:
+        return mix_sweep(args)
     size = size_of(args)
     tiny = size == "tiny"
     n = args.episodes or {"full": 16, "quick": 6, "tiny": 2}[size]
@@ -465,6 +490,33 @@ def main(argv: list[str]) -> int:
         lerobot_venv=str(venv) if venv else None)
     _table(results)
     print(json.dumps(results, default=str))
+    return 0
+
+
+def mix_sweep(args) -> int:
+    """The bounded mix's effect, cold, one core: randomness (units and episodes per batch) against
+    decoded frames held (peak memory) and speed, on the same corpus as the main run."""
+    size = size_of(args)
+    n = args.episodes or {"full": 16, "quick": 6, "tiny": 2}[size]
+    duration = args.duration or {"full": 30.0, "quick": 20.0, "tiny": 6.0}[size]
+    width, height, gop = (64, 48, 30) if size == "tiny" else (640, 480, 150)
+    base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="dyna-bench-loader-"))
+    c = corpus(base / "corpus", n, duration, width, height, gop, size)
+    arrow = base / "manifest.arrow"
+    with pa.OSFile(str(arrow), "wb") as f, pa.ipc.new_file(f, c["manifest"].schema) as w:
+        w.write_table(c["manifest"])
+    rows = {}
+    for mix in (1, 3, 8):
+        drop_page_cache(base / "corpus")
+        rows[mix] = run_pass({"kind": "gop", "dense": True, "mix_units": mix, "manifest": str(arrow),
+                              "batch_size": 2 if size == "tiny" else 8})
+    print(f"\nmix_units sweep ({size}): GOP-aware, dense set, one core, cold, batch 8, one lane")
+    print(f"{'mix_units':>9}{'samples/s':>11}{'dec/frame':>10}{'units/batch':>12}{'episodes/batch':>15}"
+          f"{'units in flight':>16}{'peak MiB':>9}")
+    for mix, m in rows.items():
+        print(f"{mix:>9}{m['samples_per_s']:>11.1f}{m['decodes_per_frame']:>10.2f}{m['units_per_batch']:>12.2f}"
+              f"{m['episodes_per_batch']:>15.2f}{m['max_units_in_flight']:>16}{m['peak_rss_mib']:>9.0f}")
+    print(json.dumps({"size": size, "mix_sweep": rows}))
     return 0
 
 

@@ -97,3 +97,14 @@ def test_manifest_warehouse_names_realistic_values_for_a_column_that_is_gone(tmp
     without_site = [(n, ty) for n, ty in warehouse_columns() if n != "site"]
     with pytest.raises(SystemExit, match=r"REALISTIC names columns the warehouse does not have: \['site'\]"):
         make_warehouse(tmp_path / "w.duckdb", 10, without_site)
+
+
+def test_loader_mix_sweep_runs_tiny(tmp_path):
+    """`python -m benchmarks loader --mix-sweep` (the bounded mix's measured effect in README) rots too."""
+    cmd = [sys.executable, "-m", "benchmarks", "loader", "--tiny", "--mix-sweep", "--dir", str(tmp_path / "corpus")]
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=TIMEOUT_S,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    last = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert last["size"] == "tiny" and set(last["mix_sweep"]) == {"1", "3", "8"}
+    assert last["mix_sweep"]["1"]["units_per_batch"] <= last["mix_sweep"]["8"]["units_per_batch"]

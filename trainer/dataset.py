@@ -1,4 +1,6 @@
-"""Training samples from a manifest: this rank's slice, split across DataLoader workers, resumable.
+"""Training samples from a manifest, read at random: this rank's slice, split across DataLoader
+workers, resumable. (The trainer's default loader is ``gop_dataset.GopDataset``, which reads the
+same samples unit by unit; this one is its random-access mode, and defines the samples both use.)
 
 One sample of a segment ``[start_ns, end_ns]`` (a manifest row) is anchored at ``t_now``, the
 segment's end minus the action chunk:
@@ -309,7 +311,7 @@ class ManifestDataset(IterableDataset):
         lo, hi = int(plan.lo_ns[code]), int(plan.hi_ns[code])
         proprio, actions = t + spec.proprio_offsets_ns(), t + spec.action_offsets_ns()
         return SampleTimes(t, np.clip(t + spec.all_frame_offsets_ns(), lo, hi), np.clip(proprio, lo, hi),
-                           np.clip(actions, lo, hi), proprio < lo, actions > hi)
+                           np.clip(actions, lo, hi), proprio < lo, actions > hi, lo, hi)
 
     def sample(self, i: int, readers: OrderedDict | None = None) -> dict:
         """Sample ``i`` of this rank's plan, read at random (a worker's open episodes keep their decoded
@@ -329,9 +331,11 @@ class ManifestDataset(IterableDataset):
     def assemble(self, i: int, images: np.ndarray, streams: dict, times: SampleTimes, path: str) -> dict:
         """One sample's tensors from its frames (C, K+1, 3, h, w) and the streams around it."""
         spec = self.spec
-        proprio = np.concatenate([_on_grid(streams[s], f, times.proprio, spec.tolerance_s, path)
-                                  for s, f in spec.proprio_streams], axis=1)
-        actions = _on_grid(streams[spec.action_stream[0]], spec.action_stream[1], times.actions, spec.tolerance_s, path)
+        span = (times.lo_ns, times.hi_ns)
+        proprio = np.concatenate([_on_grid(streams[s], f, times.proprio, spec.tolerance_s, path, span,
+                                           times.proprio_pad) for s, f in spec.proprio_streams], axis=1)
+        actions = _on_grid(streams[spec.action_stream[0]], spec.action_stream[1], times.actions, spec.tolerance_s,
+                           path, span, times.actions_pad)
         images = torch.from_numpy(images)
         return {"frames": images[:, :-1], "future": images[:, -1], "proprio": torch.from_numpy(proprio),
                 "actions": torch.from_numpy(actions), "proprio_is_pad": torch.from_numpy(times.proprio_pad),
@@ -358,6 +362,8 @@ class SampleTimes:
     actions: np.ndarray
     proprio_pad: np.ndarray
     actions_pad: np.ndarray
+    lo_ns: int = 0  # the episode's span (the union of its segments in this slice)
+    hi_ns: int = 0
 
 
 class ChunkMemo(OrderedDict):
@@ -377,8 +383,17 @@ def _ns(seconds: float) -> int:
     return int(round(seconds * 1e9))
 
 
-def _on_grid(stream, field_name: str, grid_ns: np.ndarray, tolerance_s: float, path: str) -> np.ndarray:
-    """The recorded values nearest each grid time, each within the tolerance (else WindowError)."""
+# The streams of one episode end up to a sample period or so apart, so a grid point in the last (first)
+# EDGE_PAD_NS of the episode's span, past its stream's last (before its first) sample, takes that edge
+# sample and is marked padded, as LeRobot pads; a gap anywhere else still fails.
+EDGE_PAD_NS = 100_000_000
+
+
+def _on_grid(stream, field_name: str, grid_ns: np.ndarray, tolerance_s: float, path: str,
+             span: tuple[int, int] | None = None, pad: np.ndarray | None = None) -> np.ndarray:
+    """The recorded values nearest each grid time, each within the tolerance (else WindowError).
+    With the episode's ``span``, edge points (see ``EDGE_PAD_NS``) take the edge sample and are set in
+    ``pad``."""
     ts = stream.timestamps_ns
     if field_name not in stream.fields:
         raise WindowError(path, f"stream {stream.name} has no field {field_name!r} (has {sorted(stream.fields)})",
@@ -390,7 +405,14 @@ def _on_grid(stream, field_name: str, grid_ns: np.ndarray, tolerance_s: float, p
     left = np.maximum(right - 1, 0)
     nearest = np.where(np.abs(ts[left] - grid_ns) <= np.abs(ts[right] - grid_ns), left, right)
     gap = np.abs(ts[nearest] - grid_ns)
-    bad = np.flatnonzero(gap > _ns(tolerance_s))
+    allowed = np.full(len(grid_ns), _ns(tolerance_s))
+    if span is not None:
+        edge = (((grid_ns > ts[-1]) & (grid_ns >= span[1] - EDGE_PAD_NS))
+                | ((grid_ns < ts[0]) & (grid_ns <= span[0] + EDGE_PAD_NS)))
+        allowed[edge] = max(_ns(tolerance_s), EDGE_PAD_NS)
+        if pad is not None:
+            pad |= edge & (gap > _ns(tolerance_s))
+    bad = np.flatnonzero(gap > allowed)
     if len(bad):
         i = int(bad[0])
         raise WindowError(path, f"{stream.name}.{field_name}: no sample within {tolerance_s * 1e3:.0f} ms of "

@@ -36,7 +36,7 @@ from dyna_resources.episodes.errors import EpisodeError, WindowError
 from dyna_resources.episodes.gop_decode import CameraFrames, DecoderBackend, decode_at, swscale_rgb
 from dyna_resources.episodes.mcap_reader import EpisodeReader
 
-from .dataset import ManifestDataset, SampleTimes, _fsspec_open, _ns
+from .dataset import EDGE_PAD_NS, ManifestDataset, SampleTimes, _fsspec_open, _ns
 from .sampling import LaneOrder, lane_orders, samples_per_row, unit_of, usable_samples
 
 BAD_SAMPLES = ("raise", "skip")
@@ -164,7 +164,12 @@ class GopDataset(ManifestDataset):
         code = int(plan.code[samples[0]])
         lo, hi = int(plan.lo_ns[code]), int(plan.hi_ns[code])
         anchors = plan.anchor_ns[samples][:, None]
-        frame_t = np.clip(anchors + spec.all_frame_offsets_ns()[None, :], lo, hi)
+        frame_wanted = anchors + spec.all_frame_offsets_ns()[None, :]
+        frame_t = np.clip(frame_wanted, lo, hi)
+        # near the episode's edge a camera may end (start) a little before (after) the span: the edge frame
+        # stands in within EDGE_PAD_NS there, as the streams' edge samples do (dataset._on_grid)
+        frame_pad = (frame_t >= hi - EDGE_PAD_NS) | (frame_t <= lo + EDGE_PAD_NS)
+        del frame_wanted
         proprio_t = np.clip(anchors + spec.proprio_offsets_ns()[None, :], lo, hi)
         action_t = np.clip(anchors + spec.action_offsets_ns()[None, :], lo, hi)
         cams = list(spec.cameras) if spec.cameras is not None else r.cameras
@@ -178,8 +183,12 @@ class GopDataset(ManifestDataset):
         transform = swscale_rgb(*spec.image_size)
 
         def one(cam: str) -> CameraFrames:
+            cid = r._channel(r.video_topic(cam, spec.stream) if spec.stream else f"/camera/{cam}", "camera")
+            rate = float(r.channels[cid].metadata.get("rate_hz", 0) or 0)
+            period = int(1e9 / rate) if rate > 0 else 0
+            tolerance = np.where(frame_pad.ravel(), max(period, EDGE_PAD_NS), period)
             return decode_at(r, cam, frame_t.ravel(), transform=transform, stream=spec.stream, memo=memo,
-                             backend=self._backend)
+                             backend=self._backend, tolerance_ns=tolerance)
 
         pool = self._threads(len(cams))
         frames = list(pool.map(one, cams)) if pool is not None else [one(c) for c in cams]
@@ -208,7 +217,8 @@ class GopDataset(ManifestDataset):
         images = np.stack([f.images[rows] for f in unit.frames])  # (C, K+1, 3, h, w)
         t = int(self.plan.anchor_ns[i])
         times = SampleTimes(t, unit.frame_t[k], unit.proprio_t[k], unit.action_t[k],
-                            t + spec.proprio_offsets_ns() < unit.lo, t + spec.action_offsets_ns() > unit.hi)
+                            t + spec.proprio_offsets_ns() < unit.lo, t + spec.action_offsets_ns() > unit.hi,
+                            unit.lo, unit.hi)
         return self.assemble(i, images, unit.streams, times, unit.path)
 
 

@@ -150,6 +150,7 @@ def decode_at(reader: EpisodeReader, camera: str, targets_ns, *, transform: Call
     listed in ``errors`` with the reason (episode, camera, time), so the caller fails only the
     samples that asked for it. Reading the file itself (summary, chunk CRCs) still raises.
 
+    :param tolerance_ns: one bound for every request, or one per request (an array).
     :param stream: a training stream's name (``training_streams``) instead of the archive stream.
     :param memo: parsed chunks shared with other calls on the same reader (cameras share chunks).
     """
@@ -165,6 +166,11 @@ def decode_at(reader: EpisodeReader, camera: str, targets_ns, *, transform: Call
     if len(targets) == 0:
         return out
     uniq, inverse = np.unique(targets, return_inverse=True)
+    # a tolerance per request (an array) becomes the widest asked of each distinct time
+    per_request = np.broadcast_to(np.asarray(tolerance_ns, np.int64), targets.shape)
+    tolerance = np.zeros(len(uniq), np.int64)
+    np.maximum.at(tolerance, inverse, per_request)
+    tolerance_ns = int(tolerance.max())
     chunks = reader._chunks_of[cid]
     span = reader._chunk_range(cid, int(uniq[0]) - tolerance_ns, int(uniq[-1]) + tolerance_ns)
     times, payloads = _messages(reader, cid, [chunks[j] for j in span], memo)
@@ -180,8 +186,8 @@ def decode_at(reader: EpisodeReader, camera: str, targets_ns, *, transform: Call
         left = np.maximum(right - 1, 0)
         pick = np.where(np.abs(times[left] - uniq) <= np.abs(times[right] - uniq), left, right)
         gap = np.abs(times[pick] - uniq)
-        for u in np.flatnonzero(gap > tolerance_ns).tolist():
-            failed[u] = (f"no frame within {tolerance_ns / 1e6:.1f} ms of {int(uniq[u])} "
+        for u in np.flatnonzero(gap > tolerance).tolist():
+            failed[u] = (f"no frame within {tolerance[u] / 1e6:.1f} ms of {int(uniq[u])} "
                          f"(nearest {gap[u] / 1e6:.1f} ms away)")
     wanted = np.unique(np.delete(pick, list(failed))) if failed else np.unique(pick)
 
