@@ -226,15 +226,8 @@ def _jpeg_pass(job: dict, manifest: pa.Table, spec) -> tuple[int, int, int]:
     import h5py
     import simplejpeg
 
-    from trainer.sampling import plan_samples
-
     h5_of = {Path(u).stem: Path(job["h5"]) / f"{Path(u).stem}.h5" for u in manifest.column("uri").to_pylist()}
-    uris = manifest.column("uri").to_pylist()
-    names = sorted(set(uris))
-    code = np.array([names.index(u) for u in uris])
-    plan = plan_samples(manifest.column("start_ns").to_numpy(), manifest.column("end_ns").to_numpy(), code,
-                        len(names), anchors=spec.anchors, every_ns=spec.anchor_every_ns,
-                        end_offset_ns=spec.action_horizon_ns)
+    names, plan = _plan(manifest, spec, "uri")
     order = np.random.default_rng(5).permutation(plan.n)[:job["limit"]]
     files: dict = {}
     h, w = spec.image_size
@@ -262,6 +255,20 @@ def _jpeg_pass(job: dict, manifest: pa.Table, spec) -> tuple[int, int, int]:
         hf["observations/qpos"][int(pj.min()):int(pj.max()) + 1]
         hf["action"][int(pa_.min()):int(pa_.max()) + 1]
     return delivered, delivered, len(order)
+
+
+def _plan(manifest: pa.Table, spec, key: str):
+    """(episode names, the samples of ``manifest``) with episodes coded by ``key``: the samples our
+    loaders read, for the loaders that are not ours."""
+    from trainer.sampling import plan_samples
+
+    keys = manifest.column(key).to_pylist()
+    names = sorted(set(keys))
+    index = {n: i for i, n in enumerate(names)}
+    code = np.array([index[k] for k in keys])
+    return names, plan_samples(manifest.column("start_ns").to_numpy(), manifest.column("end_ns").to_numpy(), code,
+                               len(names), anchors=spec.anchors, every_ns=spec.anchor_every_ns,
+                               end_offset_ns=spec.action_horizon_ns)
 
 
 def run_pass(job: dict, core: int | None = 0, python: str | None = None, script: list[str] | None = None) -> dict:
@@ -333,14 +340,7 @@ def lerobot_pass(venv: Path, dataset: Path, c: dict, manifest: pa.Table, dense: 
     for eid, start in zip(manifest.column("episode_id").to_pylist(), manifest.column("start_ns").to_pylist(),
                           strict=True):
         first_ns.setdefault(eid, start)
-    from trainer.sampling import plan_samples
-
-    eids = manifest.column("episode_id").to_pylist()
-    names = sorted(set(eids))
-    code = np.array([names.index(e) for e in eids])
-    plan = plan_samples(manifest.column("start_ns").to_numpy(), manifest.column("end_ns").to_numpy(), code,
-                        len(names), anchors=spec.anchors, every_ns=spec.anchor_every_ns,
-                        end_offset_ns=spec.action_horizon_ns)
+    names, plan = _plan(manifest, spec, "episode_id")
     order = np.random.default_rng(5).permutation(plan.n)[:limit]
     # LeRobot addresses a sample by (episode, frame): the anchor's frame at 30 fps from the episode's start.
     indices = [(names[int(plan.code[i])], int(round((int(plan.anchor_ns[i]) - first_ns[names[int(plan.code[i])]])

@@ -237,18 +237,19 @@ class ManifestDataset(IterableDataset):
                 for j in range(start_batch, self.batches_per_epoch) if (j - start_batch) % workers == worker]
 
     # ---- iteration ----------------------------------------------------------------------------
-    def __iter__(self) -> Iterator[dict]:
+    def _pass_start(self) -> tuple[int, int, int, int]:
+        """(worker, workers, epoch, first batch) of the pass this process starts now."""
         info = get_worker_info()
         if info is None:  # in the training process: its position is the truth
-            worker, workers = 0, 1
-            epoch, start = self.position.epoch, self.position.batches
-        else:
-            # A persistent worker's copy never sees the training process's advance(): it counts its own
-            # passes from the position it was created with (the DataLoader is built after a resume).
-            worker, workers = info.id, info.num_workers
-            passes, self._passes = self._passes, self._passes + 1
-            epoch = self.position.epoch + passes
-            start = self.position.batches if passes == 0 else 0
+            return 0, 1, self.position.epoch, self.position.batches
+        # A persistent worker's copy never sees the training process's advance(): it counts its own
+        # passes from the position it was created with (the DataLoader is built after a resume).
+        passes, self._passes = self._passes, self._passes + 1
+        return (info.id, info.num_workers, self.position.epoch + passes,
+                self.position.batches if passes == 0 else 0)
+
+    def __iter__(self) -> Iterator[dict]:
+        worker, workers, epoch, start = self._pass_start()
         # Rotate the worker assignment so batch `start` comes from worker 0: the DataLoader always
         # asks worker 0 first, and the round-robin then matches the batch order exactly. Batches are
         # numbered through the epochs (every epoch has the same count), so a continuous stream just

@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from torch.utils.data import get_worker_info
 
 from dyna_resources.episodes.errors import EpisodeError, WindowError
 from dyna_resources.episodes.gop_decode import CameraFrames, DecoderBackend, decode_at, swscale_rgb
@@ -98,15 +97,7 @@ class GopDataset(ManifestDataset):
 
     # ---- iteration ----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict]:
-        info = get_worker_info()
-        if info is None:
-            worker, workers = 0, 1
-            epoch, start = self.position.epoch, self.position.batches
-        else:
-            worker, workers = info.id, info.num_workers
-            passes, self._passes = self._passes, self._passes + 1
-            epoch = self.position.epoch + passes
-            start = self.position.batches if passes == 0 else 0
+        worker, workers, epoch, start = self._pass_start()
         if self.lanes % workers:
             raise ValueError(f"{workers} DataLoader workers do not divide lanes={self.lanes}: a unit would be "
                              "decoded by several workers; choose a worker count that divides lanes (or set lanes)")
