@@ -211,7 +211,7 @@ def main(argv: list[str]) -> int:
 
     from dagster import DagsterInstance
 
-    import dyna_assets.ingest.assets as assets_mod
+    import dyna_resources.ingest.partitions as assets_mod  # where the assets call the batch engines, unit by unit
     import dyna_assets.ingest.local as local_mod
     from dyna_assets.definitions import defs
     from dyna_resources.catalog.registry import TRANSCODED

@@ -1,4 +1,4 @@
-"""`make demo`: land a sample fleet, ingest it through Dagster batch by batch, show what came out.
+"""`make demo`: land a sample fleet, ingest it through Dagster partition by partition, show what came out.
 
 Runs on the embedded defaults: everything lives under $DYNA_HOME (default ./.dyna), the
 registry is SQLite there, and the Dagster instance is under $DAGSTER_HOME (default
@@ -54,7 +54,7 @@ FAULTS = {"corrupt_jpeg": 1, "truncated": 1, "dead_camera": 1, "non_monotonic": 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--episodes", type=int, default=10)
-    ap.add_argument("--batches", type=int, default=3, help="aim for this many ingest batches")
+    ap.add_argument("--batches", type=int, default=3, help="aim for this many work units (in one ingest partition)")
     ap.add_argument("--width", type=int, default=640)
     ap.add_argument("--height", type=int, default=480)
     ap.add_argument("--seed", type=int, default=7)
@@ -193,7 +193,7 @@ def print_ladders(home: DynaHome, ingest: IngestResource, ladders) -> None:
         (out / f"{e['episode_id']}.png").write_bytes(ladder_png(steps, signals_of(streams, config), config,
                                                                  title=f"{e['episode_id']}  ({e['task']})"))
     if drawn:
-        print(f"  pictures: {out}/*.png (and per batch in the UI: step_ladders -> a partition -> metadata 'ladders')")
+        print(f"  pictures: {out}/*.png (and per partition in the UI: step_ladders -> a partition -> metadata 'ladders')")
     print("=" * 86)
 
 
@@ -268,13 +268,15 @@ def print_summary(home: DynaHome, ingest: IngestResource, results) -> list[Path]
     print("=" * 86)
     print(f"DAGSTER_HOME={os.environ['DAGSTER_HOME']}   registry: {registry.describe()}")
     print(f"runs this time: {len(results)} ({sum(r.success for r in results)} succeeded)")
-    batches = registry.batches_after(0)
-    print(f"\n{'ingest batch (partition)':<26}{'files':>6}{'episodes':>9}{'minutes':>8}{'MB in':>8}{'MB out':>8}"
+    units = registry.batches_after(0)
+    print(f"\n{'ingest partition / work unit':<30}{'files':>6}{'episodes':>9}{'minutes':>8}{'MB in':>8}{'MB out':>8}"
           f"{'ratio':>7}{'quarantined':>12}")
-    for b in batches:
-        s = batch_summary(b.key, registry)
-        print(f"{b.key:<26}{s['files']:>6}{s['episodes']:>9}{s['hours'] * 60:>8.1f}{s['bytes_in'] / 1e6:>8.1f}"
-              f"{s['bytes_out'] / 1e6:>8.1f}{s['compression_ratio']:>7.3f}{s['quarantined']:>12}")
+    for partition in registry.sealed_partitions_after(0):
+        mine = [u.key for u in units if u.partition_key == partition.key]
+        for label, keys in [(f"{partition.key} ({len(mine)} units)", mine)] + [(f"  {k}", [k]) for k in mine]:
+            s = batch_summary(keys, registry)
+            print(f"{label:<30}{s['files']:>6}{s['episodes']:>9}{s['hours'] * 60:>8.1f}{s['bytes_in'] / 1e6:>8.1f}"
+                  f"{s['bytes_out'] / 1e6:>8.1f}{s['compression_ratio']:>7.3f}{s['quarantined']:>12}")
     for r in results:
         for ev in r.get_asset_check_evaluations():
             if not ev.passed:
@@ -306,17 +308,18 @@ def print_howto(home: DynaHome, files: list[Path]) -> None:
     print("Where things are:")
     print(f"  landing zone (HDF5):  {home.landing}")
     print(f"  MCAP episodes:        {home.mcap}")
-    print(f"  registry (SQLite):    {home.root / 'registry.sqlite'}  (episodes, batches, gate results, quarantine)")
+    print(f"  registry (SQLite):    {home.root / 'registry.sqlite'}  (episodes, partitions, work units, gates, quarantine)")
     print(f"  warehouse (DuckDB):   {home.root / 'warehouse.duckdb'}  (episodes, for curation queries)")
     print(f"  manifests:            {home.manifests}")
     print(f"  page cache:           {home.root / 'page-cache'}")
     print(f"  training runs:        {home.root / 'runs'}  (config, checkpoints, attempts/<n>/ logs, metrics.jsonl)")
     print("How to look at them:")
     print("  Dagster UI:   make ui    then open http://127.0.0.1:3000 : assets raw_episodes / mcap_episodes,")
-    print("                one partition per ingest batch, gate checks, per-partition metadata, step_ladders")
+    print("                one partition per ingest partition (byte-balanced work units inside), gate checks,")
+    print("                per-partition metadata and progress in the run log, step_ladders")
     print("                with a ladder picture per sampled episode; the landing")
     print("                sensor picks up new files dropped into the landing zone, the drift sensor")
-    print("                backfills only stale batches after PIPELINE_VERSION changes (dyna_resources/versions.py);")
+    print("                backfills only stale partitions after PIPELINE_VERSION changes (dyna_resources/versions.py);")
     print("                manifests -> cache_sets: the prewarm sensor warms a manifest's pages when its")
     print("                DataVersion changes; mcap_replica copies its files to the second origin;")
     print("                checkpoints trains on it (torchrun through Dagster Pipes, metrics in the run log)")

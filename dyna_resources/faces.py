@@ -7,6 +7,7 @@ default; production switches by environment variables (``DYNA_HOME``, ``DYNA_REG
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -67,24 +68,24 @@ class RegistryResource(ConfigurableResource):
 
 
 class IngestResource(ConfigurableResource):
-    """Where ingest reads and writes, and how the landing sensor batches what arrives (the embedded
-    defaults; a deployment's come from ``dyna_assets.deployment``)."""
+    """Where ingest reads and writes, and how the landing sensor packs what arrives into work units
+    and ingest partitions (the embedded defaults; a deployment's come from ``dyna_assets.deployment``)."""
 
     home_root: str = ""
     registry_url: str = ""
-    target_batch_bytes: int = EMBEDDED_LANDING.target_batch_bytes
+    target_batch_bytes: int = EMBEDDED_LANDING.target_batch_bytes  # one work unit
     tolerance: float = EMBEDDED_LANDING.tolerance
     max_wait_s: float = EMBEDDED_LANDING.max_wait_s
     max_runs_per_tick: int = EMBEDDED_LANDING.max_runs_per_tick
     scan_limit: int = EMBEDDED_LANDING.scan_limit
     reconcile_every: int = EMBEDDED_LANDING.reconcile_every
+    partition_bytes: int = EMBEDDED_LANDING.partition_bytes  # one ingest partition (Dagster partition)
+    reconcile_window: int = EMBEDDED_LANDING.reconcile_window
 
     @classmethod
     def with_landing(cls, settings: LandingSettings, **fields: Any) -> IngestResource:
         """This resource with every landing setting taken from ``settings``."""
-        return cls(target_batch_bytes=settings.target_batch_bytes, tolerance=settings.tolerance,
-                   max_wait_s=settings.max_wait_s, max_runs_per_tick=settings.max_runs_per_tick,
-                   scan_limit=settings.scan_limit, reconcile_every=settings.reconcile_every, **fields)
+        return cls(**dataclasses.asdict(settings), **fields)
 
     def stores(self) -> IngestStores:
         home = HomeResource(root=self.home_root).home()
@@ -92,8 +93,7 @@ class IngestResource(ConfigurableResource):
         return IngestStores(registry, LandingZone(home.landing), home.mcap, home.quarantine)
 
     def landing_settings(self) -> LandingSettings:
-        return LandingSettings(self.target_batch_bytes, self.tolerance, self.max_wait_s, self.max_runs_per_tick,
-                               self.scan_limit, self.reconcile_every)
+        return LandingSettings(**{f.name: getattr(self, f.name) for f in dataclasses.fields(LandingSettings)})
 
 
 class WarehouseResource(ConfigurableResource):

@@ -1,34 +1,38 @@
-"""The ingest assets, one materialization per ingest batch: recipes over the ingest engines.
+"""The ingest assets, one materialization per ingest partition (its work units inside the run):
+recipes over the ingest engines.
 
 No ``from __future__ import annotations`` here: Dagster reads the context annotation at runtime.
 """
 
 import hashlib
 
-from dagster import (AssetExecutionContext, AssetSpec, BackfillPolicy, DataVersion, MaterializeResult, MetadataValue,
-                     multi_asset)
+from dagster import (AssetExecutionContext, AssetSpec, BackfillPolicy, DataVersion, Failure, MaterializeResult,
+                     MetadataValue, multi_asset)
 
 from dyna_resources import versions
 from dyna_resources.faces import GatesResource, IngestResource, TranscodeResource
-from dyna_resources.ingest.batches import batch_summary, inventory_batch, transcode_batch
+from dyna_resources.ingest.batches import batch_summary
 from dyna_resources.ingest.gates import POST_GATES, PRE_GATES
+from dyna_resources.ingest.partitions import PartitionReport, inventory_partition, transcode_partition
 
 from .. import k8s
 from .checks import gate_check_results, gate_check_specs
-from .partitions import batch_keys, ingest_batches
+from .partitions import ingest_partition_keys, ingest_partitions
 
 
 def version_tags() -> dict[str, str]:
     return {"dyna/schema_version": versions.SCHEMA_VERSION, "dyna/pipeline_version": versions.PIPELINE_VERSION}
 
 
-# Backfills become few ranged runs: each run takes up to 16 batches and works through them.
+# Backfills become few ranged runs: each run takes up to 16 partitions and works through them.
 BACKFILL = BackfillPolicy.multi_run(max_partitions_per_run=16)
 
 
-def _partition_metadata(summary: dict, report) -> dict:
-    """Everything shown for one batch; set per partition, so a ranged run shows each batch its own."""
+def _partition_metadata(summary: dict, report: PartitionReport) -> dict:
+    """Everything shown for one partition; set per partition, so a ranged run shows each its own."""
+    rep = report.combined
     return {
+        "units": summary["units"],
         "files": summary["files"],
         "episodes": summary["episodes"],
         "hours": summary["hours"],
@@ -40,65 +44,88 @@ def _partition_metadata(summary: dict, report) -> dict:
         "episodes_by_status": MetadataValue.json(summary["episodes_by_status"]),
         "flags": MetadataValue.json(summary["flags"]),
         "pipeline_versions": MetadataValue.json(summary["pipeline_versions"]),
-        "this_run_processed": len(report.processed),
-        "this_run_skipped_up_to_date": len(report.skipped),
-        "this_run_cpu_s": round(report.cpu_s, 2),
+        "this_run_processed": len(rep.processed),
+        "this_run_skipped_up_to_date": len(rep.skipped),
+        "this_run_cpu_s": round(rep.cpu_s, 2),
+        "this_run_failed_units": MetadataValue.json(report.failed_units),
         "gates": MetadataValue.json({g: {"evaluated": t.evaluated, "failed": t.failed}
-                                     for g, t in report.gates.items()}),
+                                     for g, t in rep.gates.items()}),
         **version_tags(),
     }
 
 
-def _log_totals(context, reports) -> None:
-    # Run totals go to the log, not to metadata: metadata on the result would be copied onto every batch.
-    context.log.info(f"{len(reports)} batch(es): processed {sum(len(r.processed) for r in reports)}, "
-                     f"up to date {sum(len(r.skipped) for r in reports)}, "
-                     f"quarantined {sum(len(r.quarantined) for r in reports)}, "
-                     f"cpu {sum(r.cpu_s for r in reports):.1f} s")
+def _summary(registry, partition: str, stage: str = "post") -> dict:
+    units = [u.key for u in registry.partition_units(partition)]
+    return {**batch_summary(units, registry, stage), "units": len(units)}
+
+
+def _log_totals(context, reports: list[PartitionReport]) -> None:
+    # Run totals go to the log, not to metadata: metadata on the result would be copied onto every partition.
+    combined = [r.combined for r in reports]
+    context.log.info(f"{len(reports)} partition(s): processed {sum(len(r.processed) for r in combined)}, "
+                     f"up to date {sum(len(r.skipped) for r in combined)}, "
+                     f"quarantined {sum(len(r.quarantined) for r in combined)}, "
+                     f"cpu {sum(r.cpu_s for r in combined):.1f} s")
+
+
+def _fail_on_failed_units(asset: str, reports: list[PartitionReport]) -> None:
+    """Units that failed whole (their worker could not record anything) fail the run once every other
+    unit is done: what the others did is recorded, and a retry redoes only what is still stale."""
+    failed = {f"{r.partition_key}/{u}": why for r in reports for u, why in r.failed_units.items()}
+    if failed:
+        raise Failure(description=f"{asset}: {len(failed)} work unit(s) failed: "
+                                  + "; ".join(f"{k}: {v}" for k, v in list(failed.items())[:5]),
+                      metadata={"failed_units": MetadataValue.json(failed)})
 
 
 @multi_asset(
-    specs=[AssetSpec("raw_episodes", code_version=versions.SCHEMA_VERSION, partitions_def=ingest_batches,
+    specs=[AssetSpec("raw_episodes", code_version=versions.SCHEMA_VERSION, partitions_def=ingest_partitions,
                      group_name="ingest", tags={"dyna/stage": "raw"},
-                     description="Inventory of an ingest batch's raw files; pre-transform quality gates.")],
+                     description="Inventory of an ingest partition's raw files (its byte-balanced work units); "
+                                 "pre-transform quality gates.")],
     check_specs=gate_check_specs("raw_episodes", PRE_GATES),
-    partitions_def=ingest_batches, backfill_policy=BACKFILL, can_subset=True, op_tags=k8s.INGEST,
+    partitions_def=ingest_partitions, backfill_policy=BACKFILL, can_subset=True, op_tags=k8s.INGEST,
 )
 def raw_episodes(context: AssetExecutionContext, ingest: IngestResource, gates: GatesResource):
     stores, config = ingest.stores(), gates.config()
     reports = []
-    for batch in batch_keys(context):
-        rep = inventory_batch(batch, stores, config, log=context.log.warning)
-        context.add_asset_metadata(_partition_metadata(batch_summary(batch, stores.registry, "pre"), rep),
-                                   partition_key=batch)
+    for partition in ingest_partition_keys(context):
+        rep = inventory_partition(partition, stores, config, log=context.log.warning,
+                                  on_progress=lambda p: context.log.info(p.line()))
+        context.add_asset_metadata(_partition_metadata(_summary(stores.registry, partition, "pre"), rep),
+                                   partition_key=partition)
         reports.append(rep)
     _log_totals(context, reports)
+    _fail_on_failed_units("raw_episodes", reports)
     yield MaterializeResult(asset_key="raw_episodes", tags=version_tags())
-    yield from gate_check_results("raw_episodes", "pre", reports, config)
+    yield from gate_check_results("raw_episodes", "pre", [r.combined for r in reports], config)
 
 
 @multi_asset(
-    specs=[AssetSpec("mcap_episodes", code_version=versions.PIPELINE_VERSION, partitions_def=ingest_batches,
+    specs=[AssetSpec("mcap_episodes", code_version=versions.PIPELINE_VERSION, partitions_def=ingest_partitions,
                      deps=["raw_episodes"], group_name="ingest", tags={"dyna/stage": "mcap"},
                      description="H.264 MCAP per episode (topic-group chunks, version-stamped); post gates.")],
     check_specs=gate_check_specs("mcap_episodes", POST_GATES),
-    partitions_def=ingest_batches, backfill_policy=BACKFILL, can_subset=True, pool="transcode",
+    partitions_def=ingest_partitions, backfill_policy=BACKFILL, can_subset=True, pool="transcode",
     op_tags=k8s.TRANSCODE,
 )
 def mcap_episodes(context: AssetExecutionContext, ingest: IngestResource, gates: GatesResource,
                   transcode: TranscodeResource):
     stores, config = ingest.stores(), gates.config()
-    reports = []
-    for batch in batch_keys(context):
-        rep = transcode_batch(batch, stores, config, settings=transcode.settings(), workers=transcode.pool_size(),
-                              log=context.log.warning)
-        summary = batch_summary(batch, stores.registry)
-        context.add_asset_metadata(_partition_metadata(summary, rep), partition_key=batch)
-        context.log.info(f"{batch}: transcoded {len(rep.processed)}, up to date {len(rep.skipped)}, "
-                         f"quarantined {len(rep.quarantined)}")
-        reports.append((rep, summary))
-    digest = hashlib.sha256(repr(sorted((r.batch_key, s["pipeline_versions"], s["episodes"], s["bytes_out"])
-                                        for r, s in reports)).encode()).hexdigest()[:16]
-    _log_totals(context, [r for r, _ in reports])
+    reports, summaries = [], []
+    for partition in ingest_partition_keys(context):
+        rep = transcode_partition(partition, stores, config, settings=transcode.settings(),
+                                  workers=transcode.pool_size(), log=context.log.warning,
+                                  on_progress=lambda p: context.log.info(p.line()))
+        summary = _summary(stores.registry, partition)
+        context.add_asset_metadata(_partition_metadata(summary, rep), partition_key=partition)
+        context.log.info(f"{partition}: transcoded {len(rep.combined.processed)}, up to date "
+                         f"{len(rep.combined.skipped)}, quarantined {len(rep.combined.quarantined)}")
+        reports.append(rep)
+        summaries.append((partition, summary))
+    digest = hashlib.sha256(repr(sorted((k, s["pipeline_versions"], s["episodes"], s["bytes_out"])
+                                        for k, s in summaries)).encode()).hexdigest()[:16]
+    _log_totals(context, reports)
+    _fail_on_failed_units("mcap_episodes", reports)
     yield MaterializeResult(asset_key="mcap_episodes", tags=version_tags(), data_version=DataVersion(digest))
-    yield from gate_check_results("mcap_episodes", "post", [r for r, _ in reports], config)
+    yield from gate_check_results("mcap_episodes", "post", [r.combined for r in reports], config)

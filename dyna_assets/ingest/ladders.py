@@ -1,4 +1,4 @@
-"""The ``step_ladders`` asset: every episode of an ingest batch cut into its task's procedure steps.
+"""The ``step_ladders`` asset: every episode of an ingest partition cut into its task's procedure steps.
 
 No ``from __future__ import annotations`` here: Dagster reads the context annotation at runtime.
 """
@@ -21,7 +21,7 @@ from dyna_resources.ladders.run import LadderReport, ladder_batch
 
 from .. import k8s
 from .assets import BACKFILL
-from .partitions import batch_keys, ingest_batches
+from .partitions import ingest_partition_keys, ingest_partitions
 
 
 def _pictures_markdown(report: LadderReport) -> str:
@@ -42,19 +42,21 @@ def _partition_metadata(report: LadderReport) -> dict:
 
 
 @multi_asset(
-    specs=[AssetSpec("step_ladders", code_version=SEGMENTER_VERSION, partitions_def=ingest_batches,
+    specs=[AssetSpec("step_ladders", code_version=SEGMENTER_VERSION, partitions_def=ingest_partitions,
                      deps=["mcap_episodes"], group_name="ingest", tags={"dyna/stage": "labels"},
                      description="Each episode cut into its task's procedure steps (duration, outcome, failure "
                                  "mode) in the registry; a ladder picture per sampled episode.")],
-    partitions_def=ingest_batches, backfill_policy=BACKFILL, can_subset=True, op_tags=k8s.LADDERS,
+    partitions_def=ingest_partitions, backfill_policy=BACKFILL, can_subset=True, op_tags=k8s.LADDERS,
 )
 def step_ladders(context: AssetExecutionContext, ingest: IngestResource, ladders: LadderResource):
     registry, config = ingest.stores().registry, ladders.config()
     reports = []
-    for batch in batch_keys(context):
-        rep = ladder_batch(batch, registry, config, pictures=ladders.pictures, log=context.log.warning)
-        context.add_asset_metadata(_partition_metadata(rep), partition_key=batch)
-        context.log.info(f"{batch}: segmented {len(rep.segmented)}, not segmentable {len(rep.errors)}, "
+    for partition in ingest_partition_keys(context):
+        units = [u.key for u in registry.partition_units(partition)]
+        rep = ladder_batch(partition, registry, config, pictures=ladders.pictures, log=context.log.warning,
+                           units=units)
+        context.add_asset_metadata(_partition_metadata(rep), partition_key=partition)
+        context.log.info(f"{partition}: segmented {len(rep.segmented)}, not segmentable {len(rep.errors)}, "
                          f"failed at {dict(rep.failed_steps)}")
         reports.append(rep)
     digest = hashlib.sha256(repr(sorted((r.batch_key, r.version) for r in reports)).encode())

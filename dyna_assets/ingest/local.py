@@ -44,13 +44,13 @@ def ingest_landed(instance: DagsterInstance, defs: Definitions, *, cursor_file: 
 def reprocess_stale(instance: DagsterInstance, defs: Definitions, *, resources: Mapping | None = None,
                     run_config: Mapping | None = None):
     """What the drift sensor launches, run in-process: `mcap_episodes` and `step_ladders` for every
-    batch holding episodes stamped with older versions (inside each, only those episodes are redone)."""
+    ingest partition holding episodes stamped with older versions (inside each, only those are redone)."""
     from dyna_resources import versions
 
     resources = dict(resources or defs.resources)
     registry = resources["ingest"].stores().registry
-    stale = registry.outdated_batches(schema_version=versions.SCHEMA_VERSION,
-                                      pipeline_version=versions.PIPELINE_VERSION)
+    stale = registry.outdated_partitions(schema_version=versions.SCHEMA_VERSION,
+                                         pipeline_version=versions.PIPELINE_VERSION)
     assets = [defs.get_assets_def(k) for k in ("mcap_episodes", "step_ladders")]
     return [materialize(assets, instance=instance, partition_key=key, resources=resources,
                         run_config=run_config or {}, tags={"dyna/trigger": "drift"}, raise_on_error=False)

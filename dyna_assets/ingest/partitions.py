@@ -2,11 +2,14 @@ from dagster import AssetExecutionContext, DynamicPartitionsDefinition
 
 from ..partitions import partition_keys
 
-# One partition per ingest batch (sortable key such as 20261129T14-000123), added by the landing sensor;
-# the assets read their keys through batch_keys, which refuses any key that is not a safe identifier.
-ingest_batches = DynamicPartitionsDefinition(name="ingest_batches")
+# One partition per ingest partition of the registry (sortable key such as 20261129-000042: the UTC day
+# it opened, then a sequence), added by the landing sensor once the registry has sealed it; each holds
+# byte-balanced work units (a few TiB in all in production), so a 1M-hour corpus stays in the thousands
+# of partitions. The assets read their keys through ingest_partition_keys, which refuses any key that is
+# not a safe identifier.
+ingest_partitions = DynamicPartitionsDefinition(name="ingest_partitions")
 
 
-def batch_keys(context: AssetExecutionContext) -> list[str]:
-    """The run's ingest batch keys (several in a ranged backfill run), each checked before any is used."""
-    return partition_keys(context, "ingest batch")
+def ingest_partition_keys(context: AssetExecutionContext) -> list[str]:
+    """The run's ingest partition keys (several in a ranged backfill run), each checked before any is used."""
+    return partition_keys(context, "ingest partition")

@@ -1,6 +1,7 @@
-"""Sensors: the landing sensor turns arrivals into batches and runs; the drift sensor
-backfills exactly the batches that an older pipeline or schema version wrote, and re-segments
-exactly the batches whose step ladders an older segmenter or ladder configuration wrote."""
+"""Sensors: the landing sensor turns arrivals into work units, ingest partitions and runs; the
+drift sensor backfills exactly the partitions that an older pipeline or schema version wrote,
+and re-segments exactly the partitions whose step ladders an older segmenter or ladder
+configuration wrote."""
 
 import hashlib
 import json
@@ -16,7 +17,7 @@ from dyna_resources import versions
 from dyna_resources.faces import IngestResource, LadderResource
 from dyna_resources.ingest.tick import LandingCursor, landing_tick
 
-from .partitions import ingest_batches
+from .partitions import ingest_partitions
 
 INGEST_ASSETS = [AssetKey("raw_episodes"), AssetKey("mcap_episodes"), AssetKey("step_ladders")]
 DRIFT_ASSETS = [AssetKey("mcap_episodes"), AssetKey("step_ladders")]  # what a drift backfill may redo
@@ -30,21 +31,23 @@ def default_status() -> DefaultSensorStatus:
 
 
 @sensor(asset_selection=INGEST_ASSETS, minimum_interval_seconds=30, default_status=default_status(),
-        description="New raw files → registry → byte-balanced ingest batches → one partition and run each "
-                    "(at most max_runs_per_tick per tick; the run queue staggers them).")
+        description="New raw files → registry → byte-balanced work units → ingest partitions (a few TiB "
+                    "each) → one Dagster partition and run per sealed partition (at most max_runs_per_tick "
+                    "per tick; the run queue staggers them).")
 def landing_sensor(context: SensorEvaluationContext, ingest: IngestResource):
     stores = ingest.stores()
     plan = landing_tick(LandingCursor.loads(context.cursor), stores.landing, stores.registry,
                         ingest.landing_settings())
-    context.log.info(f"listed {plan.listed} (new {plan.new_files}), created {len(plan.created)} batches, "
-                     f"launching {len(plan.launch)}, {plan.pending_files} files pending"
-                     + (" [reconciliation scan]" if plan.reconciled else ""))
-    # Batches already handed to Dagster (a fresh cursor, e.g. after the demo ran ticks by hand) are not relaunched.
-    keys = [b.key for b in plan.launch if not context.instance.has_dynamic_partition(ingest_batches.name, b.key)]
+    context.log.info(f"listed {plan.listed} (new {plan.new_files}), packed {len(plan.created)} work units, "
+                     f"sealed {len(plan.sealed)} partitions, launching {len(plan.launch)}, "
+                     f"{plan.pending_files} files pending"
+                     + (f" [reconciliation sweep: {plan.swept} keys]" if plan.reconciled else ""))
+    # Partitions already handed to Dagster (a fresh cursor, e.g. after the demo ran ticks by hand) are not relaunched.
+    keys = [p.key for p in plan.launch if not context.instance.has_dynamic_partition(ingest_partitions.name, p.key)]
     return SensorResult(
         run_requests=[RunRequest(run_key=k, partition_key=k, asset_selection=INGEST_ASSETS,
-                                 tags={"dyna/batch": k, "dyna/trigger": "landing"}) for k in keys],
-        dynamic_partitions_requests=[ingest_batches.build_add_request(keys)] if keys else [],
+                                 tags={"dyna/ingest_partition": k, "dyna/trigger": "landing"}) for k in keys],
+        dynamic_partitions_requests=[ingest_partitions.build_add_request(keys)] if keys else [],
         cursor=plan.cursor.dumps(),
     )
 
@@ -52,18 +55,19 @@ def landing_sensor(context: SensorEvaluationContext, ingest: IngestResource):
 # The daemon only accepts a backfill request (RunRequest.for_asset_graph_subset) from a sensor that declares
 # the assets it may target, and refuses a subset reaching outside them.
 @sensor(asset_selection=DRIFT_ASSETS, minimum_interval_seconds=60, default_status=default_status(),
-        description="Batches holding episodes of an outdated PIPELINE/SCHEMA_VERSION → ONE backfill of "
-                    "mcap_episodes + step_ladders for exactly those partitions, plus step_ladders alone for "
-                    "batches whose ladders an older segmenter/config wrote (never while one is in flight).")
+        description="Ingest partitions holding episodes of an outdated PIPELINE/SCHEMA_VERSION → ONE backfill "
+                    "of mcap_episodes + step_ladders for exactly those partitions, plus step_ladders alone for "
+                    "partitions whose ladders an older segmenter/config wrote (never while one is in flight).")
 def version_drift_sensor(context: SensorEvaluationContext, ingest: IngestResource, ladders: LadderResource):
     registry = ingest.stores().registry
     ladder_version = ladders.config().version
-    known = set(context.instance.get_dynamic_partitions(ingest_batches.name))
-    stale = [b for b in registry.outdated_batches(schema_version=versions.SCHEMA_VERSION,
-                                                  pipeline_version=versions.PIPELINE_VERSION) if b in known]
-    relabel = [b for b in registry.outdated_ladder_batches(ladder_version) if b in known and b not in stale]
+    known = set(context.instance.get_dynamic_partitions(ingest_partitions.name))
+    stale = [p for p in registry.outdated_partitions(schema_version=versions.SCHEMA_VERSION,
+                                                     pipeline_version=versions.PIPELINE_VERSION) if p in known]
+    stale_set = set(stale)
+    relabel = [p for p in registry.outdated_ladder_partitions(ladder_version) if p in known and p not in stale_set]
     if not stale and not relabel:
-        return SkipReason("every batch is at the current versions")
+        return SkipReason("every ingest partition is at the current versions")
     # Filtered here, not by the storage's tag filter: that one misses backfill tags on SQLite storage.
     in_flight = [b for b in context.instance.get_backfills(filters=BulkActionsFilter(
         statuses=[BulkActionStatus.REQUESTED])) if b.tags.get(DRIFT_TAG) == "true"]
@@ -73,15 +77,16 @@ def version_drift_sensor(context: SensorEvaluationContext, ingest: IngestResourc
             "ladder": ladder_version, "relabel": relabel}
     fingerprint = hashlib.sha256(json.dumps(want, sort_keys=True).encode()).hexdigest()[:16]
     if context.cursor == fingerprint:
-        return SkipReason(f"{len(stale) + len(relabel)} stale batches were already backfilled once at these "
+        return SkipReason(f"{len(stale) + len(relabel)} stale partitions were already backfilled once at these "
                           "versions; see that backfill's failures")
     mcap, ladder = DRIFT_ASSETS
     wanted = {AssetKeyPartitionKey(k, b) for b in stale for k in (mcap, ladder)}
     wanted |= {AssetKeyPartitionKey(ladder, b) for b in relabel}
     subset = AssetGraphSubset.from_asset_partition_set(wanted, context.repository_def.asset_graph)
     context.update_cursor(fingerprint)
-    context.log.info(f"backfilling {len(stale)} stale batches to pipeline {versions.PIPELINE_VERSION}: {stale[:20]}; "
-                     f"re-segmenting {len(relabel)} batches to ladder {ladder_version}: {relabel[:20]}")
+    context.log.info(f"backfilling {len(stale)} stale partitions to pipeline {versions.PIPELINE_VERSION}: "
+                     f"{stale[:20]}; re-segmenting {len(relabel)} partitions to ladder {ladder_version}: "
+                     f"{relabel[:20]}")
     return RunRequest.for_asset_graph_subset(subset, tags={DRIFT_TAG: "true", "dyna/trigger": "drift",
                                                            "dyna/pipeline_version": versions.PIPELINE_VERSION,
                                                            "dyna/ladder_version": ladder_version})

@@ -1,5 +1,5 @@
-"""The registry: transactional system of record for landed files, ingest batches, episodes,
-gate results and quarantine.
+"""The registry: transactional system of record for landed files, ingest partitions and their
+work units (batches), episodes, gate results and quarantine.
 
 One code path for both backends (SQLAlchemy Core): SQLite for the embedded default,
 PostgreSQL in production (``DYNA_REGISTRY_URL=postgresql+psycopg2://...``; the password
@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import and_, case, create_engine, delete, event, func, not_, or_, select, update
+from sqlalchemy import and_, bindparam, case, create_engine, delete, event, func, not_, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
@@ -69,15 +69,45 @@ class LandedFile:
 
 @dataclass(frozen=True)
 class Batch:
+    """A byte-balanced work unit of an ingest partition."""
+
     seq: int
     key: str
     files: int
     bytes: int
+    partition_key: str | None = None
+
+
+@dataclass(frozen=True)
+class IngestPartition:
+    """One Dagster partition of the ingest assets: consecutive work units, sealed once full or old."""
+
+    seq: int
+    key: str
+    units: int
+    files: int
+    bytes: int
+    created_at: float
+    sealed_at: float | None
+
+    @property
+    def sealed(self) -> bool:
+        return self.sealed_at is not None
 
 
 def batch_key(seq: int, created_at: float) -> str:
-    """Sortable partition key: creation hour (UTC) then a global sequence number."""
+    """Sortable work-unit key: creation hour (UTC) then a global sequence number."""
     return time.strftime("%Y%m%dT%H", time.gmtime(created_at)) + f"-{seq:06d}"
+
+
+def partition_key(seq: int, created_at: float) -> str:
+    """Sortable ingest-partition key: the UTC day it opened, then a global sequence number
+    (``20261129-000042``), distinct in shape from a work unit's ``20261129T14-000123``."""
+    return time.strftime("%Y%m%d", time.gmtime(created_at)) + f"-{seq:06d}"
+
+
+def _partition(r) -> IngestPartition:
+    return IngestPartition(r.seq, r.partition_key, r.units, r.files, r.bytes, r.created_at, r.sealed_at)
 
 
 class Registry:
@@ -176,23 +206,29 @@ class Registry:
         out = []
         with self._begin() as c:
             seq = c.execute(select(func.coalesce(func.max(t.ingest_batches.c.seq), 0))).scalar_one()
+            paths = [f.path for group in groups for f in group]
+            free = set()
+            for i in range(0, len(paths), 5000):  # one membership query per 5000 files, not per group
+                free.update(c.execute(select(t.landed_files.c.path).where(
+                    t.landed_files.c.path.in_(paths[i:i + 5000]), t.landed_files.c.batch_key.is_(None))).scalars())
+            batches, members = [], []
             for group in groups:
-                paths = [f.path for f in group]
-                free = set()
-                for i in range(0, len(paths), 5000):
-                    free.update(c.execute(select(t.landed_files.c.path).where(
-                        t.landed_files.c.path.in_(paths[i:i + 5000]), t.landed_files.c.batch_key.is_(None))).scalars())
                 group = [f for f in group if f.path in free]
+                free.difference_update(f.path for f in group)  # a file is taken once, by the first group
                 if not group:
                     continue
                 seq += 1
                 key = batch_key(seq, now)
-                c.execute(t.ingest_batches.insert().values(seq=seq, batch_key=key, created_at=now, files=len(group),
-                                                           bytes=sum(f.bytes for f in group), target_bytes=target_bytes))
-                for i in range(0, len(group), 5000):
-                    c.execute(update(t.landed_files).where(t.landed_files.c.path.in_([f.path for f in group[i:i + 5000]]))
-                              .values(batch_key=key))
-                out.append(Batch(seq, key, len(group), sum(f.bytes for f in group)))
+                size = sum(f.bytes for f in group)
+                batches.append({"seq": seq, "batch_key": key, "created_at": now, "files": len(group), "bytes": size,
+                                "target_bytes": target_bytes})
+                members += [{"p": f.path, "k": key} for f in group]
+                out.append(Batch(seq, key, len(group), size))
+            # one statement each, executed for many rows: a tick of 50k files is two round trips, not 10^4
+            if batches:
+                c.execute(t.ingest_batches.insert(), batches)
+                c.execute(update(t.landed_files).where(t.landed_files.c.path == bindparam("p"))
+                          .values(batch_key=bindparam("k")), members)
         return out
 
     def batches_after(self, seq: int, limit: int | None = None) -> list[Batch]:
@@ -200,19 +236,114 @@ class Registry:
         if limit is not None:
             q = q.limit(limit)
         with self._begin() as c:
-            return [Batch(r.seq, r.batch_key, r.files, r.bytes) for r in c.execute(q)]
+            return [Batch(r.seq, r.batch_key, r.files, r.bytes, r.partition_key) for r in c.execute(q)]
 
     def batch(self, key: str) -> Batch:
         with self._begin() as c:
             r = c.execute(select(t.ingest_batches).where(t.ingest_batches.c.batch_key == key)).first()
         if r is None:
             raise KeyError(f"no ingest batch {key!r} in the registry")
-        return Batch(r.seq, r.batch_key, r.files, r.bytes)
+        return Batch(r.seq, r.batch_key, r.files, r.bytes, r.partition_key)
 
-    def batch_files(self, key: str) -> list[LandedFile]:
+    # -- ingest partitions -------------------------------------------------------------
+    def assign_partitions(self, *, target_bytes: int, max_wait_s: float, seal_open: bool = False,
+                          now: float | None = None) -> list[IngestPartition]:
+        """Put every work unit not yet in a partition into the open partition, in unit order, in one
+        transaction; a partition is sealed once it holds ``target_bytes`` or, still short, once it
+        has been open ``max_wait_s`` (or at once with ``seal_open``: nothing is left pending). A unit
+        joins a partition once and never moves, so a unit's partition is the same on every replay.
+        Returns the partitions this call sealed."""
+        if target_bytes <= 0:
+            raise ValueError(f"target_bytes must be positive, got {target_bytes}")
+        now = time.time() if now is None else now
+        p, b = t.ingest_partitions, t.ingest_batches
+        sealed: list[IngestPartition] = []
+        with self._begin() as c:
+            units = c.execute(select(b.c.batch_key, b.c.files, b.c.bytes).where(b.c.partition_key.is_(None))
+                              .order_by(b.c.seq)).all()
+            row = c.execute(select(p).where(p.c.sealed_at.is_(None)).order_by(p.c.seq)).first()
+            current = None if row is None else {"key": row.partition_key, "seq": row.seq, "units": row.units,
+                                                  "files": row.files, "bytes": row.bytes, "created_at": row.created_at,
+                                                  "members": [], "new": False}
+            seq = c.execute(select(func.coalesce(func.max(p.c.seq), 0))).scalar_one()
+            done: list[dict] = []
+            for u in units:
+                if current is None:
+                    seq += 1
+                    current = {"key": partition_key(seq, now), "seq": seq, "units": 0, "files": 0, "bytes": 0,
+                               "created_at": now, "members": [], "new": True}
+                current["members"].append(u.batch_key)
+                current["units"] += 1
+                current["files"] += u.files
+                current["bytes"] += u.bytes
+                if current["bytes"] >= target_bytes:
+                    current["sealed_at"] = now
+                    done.append(current)
+                    current = None
+            if current is not None:
+                if seal_open or now - current["created_at"] >= max_wait_s:
+                    current["sealed_at"] = now
+                done.append(current)
+            for part in done:
+                values = {"units": part["units"], "files": part["files"], "bytes": part["bytes"],
+                          "sealed_at": part.get("sealed_at")}
+                if part["new"]:
+                    c.execute(p.insert().values(seq=part["seq"], partition_key=part["key"],
+                                                created_at=part["created_at"], target_bytes=target_bytes, **values))
+                else:
+                    c.execute(update(p).where(p.c.partition_key == part["key"]).values(**values))
+                if part["members"]:
+                    c.execute(update(b).where(b.c.batch_key == bindparam("u")).values(partition_key=bindparam("pk")),
+                              [{"u": u, "pk": part["key"]} for u in part["members"]])
+                if part.get("sealed_at") is not None:
+                    sealed.append(IngestPartition(part["seq"], part["key"], part["units"], part["files"],
+                                                  part["bytes"], part["created_at"], part["sealed_at"]))
+        return sealed
+
+    def sealed_partitions_after(self, seq: int, limit: int | None = None) -> list[IngestPartition]:
+        """Sealed partitions after sequence number ``seq``, in order: what the landing sensor hands to Dagster."""
+        p = t.ingest_partitions
+        q = select(p).where(p.c.seq > seq, p.c.sealed_at.is_not(None)).order_by(p.c.seq)
+        if limit is not None:
+            q = q.limit(limit)
+        with self._begin() as c:
+            return [_partition(r) for r in c.execute(q)]
+
+    def partition(self, key: str) -> IngestPartition:
+        with self._begin() as c:
+            r = c.execute(select(t.ingest_partitions).where(t.ingest_partitions.c.partition_key == key)).first()
+        if r is None:
+            raise KeyError(f"no ingest partition {key!r} in the registry")
+        return _partition(r)
+
+    def partition_units(self, key: str) -> list[Batch]:
+        """The work units of an ingest partition, in order; an unknown partition raises KeyError."""
+        b = t.ingest_batches
+        with self._begin() as c:
+            rows = c.execute(select(b).where(b.c.partition_key == key).order_by(b.c.seq)).all()
+        if not rows:
+            self.partition(key)  # raises for an unknown key
+        return [Batch(r.seq, r.batch_key, r.files, r.bytes, r.partition_key) for r in rows]
+
+    def partition_episodes(self, key: str) -> list[dict]:
+        """Episode rows of every work unit of an ingest partition, by id."""
+        return self.episodes([u.key for u in self.partition_units(key)])
+
+    def _partitions_of(self, unit_keys: Sequence[str]) -> list[str]:
+        out: set[str] = set()
+        b = t.ingest_batches
+        with self._begin() as c:
+            for i in range(0, len(unit_keys), 5000):
+                out.update(k for k in c.execute(select(b.c.partition_key).where(
+                    b.c.batch_key.in_(list(unit_keys[i:i + 5000])), b.c.partition_key.is_not(None)).distinct()).scalars())
+        return sorted(out)
+
+    def batch_files(self, key: str | Sequence[str]) -> list[LandedFile]:
+        """Files of a work unit (or of several: a partition's units), in key order."""
         with self._begin() as c:
             rows = c.execute(select(t.landed_files.c.path, t.landed_files.c.bytes, t.landed_files.c.mtime_ns)
-                             .where(t.landed_files.c.batch_key == key).order_by(t.landed_files.c.path)).all()
+                             .where(_of_batches(t.landed_files.c.batch_key, key))
+                             .order_by(t.landed_files.c.path)).all()
         return [LandedFile(*r) for r in rows]
 
     def registered_at(self, paths: Sequence[str]) -> dict[str, float]:
@@ -296,10 +427,11 @@ class Registry:
                     out[r["episode_id"]] = dict(r)
         return out
 
-    def episodes(self, batch_key: str | None = None) -> list[dict]:
+    def episodes(self, batch_key: str | Sequence[str] | None = None) -> list[dict]:
+        """Episode rows of a work unit, of several units, or of all (None), by id."""
         q = select(t.episodes).order_by(t.episodes.c.episode_id)
         if batch_key is not None:
-            q = q.where(t.episodes.c.batch_key == batch_key)
+            q = q.where(_of_batches(t.episodes.c.batch_key, batch_key))
         with self._begin() as c:
             return [dict(r) for r in c.execute(q).mappings()]
 
@@ -334,12 +466,12 @@ class Registry:
         return rows
 
     # -- step ladders ------------------------------------------------------------------------
-    def ladders_to_do(self, batch_key: str, version: str) -> list[dict]:
-        """Transcoded episodes of the batch whose ladder is missing or was written by another
+    def ladders_to_do(self, batch_key: str | Sequence[str], version: str) -> list[dict]:
+        """Transcoded episodes of the work unit(s) whose ladder is missing or was written by another
         segmenter/config version (``version``): what a step-ladder run redoes."""
         e = t.episodes.c
         q = (select(e.episode_id, e.task, e.mcap_uri, e.start_ns, e.end_ns)
-             .where(e.batch_key == batch_key, e.status == TRANSCODED,
+             .where(_of_batches(e.batch_key, batch_key), e.status == TRANSCODED,
                     or_(e.ladder_version.is_(None), e.ladder_version != version))
              .order_by(e.episode_id))
         with self._begin() as c:
@@ -389,10 +521,19 @@ class Registry:
         with self._begin() as c:
             return list(c.execute(q).scalars())
 
-    def quarantined(self, batch_key: str | None = None) -> list[dict]:
+    def outdated_partitions(self, *, schema_version: str, pipeline_version: str) -> list[str]:
+        """Ingest partitions holding a work unit that :meth:`outdated_batches` names."""
+        return self._partitions_of(self.outdated_batches(schema_version=schema_version,
+                                                         pipeline_version=pipeline_version))
+
+    def outdated_ladder_partitions(self, version: str) -> list[str]:
+        """Ingest partitions holding a work unit that :meth:`outdated_ladder_batches` names."""
+        return self._partitions_of(self.outdated_ladder_batches(version))
+
+    def quarantined(self, batch_key: str | Sequence[str] | None = None) -> list[dict]:
         q = select(t.quarantine).order_by(t.quarantine.c.source_path)
         if batch_key is not None:
-            q = q.where(t.quarantine.c.batch_key == batch_key)
+            q = q.where(_of_batches(t.quarantine.c.batch_key, batch_key))
         with self._begin() as c:
             return [dict(r) for r in c.execute(q).mappings()]
 
@@ -409,6 +550,11 @@ class Registry:
         with self._begin() as c:
             return {tab.name: c.execute(select(func.count()).select_from(tab)).scalar_one()
                     for tab in t.metadata.sorted_tables}
+
+
+def _of_batches(column, keys: str | Sequence[str]):
+    """``column`` is one work unit's key, or any of several (a partition's units)."""
+    return column == keys if isinstance(keys, str) else column.in_(list(keys))
 
 
 def _add_missing_columns(engine: Engine) -> None:

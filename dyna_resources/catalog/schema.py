@@ -23,6 +23,7 @@ landed_files = Table(
     Index("ix_landed_files_batch", "batch_key"),
 )
 
+# A byte-balanced work unit: what one worker transcodes. Units are grouped into ingest partitions.
 ingest_batches = Table(
     "ingest_batches", metadata,
     Column("seq", BigInteger, primary_key=True, autoincrement=False),
@@ -31,6 +32,25 @@ ingest_batches = Table(
     Column("files", Integer, nullable=False),
     Column("bytes", BigInteger, nullable=False),
     Column("target_bytes", BigInteger, nullable=False),
+    Column("partition_key", String(64), nullable=True),  # set once, when the unit joins a partition
+    Index("ix_ingest_batches_partition", "partition_key", "seq"),
+)
+
+# One Dagster partition of the ingest assets: consecutive work units up to a byte size (a few TiB in
+# production), so a 1M-hour corpus is thousands of partitions, not millions. A partition is open while
+# units join it, then sealed for good (full, or its oldest unit waited long enough): only sealed
+# partitions are handed to Dagster, so a partition's units never change after its first run.
+ingest_partitions = Table(
+    "ingest_partitions", metadata,
+    Column("seq", BigInteger, primary_key=True, autoincrement=False),
+    Column("partition_key", String(64), nullable=False, unique=True),
+    Column("created_at", Float, nullable=False),
+    Column("sealed_at", Float, nullable=True),
+    Column("units", Integer, nullable=False),
+    Column("files", Integer, nullable=False),
+    Column("bytes", BigInteger, nullable=False),
+    Column("target_bytes", BigInteger, nullable=False),
+    Index("ix_ingest_partitions_sealed", "sealed_at"),
 )
 
 # One row per episode that passed the pre-transform gates (status 'accepted'), then

@@ -17,7 +17,7 @@ import re
 import shutil
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,6 +92,25 @@ class StageReport:
     def tally(self, key: str, episode_id: str | None, results: list[GateResult]) -> None:
         for r in results:
             self.gates.setdefault(r.gate, GateTally()).add(r, key, episode_id)
+
+    @classmethod
+    def combine(cls, key: str, stage: str, reports: Sequence[StageReport]) -> StageReport:
+        """One report for an ingest partition out of its work units' reports."""
+        out = cls(key, stage)
+        for r in reports:
+            out.files += r.files
+            out.processed += r.processed
+            out.skipped += r.skipped
+            out.quarantined += r.quarantined
+            out.cpu_s += r.cpu_s
+            for gate, tally in r.gates.items():
+                total = out.gates.setdefault(gate, GateTally())
+                total.evaluated += tally.evaluated
+                total.failed += tally.failed
+                total.failures += tally.failures[:max(0, 20 - len(total.failures))]
+            for slot, busy in r.worker_busy_s.items():
+                out.worker_busy_s[slot] = out.worker_busy_s.get(slot, 0.0) + busy
+        return out
 
 
 # -- pre: inventory and gates ----------------------------------------------------------------
@@ -383,9 +402,9 @@ def _post_row(row: dict, out: dict) -> dict:
 
 # -- what the UI shows for a partition ---------------------------------------------------------
 
-def batch_summary(batch_key: str, registry: Registry, stage: str = "post") -> dict:
-    """What a partition holds after a stage: "pre" counts the episodes that passed the pre
-    gates (input bytes only), "post" the transcoded ones (bytes in and out)."""
+def batch_summary(batch_key: str | Sequence[str], registry: Registry, stage: str = "post") -> dict:
+    """What a work unit, or an ingest partition's units, hold after a stage: "pre" counts the
+    episodes that passed the pre gates (input bytes only), "post" the transcoded ones (bytes in and out)."""
     eps = registry.episodes(batch_key)
     q = registry.quarantined(batch_key)
     status = Counter(e["status"] for e in eps)

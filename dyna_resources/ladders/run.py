@@ -1,4 +1,4 @@
-"""Step ladders for one ingest batch: the engine behind the ``step_ladders`` asset.
+"""Step ladders for a work unit or an ingest partition's units: the engine behind the ``step_ladders`` asset.
 
 Only episodes whose ladder is missing or was written by another segmenter/config version are
 segmented (their proprio chunks only: no video is read), and each batch's results are stored
@@ -9,7 +9,7 @@ task without a procedure, a missing signal, an unreadable MCAP) and the batch go
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import fsspec
@@ -30,6 +30,7 @@ class LadderReport:
     failed_steps: Counter = field(default_factory=Counter)  # step name -> episodes failing there
     step_seconds: dict[str, float] = field(default_factory=dict)  # step name -> total seconds
     pictures: dict[str, bytes] = field(default_factory=dict)  # episode_id -> PNG
+    units: list[str] = field(default_factory=list)  # the work units whose episodes it covers
 
 
 def _streams_needed(config: LadderConfig) -> set[str]:
@@ -46,13 +47,14 @@ def ladder_episode(uri: str, task: str, config: LadderConfig) -> tuple[list[Step
 
 
 def ladder_batch(batch_key: str, registry: Registry, config: LadderConfig, *, pictures: int = 3,
-                 log: Callable[[str], None] | None = None) -> LadderReport:
-    """Segment the batch's stale episodes; draw the first ``pictures`` ladders, plus the first
-    one with a failed step (the one a reviewer wants to see). When fewer were segmented (a batch
-    already up to date), up-to-date episodes are drawn instead, so every run shows some."""
-    rep = LadderReport(batch_key, config.version)
+                 log: Callable[[str], None] | None = None, units: Sequence[str] | None = None) -> LadderReport:
+    """Segment the stale episodes of work unit ``batch_key`` (or of ``units``, an ingest partition's,
+    reported under ``batch_key``); draw the first ``pictures`` ladders, plus the first one with a
+    failed step (the one a reviewer wants to see). When fewer were segmented (a batch already up to
+    date), up-to-date episodes are drawn instead, so every run shows some."""
+    rep = LadderReport(batch_key, config.version, units=list(units) if units is not None else [batch_key])
     rows = []
-    for ep in registry.ladders_to_do(batch_key, config.version):
+    for ep in registry.ladders_to_do(rep.units, config.version):
         eid = ep["episode_id"]
         try:
             steps, streams = ladder_episode(ep["mcap_uri"], ep["task"], config)
@@ -82,7 +84,7 @@ def _draw_current(rep: LadderReport, registry: Registry, config: LadderConfig, p
     re-segmenting costs milliseconds and gives exactly the stored ladder (same version)."""
     if len(rep.pictures) >= pictures:
         return
-    current = [e for e in registry.episodes(rep.batch_key) if e["ladder_version"] == config.version
+    current = [e for e in registry.episodes(rep.units) if e["ladder_version"] == config.version
                and e["step_ladder"] and e["episode_id"] not in rep.pictures]
     current.sort(key=lambda e: e["failed_step"] is None)  # stable: failures first, then by id
     for e in current[:max(0, pictures - len(rep.pictures))]:

@@ -25,7 +25,7 @@ from dyna_resources.catalog.registry import (
 
 T0 = float(calendar.timegm((2026, 11, 2, 8, 15, 0)))  # 2026-11-02 08:15:00 UTC
 HOUR = "20261102T08"
-TABLES = {"landed_files", "ingest_batches", "episodes", "quality_results", "quarantine"}
+TABLES = {"landed_files", "ingest_batches", "ingest_partitions", "episodes", "quality_results", "quarantine"}
 EMPTY = {name: 0 for name in TABLES}
 
 
@@ -451,6 +451,44 @@ def test_stale_episodes_and_outdated_batches(registry):
             _stage(registry, f.path, batch.key, eid, TRANSCODED, "2.0", "1.0")
     assert registry.outdated_batches(**kw) == []
     assert stale(a) == ["a-1-accepted"]
+
+
+def test_units_join_partitions_in_order_and_drift_is_found_per_partition(registry):
+    files = landed(6)
+    registry.register_files(files, now=T0)
+    units = registry.create_batches([[f] for f in files], target_bytes=1000, now=T0)
+    assert all(u.partition_key is None for u in units)
+    # 1000-1005 bytes a unit: a partition of 2500 bytes is full at its third unit
+    sealed = registry.assign_partitions(target_bytes=2500, max_wait_s=3600, now=T0)
+    assert [(p.seq, p.key, p.units, p.files) for p in sealed] == [(1, "20261102-000001", 3, 3),
+                                                                   (2, "20261102-000002", 3, 3)]
+    assert sealed[0].bytes == sum(f.bytes for f in files[:3]) and sealed[0].sealed
+    assert [u.key for u in registry.partition_units(sealed[1].key)] == [u.key for u in units[3:]]
+    assert [u.partition_key for u in registry.batches_after(0)] == [sealed[0].key] * 3 + [sealed[1].key] * 3
+    assert registry.batch(units[4].key).partition_key == sealed[1].key
+    # an open partition gains units across calls and is sealed by age
+    more = landed(1, start=6)
+    registry.register_files(more, now=T0)
+    registry.create_batches([more], target_bytes=1000, now=T0 + 10)
+    assert registry.assign_partitions(target_bytes=2500, max_wait_s=3600, now=T0 + 10) == []
+    opened = registry.partition("20261102-000003")
+    assert not opened.sealed and opened.units == 1
+    assert registry.sealed_partitions_after(0) == sealed and registry.sealed_partitions_after(1) == sealed[1:]
+    [late] = registry.assign_partitions(target_bytes=2500, max_wait_s=3600, now=T0 + 10 + 3600)
+    assert (late.key, late.units, late.sealed_at) == (opened.key, 1, T0 + 10 + 3600)
+    assert [p.key for p in registry.sealed_partitions_after(0, limit=2)] == [sealed[0].key, sealed[1].key]
+    with pytest.raises(KeyError, match="no ingest partition"):
+        registry.partition_units("20990101-999999")
+    # drift is named by partition: one old episode in unit 5 makes partition 2 stale, nothing else
+    for f, u, pv in ((files[0], units[0], "2.0"), (files[4], units[4], "1.0")):
+        _stage(registry, f.path, u.key, f"ep-{f.path[-9:-3]}", TRANSCODED, pv, "1.0")
+    kw = dict(schema_version="1.0", pipeline_version="2.0")
+    assert registry.outdated_batches(**kw) == [units[4].key]
+    assert registry.outdated_partitions(**kw) == [sealed[1].key]
+    assert registry.outdated_ladder_partitions("ladder-1") == []
+    assert [e["episode_id"] for e in registry.episodes([u.key for u in units[3:]])] == ["ep-000004"]
+    with pytest.raises(ValueError, match="target_bytes"):
+        registry.assign_partitions(target_bytes=0, max_wait_s=1)
 
 
 # -- input never reaches SQL as text ------------------------------------------------------------

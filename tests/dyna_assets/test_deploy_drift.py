@@ -41,7 +41,7 @@ def _bump_pipeline_version(code: Path) -> None:
 def _mcaps(registry: Registry, batch: str) -> dict[str, tuple[str, int]]:
     """episode -> (pipeline version stamped in its MCAP, the file's mtime)"""
     out = {}
-    for e in registry.episodes(batch):
+    for e in registry.partition_episodes(batch):
         assert e["status"] == TRANSCODED, e
         with EpisodeReader(e["mcap_path"]) as r:
             out[e["episode_id"]] = (r.metadata()["pipeline_version"], Path(e["mcap_path"]).stat().st_mtime_ns)
@@ -68,13 +68,13 @@ def test_daemon_backfills_exactly_the_stale_batches_after_a_pipeline_version_bum
         shutil.copyfile(episode_factory(episode_id=f"ep-drift-{i}", seed=610 + i, duration_s=2.0).path, dst)
         plan = landing_tick(cursor, zone, registry, ONE_BATCH_PER_TICK)
         cursor = plan.cursor
-        batches += [b.key for b in plan.created]
+        batches += [b.key for b in plan.sealed]
     assert len(batches) == 3
     stale, current = batches[:2], batches[2]
     assets = [defs.get_assets_def(k) for k in INGEST]
     res = {**defs.resources, "ingest": IngestResource(home_root=str(dyna_home))}
     with DagsterInstance.get() as instance:
-        instance.add_dynamic_partitions("ingest_batches", batches)
+        instance.add_dynamic_partitions("ingest_partitions", batches)
         for b in stale:
             assert materialize(assets, instance=instance, partition_key=b, resources=res).success
         # the third batch landed after the change: ingested at the new version, nothing to backfill
@@ -84,7 +84,7 @@ def test_daemon_backfills_exactly_the_stale_batches_after_a_pipeline_version_bum
     before = {b: _mcaps(registry, b) for b in batches}
     assert {v for b in stale for v, _ in before[b].values()} == {versions.PIPELINE_VERSION}
     assert {v for v, _ in before[current].values()} == {NEW_VERSION}
-    assert registry.outdated_batches(schema_version=versions.SCHEMA_VERSION, pipeline_version=NEW_VERSION) == stale
+    assert registry.outdated_partitions(schema_version=versions.SCHEMA_VERSION, pipeline_version=NEW_VERSION) == stale
 
     # -- the new revision deployed: the daemon, with the drift sensor switched on ------------------
     services = Services(tmp_path, env, cwd=code)
@@ -128,5 +128,5 @@ def test_daemon_backfills_exactly_the_stale_batches_after_a_pipeline_version_bum
         for eid, (version, mtime) in after[b].items():
             assert version == NEW_VERSION and mtime != before[b][eid][1], (b, eid)
     assert after[current] == before[current]  # not touched
-    assert registry.outdated_batches(schema_version=versions.SCHEMA_VERSION, pipeline_version=NEW_VERSION) == []
+    assert registry.outdated_partitions(schema_version=versions.SCHEMA_VERSION, pipeline_version=NEW_VERSION) == []
     registry.close()

@@ -103,9 +103,9 @@ def test_kill_9_of_a_run_worker_fails_the_run_frees_its_slot_and_the_relaunch_co
     registry = Registry.sqlite(dyna_home / "registry.sqlite")
     plan = landing_tick(LandingCursor(), LandingZone(dyna_home / "landing"), registry,
                         LandingSettings(target_batch_bytes=1 << 40, max_wait_s=0, reconcile_every=0))
-    (batch,) = [b.key for b in plan.created]
+    (batch,) = [b.key for b in plan.sealed]
     with DagsterInstance.get() as instance:
-        instance.add_dynamic_partitions("ingest_batches", [batch])
+        instance.add_dynamic_partitions("ingest_partitions", [batch])
         res = {**defs.resources, "ingest": IngestResource(home_root=str(dyna_home))}
         assert materialize([defs.get_assets_def("raw_episodes")], instance=instance, partition_key=batch,
                            resources=res).success
@@ -154,7 +154,7 @@ def test_kill_9_of_a_run_worker_fails_the_run_frees_its_slot_and_the_relaunch_co
                        if "terminated by signal 9" in e.message]
             assert failure, "the killed run names its signal"
 
-        eps = registry.episodes(batch)
+        eps = registry.partition_episodes(batch)
         assert len(eps) == N and all(e["status"] == TRANSCODED for e in eps)
         counts = registry.counts()
         assert counts["episodes"] == N and counts["landed_files"] == N and counts["quarantine"] == 0

@@ -24,7 +24,7 @@ from dyna_resources.ingest.tick import LandingCursor, LandingSettings, landing_t
 
 from .deploy_harness import Services, service_env, write_instance_config
 
-PARTITIONS_DEF = "ingest_batches"
+PARTITIONS_DEF = "ingest_partitions"
 ASSETS = ("raw_episodes", "mcap_episodes")
 TERMINAL = {"COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED", "FAILED", "CANCELED"}
 
@@ -142,8 +142,8 @@ def test_backfill_launched_through_the_webserver_runs_on_the_daemon(episode_fact
                 _land(zone, g, key)
             plan = landing_tick(cursor, zone, registry, ONE_BATCH_PER_TICK)
             cursor = plan.cursor
-            assert len(plan.created) == 1 and plan.created[0].files == len(wave), plan
-            batches.append(plan.created[0].key)
+            assert len(plan.sealed) == 1 and plan.sealed[0].files == len(wave), plan
+            batches.append(plan.sealed[0].key)
         bad_batch, clean_batch = batches
         good_ids = {bad_batch: {"ep-e2e-0", "ep-e2e-1"}, clean_batch: {"ep-e2e-2", "ep-e2e-3"}}
     finally:
@@ -286,7 +286,7 @@ def test_backfill_launched_through_the_webserver_runs_on_the_daemon(episode_fact
         try:
             mcap_dir = dyna_home / "mcap"
             for b in batches:
-                eps = {e["episode_id"]: e for e in registry.episodes(b)}
+                eps = {e["episode_id"]: e for e in registry.partition_episodes(b)}
                 assert set(eps) == good_ids[b], eps
                 for eid, e in eps.items():
                     assert (e["status"], e["pipeline_version"], e["schema_version"]) == (
@@ -297,14 +297,14 @@ def test_backfill_launched_through_the_webserver_runs_on_the_daemon(episode_fact
                         stamp = r.metadata()
                     assert (stamp["pipeline_version"], stamp["source_sha256"]) == (
                         versions.PIPELINE_VERSION, e["source_sha256"]), stamp
-                q = registry.quarantined(b)
+                q = registry.quarantined([u.key for u in registry.partition_units(b)])
                 assert [(r["source_path"], r["gate"], r["stage"]) for r in q] == (
                     [("a/ep-e2e-trunc.h5", "readable", "pre")] if b == bad_batch else []), q
                 assert not [e for e in eps.values() if e["status"] == REJECTED]
             # exactly one output per good episode, no leftovers (temporary files are hidden names)
             assert sorted(p.name for p in mcap_dir.iterdir()) == sorted(
                 f"{eid}.mcap" for ids in good_ids.values() for eid in ids)
-            assert registry.outdated_batches(schema_version=versions.SCHEMA_VERSION,
+            assert registry.outdated_partitions(schema_version=versions.SCHEMA_VERSION,
                                              pipeline_version=versions.PIPELINE_VERSION) == []
         finally:
             registry.close()

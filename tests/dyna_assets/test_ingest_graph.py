@@ -28,7 +28,7 @@ def home(tmp_path, episode_factory):
     return root
 
 
-def resources(home, target_bytes=None, **gates):
+def resources(home, target_bytes=None, partition_bytes=None, **gates):
     landed = sum(p.stat().st_size for p in (home / "landing").rglob("*.h5"))
     if not (home / "gates.yaml").exists():
         (home / "gates.yaml").write_text("# every gate at its default\n")
@@ -36,7 +36,7 @@ def resources(home, target_bytes=None, **gates):
         (home / "step_ladders.yaml").write_text("# the embedded procedures and thresholds\n")
     return {
         "ingest": IngestResource(home_root=str(home), target_batch_bytes=target_bytes or landed * 2, max_wait_s=0,
-                                 max_runs_per_tick=8),
+                                 max_runs_per_tick=8, partition_bytes=partition_bytes or landed * 4),
         "gates": GatesResource(file=str(home / "gates.yaml"), gates=gates),
         "transcode": TranscodeResource(workers=2, preset="veryfast", gop_frames=30),
         "ladders": LadderResource(file=str(home / "step_ladders.yaml"), pictures=2),
@@ -63,7 +63,7 @@ def checks(result):
 
 
 def test_landing_sensor_requests_one_run_per_new_batch_and_nothing_when_nothing_is_new(home, tmp_path):
-    res = resources(home, target_bytes=1)  # every file is a batch of its own
+    res = resources(home, target_bytes=1, partition_bytes=1)  # every file a unit and a partition of its own
     with DagsterInstance.ephemeral() as instance:
         first = tick(instance, res)
         keys = [r.partition_key for r in first.run_requests]
@@ -71,7 +71,7 @@ def test_landing_sensor_requests_one_run_per_new_batch_and_nothing_when_nothing_
         assert first.dynamic_partitions_requests[0].partition_keys == keys
         assert all(r.asset_selection == [AssetKey("raw_episodes"), AssetKey("mcap_episodes"), AssetKey("step_ladders")]
                    for r in first.run_requests)
-        assert sorted(instance.get_dynamic_partitions("ingest_batches")) == keys
+        assert sorted(instance.get_dynamic_partitions("ingest_partitions")) == keys
         again = tick(instance, res, first.cursor)
         assert again.run_requests == [] and again.dynamic_partitions_requests == []
         # a new arrival is one new batch; a fresh cursor never relaunches batches Dagster already has
@@ -113,7 +113,7 @@ def test_batch_partition_materializes_with_metadata_checks_and_quarantine(home):
         assert ladders["segmented_this_run"] == 4 and ladders["not_segmented"] == {}
         assert ladders["ladder_version"] == res["ladders"].config().version
         assert ladders["ladders"].count("data:image/png;base64,") == 2  # pictures=2
-        assert all(r["step_ladder"] for r in res["ingest"].stores().registry.episodes(batch))
+        assert all(r["step_ladder"] for r in res["ingest"].stores().registry.partition_episodes(batch))
         # replay of the partition: nothing redone, no duplicate rows
         reg = res["ingest"].stores().registry
         before = reg.counts()
@@ -126,6 +126,26 @@ def test_batch_partition_materializes_with_metadata_checks_and_quarantine(home):
         alone = materialize([ASSETS[1]], instance=instance, partition_key=batch, resources=res,
                             selection=[AssetKey("mcap_episodes")])
         assert alone.success and md(alone, "mcap_episodes", batch)["episodes"] == 4
+
+
+def test_one_run_ingests_every_work_unit_of_its_partition_and_logs_progress(home):
+    landed = sum(p.stat().st_size for p in (home / "landing").rglob("*.h5"))
+    res = resources(home, target_bytes=landed // 3)
+    with DagsterInstance.ephemeral() as instance:
+        (req,) = tick(instance, res).run_requests
+        reg = res["ingest"].stores().registry
+        units = reg.partition_units(req.partition_key)
+        assert len(units) >= 2 and sum(u.files for u in units) == 5
+        result = materialize(ASSETS, instance=instance, partition_key=req.partition_key, resources=res)
+        assert result.success
+        m = md(result, "mcap_episodes", req.partition_key)
+        assert (m["units"], m["files"], m["episodes"], m["quarantined"]) == (len(units), 5, 4, 1)
+        assert m["this_run_failed_units"] == {}
+        assert {e["batch_key"] for e in reg.partition_episodes(req.partition_key)} <= {u.key for u in units}
+        lines = [e.user_message for e in instance.all_logs(result.run_id) if e.user_message]
+        progress = [line for line in lines if line.startswith(f"{req.partition_key} post: ")]
+        assert len(progress) == len(units) and progress[-1].startswith(
+            f"{req.partition_key} post: {len(units)}/{len(units)} units") and "MB/s" in progress[-1]
 
 
 def test_gates_switched_at_run_time_change_which_checks_run_and_what_blocks(home):
@@ -143,7 +163,7 @@ def test_gates_switched_at_run_time_change_which_checks_run_and_what_blocks(home
         assert ("raw_episodes", "dead_camera") not in c and ("raw_episodes", "frame_drops") not in c
         assert c[("raw_episodes", "readable")].severity.value == "ERROR"  # 1 of 5 > 10 %: blocks downstream
         assert blocked.asset_materializations_for_node("mcap_episodes") == []
-        assert res["ingest"].stores().registry.episodes(batch)[0]["status"] == "accepted"
+        assert res["ingest"].stores().registry.partition_episodes(batch)[0]["status"] == "accepted"
         # same code, other run config: the gate no longer blocks, the batch goes through
         ok = materialize(ASSETS, instance=instance, partition_key=batch, resources=res,
                          run_config={"resources": {"gates": {"config": {"gates": {"readable": {"blocking": False}}}}}})
@@ -152,7 +172,7 @@ def test_gates_switched_at_run_time_change_which_checks_run_and_what_blocks(home
 
 
 def test_ranged_run_records_metadata_per_partition(home):
-    res = resources(home, target_bytes=1)
+    res = resources(home, target_bytes=1, partition_bytes=1)
     with DagsterInstance.ephemeral() as instance:
         keys = [r.partition_key for r in tick(instance, res).run_requests]
         result = materialize(ASSETS, instance=instance, resources=res, raise_on_error=False, tags={
@@ -164,7 +184,7 @@ def test_ranged_run_records_metadata_per_partition(home):
 
 
 def test_drift_sensor_backfills_exactly_the_stale_partitions_once(home, monkeypatch):
-    res = resources(home, target_bytes=1)
+    res = resources(home, target_bytes=1, partition_bytes=1)
     with DagsterInstance.ephemeral() as instance:
         keys = [r.partition_key for r in tick(instance, res).run_requests]
         old = keys[:3]
@@ -178,7 +198,7 @@ def test_drift_sensor_backfills_exactly_the_stale_partitions_once(home, monkeypa
             materialize(ASSETS, instance=instance, partition_key=k, resources=res, raise_on_error=False)
         c = ctx()
         req = version_drift_sensor(c)
-        stale_with_episodes = [k for k in old if res["ingest"].stores().registry.episodes(k)]
+        stale_with_episodes = [k for k in old if res["ingest"].stores().registry.partition_episodes(k)]
         got = sorted({ap.partition_key for ap in req.asset_graph_subset.iterate_asset_partitions()})
         assert got == sorted(stale_with_episodes) and len(got) >= 2
         assert {ap.asset_key for ap in req.asset_graph_subset.iterate_asset_partitions()} == {
@@ -200,7 +220,7 @@ def test_drift_sensor_backfills_exactly_the_stale_partitions_once(home, monkeypa
 
 
 def test_drift_sensor_resegments_only_the_ladders_when_the_ladder_config_changes(home):
-    res = resources(home, target_bytes=1)
+    res = resources(home, target_bytes=1, partition_bytes=1)
     with DagsterInstance.ephemeral() as instance:
         keys = [r.partition_key for r in tick(instance, res).run_requests]
         for k in keys:
@@ -209,7 +229,7 @@ def test_drift_sensor_resegments_only_the_ladders_when_the_ladder_config_changes
         assert "current versions" in version_drift_sensor(ctx()).skip_message
         (home / "step_ladders.yaml").write_text("thresholds: {min_pause_s: 0.15}\n")
         req = version_drift_sensor(ctx())
-        with_episodes = [k for k in keys if res["ingest"].stores().registry.episodes(k)]
+        with_episodes = [k for k in keys if res["ingest"].stores().registry.partition_episodes(k)]
         parts = list(req.asset_graph_subset.iterate_asset_partitions())
         assert {ap.asset_key for ap in parts} == {AssetKey("step_ladders")}  # no video is re-encoded
         assert sorted(ap.partition_key for ap in parts) == sorted(with_episodes)
@@ -225,7 +245,7 @@ def test_unreachable_registry_fails_the_run_and_names_it_without_the_password(ho
     res = resources(home)
     res["ingest"] = IngestResource(home_root=str(home), registry_url="postgresql+psycopg2://dyna:s3cret@127.0.0.1:1/reg")
     with DagsterInstance.ephemeral() as instance:
-        instance.add_dynamic_partitions("ingest_batches", ["20261129T10-000001"])
+        instance.add_dynamic_partitions("ingest_partitions", ["20261129T10-000001"])
         result = materialize(ASSETS, instance=instance, partition_key="20261129T10-000001", resources=res,
                              raise_on_error=False)
         assert not result.success

@@ -46,15 +46,15 @@ def test_sigkill_mid_batch_then_relaunch_completes_without_duplicates(episode_fa
     registry = Registry.sqlite(home / "registry.sqlite")
     plan = landing_tick(LandingCursor(), LandingZone(home / "landing"), registry,
                         LandingSettings(target_batch_bytes=1 << 40, max_wait_s=0, reconcile_every=0))
-    (batch,) = [b.key for b in plan.created]
+    (batch,) = [b.key for b in plan.sealed]
     with DagsterInstance.get() as instance:
-        instance.add_dynamic_partitions("ingest_batches", [batch])
+        instance.add_dynamic_partitions("ingest_partitions", [batch])
         res = {**defs.resources, "ingest": IngestResource(home_root=str(home))}
         assert materialize([defs.get_assets_def("raw_episodes")], instance=instance, partition_key=batch,
                            resources=res).success
 
     def transcoded() -> list[dict]:
-        return [e for e in registry.episodes(batch) if e["status"] == TRANSCODED]
+        return [e for e in registry.partition_episodes(batch) if e["status"] == TRANSCODED]
 
     proc = subprocess.Popen(_materialize_cmd(batch), cwd=REPO, env=env, start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -72,7 +72,7 @@ def test_sigkill_mid_batch_then_relaunch_completes_without_duplicates(episode_fa
     again = subprocess.run(_materialize_cmd(batch), cwd=REPO, env=env, capture_output=True, text=True)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
 
-    eps = registry.episodes(batch)
+    eps = registry.partition_episodes(batch)
     assert len(eps) == N and all(e["status"] == TRANSCODED for e in eps)
     for eid, mtime in done_before.items():  # finished episodes were not redone
         assert Path(next(e["mcap_path"] for e in eps if e["episode_id"] == eid)).stat().st_mtime_ns == mtime

@@ -107,13 +107,19 @@ def test_manifests_no_longer_reads_or_writes_outside_the_home(world):
     assert not list(tmp_path.rglob("x.parquet")) and not list(tmp_path.rglob("x.arrow"))
 
 
-@pytest.mark.parametrize("asset", [a for a in PARTITIONED if a.partitions_def.name == "ingest_batches"],
-                         ids=lambda a: a.node_def.name)
+INGEST_PARTITIONED = [a for a in PARTITIONED if a.partitions_def.name == "ingest_partitions"]
+
+
+def test_the_ingest_assets_are_partitioned_by_ingest_partition():
+    assert sorted(a.node_def.name for a in INGEST_PARTITIONED) == ["mcap_episodes", "raw_episodes", "step_ladders"]
+
+
+@pytest.mark.parametrize("asset", INGEST_PARTITIONED, ids=lambda a: a.node_def.name)
 def test_a_ranged_backfill_run_with_one_unsafe_key_uses_none_of_them(world, asset):
-    """Backfills of ingest batches run ranges of keys: one unsafe key refuses the run before any batch."""
-    good, bad = "20261129T14-000001", "20261129T14-000002/../../x"
+    """Backfills of ingest partitions run ranges of keys: one unsafe key refuses the run before any partition."""
+    good, bad = "20261129-000001", "20261129-000002/../../x"
     with DagsterInstance.ephemeral() as instance:
-        instance.add_dynamic_partitions("ingest_batches", [good, bad])
+        instance.add_dynamic_partitions("ingest_partitions", [good, bad])
         result = materialize([asset], instance=instance, raise_on_error=False,
                              tags={"dagster/asset_partition_range_start": good,
                                    "dagster/asset_partition_range_end": bad})
@@ -125,7 +131,7 @@ def test_a_ranged_backfill_run_with_one_unsafe_key_uses_none_of_them(world, asse
 def test_safe_keys_still_build(world):
     """The keys the sensors make (batch keys, spec file stems) pass, and such a spec builds its manifest."""
     _, home, _ = world
-    for key in ("20261129T14-000123", "pick-place.real_v2", "a" * MAX_KEY_LENGTH):
+    for key in ("20261129-000123", "20261129T14-000123", "pick-place.real_v2", "a" * MAX_KEY_LENGTH):
         assert check_key(key) == key
     (home / "curation" / "pick-place.real_v2.yaml").write_text("name: pick-place.real_v2\n")
     with DagsterInstance.ephemeral() as instance:

@@ -137,7 +137,7 @@ def test_pipeline_version_bump_redoes_only_the_stale_batch(episode_factory, stor
     ingest(stores, a)
     monkeypatch.setattr(versions, "PIPELINE_VERSION", "9.9-test")
     land(stores, episode_factory(episode_id="ep-b1", seed=53, duration_s=2.0), "b/ep-b1.h5")
-    plan = landing_tick(LandingCursor(after="a/ep-a2.h5", last_seq=1), stores.landing, stores.registry, ALL_IN_ONE)
+    plan = landing_tick(LandingCursor(after="a/ep-a2.h5", last_partition=1), stores.landing, stores.registry, ALL_IN_ONE)
     (b,) = [x.key for x in plan.created]
     _, post_b = ingest(stores, b)
     assert post_b.processed == ["ep-b1"]

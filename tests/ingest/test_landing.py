@@ -63,49 +63,105 @@ def test_unreachable_store_and_path_escape_are_refused(tmp_path):
     assert zone.resolve("site/ep.h5") == tmp_path / "site" / "ep.h5"
 
 
-def test_tick_registers_batches_and_requests_at_most_k_then_nothing(tmp_path):
+def test_tick_packs_units_into_sealed_partitions_and_requests_at_most_k_then_nothing(tmp_path):
     zone_root = tmp_path / "landing"
     for i in range(30):
         touch(zone_root, f"2026-11-29/ep-{i:03d}.h5", size=100)
     reg = Registry.sqlite(tmp_path / "r.sqlite")
-    settings = LandingSettings(target_batch_bytes=500, max_runs_per_tick=2, max_wait_s=1e9, reconcile_every=0)
+    settings = LandingSettings(target_batch_bytes=500, partition_bytes=1000, max_runs_per_tick=2, max_wait_s=1e9,
+                               reconcile_every=0)
     zone = LandingZone(zone_root)
     plan = landing_tick(LandingCursor(), zone, reg, settings, now=1000.0)
-    assert plan.new_files == 30 and len(plan.created) == 6 and [b.seq for b in plan.launch] == [1, 2]
+    assert plan.new_files == 30 and len(plan.created) == 6 and len(plan.sealed) == 3
     assert all(b.files == 5 and b.bytes == 500 for b in plan.created)
+    assert [p.seq for p in plan.launch] == [1, 2] and all(p.units == 2 and p.files == 10 for p in plan.launch)
+    # every unit is in exactly one partition, in unit order
+    units = reg.batches_after(0)
+    assert [u.partition_key for u in units] == [p.key for p in plan.sealed for _ in range(2)]
+    assert [u.key for u in reg.partition_units(plan.sealed[1].key)] == [units[2].key, units[3].key]
     # the rest go out K per tick; then nothing new -> nothing requested
-    seen = [b.key for b in plan.launch]
+    seen = [p.key for p in plan.launch]
     cursor = plan.cursor
     for _ in range(3):
         plan = landing_tick(LandingCursor.loads(cursor.dumps()), zone, reg, settings, now=1001.0)
-        assert plan.new_files == 0 and not plan.created
-        seen += [b.key for b in plan.launch]
+        assert plan.new_files == 0 and not plan.created and not plan.sealed
+        seen += [p.key for p in plan.launch]
         cursor = plan.cursor
-    assert len(seen) == 6 == len(set(seen)) and seen == sorted(seen)
+    assert len(seen) == 3 == len(set(seen)) and seen == sorted(seen)
     assert not plan.launch and plan.listed == 0
-    # a trickle below the target waits ... until its oldest file waited max_wait_s
+    # a trickle below the target waits ... until its oldest file waited max_wait_s: then its unit is
+    # released and its partition sealed in the same tick
     touch(zone_root, "2026-11-30/ep-000.h5", size=100)
     plan = landing_tick(cursor, zone, reg, settings, now=2000.0)
-    assert plan.new_files == 1 and not plan.created and plan.pending_files == 1
-    late = LandingSettings(target_batch_bytes=500, max_runs_per_tick=2, max_wait_s=60, reconcile_every=0)
+    assert plan.new_files == 1 and not plan.created and plan.pending_files == 1 and not plan.launch
+    late = LandingSettings(target_batch_bytes=500, partition_bytes=1000, max_runs_per_tick=2, max_wait_s=60,
+                           reconcile_every=0)
     plan = landing_tick(plan.cursor, zone, reg, late, now=2061.0)
-    assert [b.files for b in plan.created] == [1] and [b.seq for b in plan.launch] == [7]
+    assert [b.files for b in plan.created] == [1] and [(p.seq, p.units, p.files) for p in plan.launch] == [(4, 1, 1)]
     assert reg.counts()["landed_files"] == 31 and reg.counts()["ingest_batches"] == 7
+    assert reg.counts()["ingest_partitions"] == 4
 
 
-def test_reconciliation_scan_finds_a_file_that_landed_behind_the_cursor(tmp_path):
+def test_a_partition_fills_across_ticks_and_seals_when_full_or_old(tmp_path):
     zone_root = tmp_path / "landing"
-    touch(zone_root, "b/ep-1.h5")
     reg = Registry.sqlite(tmp_path / "r.sqlite")
-    settings = LandingSettings(target_batch_bytes=10, max_wait_s=0, reconcile_every=3)
     zone = LandingZone(zone_root)
+    settings = LandingSettings(target_batch_bytes=100, partition_bytes=300, max_wait_s=50, reconcile_every=0)
+    cursor = LandingCursor()
+    for tick in range(2):  # one full unit a tick: the partition stays open
+        touch(zone_root, f"d{tick}/ep.h5", size=100)
+        plan = landing_tick(cursor, zone, reg, settings, now=1000.0 + tick)
+        cursor = plan.cursor
+        assert len(plan.created) == 1 and not plan.sealed and not plan.launch
+    touch(zone_root, "d2/ep.h5", size=100)
+    plan = landing_tick(cursor, zone, reg, settings, now=1002.0)  # the third unit fills it
+    assert [(p.units, p.bytes) for p in plan.sealed] == [(3, 300)] and plan.launch == plan.sealed
+    cursor = plan.cursor
+    touch(zone_root, "d3/ep.h5", size=100)
+    plan = landing_tick(cursor, zone, reg, settings, now=1003.0)
+    assert not plan.sealed
+    plan = landing_tick(plan.cursor, zone, reg, settings, now=1003.0 + 50)  # open 50 s: sealed short
+    assert [(p.units, p.bytes) for p in plan.sealed] == [(1, 100)]
+    # replaying the registry's assignment changes nothing: a unit's partition is fixed once given
+    before = [(u.key, u.partition_key) for u in reg.batches_after(0)]
+    assert reg.assign_partitions(target_bytes=1, max_wait_s=0, seal_open=True) == []
+    assert [(u.key, u.partition_key) for u in reg.batches_after(0)] == before
+
+
+def test_reconciliation_sweeps_only_the_recent_window_a_page_a_tick(tmp_path):
+    zone_root = tmp_path / "landing"
+    reg = Registry.sqlite(tmp_path / "r.sqlite")
+    zone = LandingZone(zone_root)
+    settings = LandingSettings(target_batch_bytes=10, max_wait_s=0, reconcile_every=3, reconcile_window=2,
+                               scan_limit=2)
+    touch(zone_root, "b/ep-1.h5")
     plan = landing_tick(LandingCursor(), zone, reg, settings)
-    touch(zone_root, "a/late.h5")  # sorts before the cursor: incremental ticks cannot see it
+    plan = landing_tick(plan.cursor, zone, reg, settings)
+    plan = landing_tick(plan.cursor, zone, reg, settings)  # third tick: the first mark, no sweep yet
+    assert plan.cursor.marks == ["b/ep-1.h5"] and not plan.reconciled
+    touch(zone_root, "a/ancient.h5")  # behind the oldest mark: outside the window, never swept
+    touch(zone_root, "c/ep-2.h5")
+    touch(zone_root, "d/ep-3.h5")
+    plan = landing_tick(plan.cursor, zone, reg, settings)
+    assert plan.new_files == 2 and plan.cursor.after == "d/ep-3.h5"
+    touch(zone_root, "b/late-1.h5")  # behind the cursor, inside the window
+    touch(zone_root, "c/late-2.h5")
     plan = landing_tick(plan.cursor, zone, reg, settings)
     assert plan.new_files == 0 and not plan.reconciled
-    plan = landing_tick(plan.cursor, zone, reg, settings)  # third tick: full listing
-    assert plan.reconciled and plan.new_files == 1 and [b.files for b in plan.created] == [1]
-    assert {f.path for b in reg.batches_after(0) for f in reg.batch_files(b.key)} == {"b/ep-1.h5", "a/late.h5"}
+    plan = landing_tick(plan.cursor, zone, reg, settings)  # sixth tick: a sweep from the oldest mark starts
+    assert plan.reconciled and plan.swept == 2 and plan.new_files == 1  # b/late-1.h5, c/ep-2.h5
+    assert plan.sweeping and plan.cursor.marks == ["b/ep-1.h5", "d/ep-3.h5"]
+    plan = landing_tick(plan.cursor, zone, reg, settings)  # the sweep's second page
+    assert plan.reconciled and plan.new_files == 1 and not plan.sweeping  # c/late-2.h5, then d/ep-3.h5 ends it
+    known = {f.path for f in reg.batch_files([b.key for b in reg.batches_after(0)])}
+    assert known == {"b/ep-1.h5", "b/late-1.h5", "c/ep-2.h5", "c/late-2.h5", "d/ep-3.h5"}
+
+
+def test_a_cursor_from_before_partitions_loads(tmp_path):
+    old = '{"after": "2026/ep.h5", "last_seq": 12, "ticks": 7}'
+    cursor = LandingCursor.loads(old)
+    assert (cursor.after, cursor.last_partition, cursor.ticks, cursor.marks) == ("2026/ep.h5", 0, 7, [])
+    assert LandingCursor.loads(cursor.dumps()) == cursor
 
 
 # -- what a user of the embedded default and a deployment get -------------------------------------
@@ -128,7 +184,7 @@ def test_a_short_drop_is_released_within_a_minute_embedded_and_after_an_hour_in_
         plan = landing_tick(plan.cursor, zone, reg, settings, now=t0 + released_after - 1)
         assert not plan.created and plan.pending_files == 2, environ
         plan = landing_tick(plan.cursor, zone, reg, settings, now=t0 + released_after)
-        assert [b.files for b in plan.created] == [2] and [b.seq for b in plan.launch] == [1], environ
+        assert [b.files for b in plan.created] == [2] and [p.seq for p in plan.launch] == [1], environ
         reg.close()
     # the embedded sensor ticks every 30 s: registered at the first tick after the drop, released at the next
     assert landing_sensor.minimum_interval_seconds + _settings({}).max_wait_s <= 60
