@@ -21,6 +21,7 @@ from dyna_resources.episodes.sim.fleet import arrival_folder
 from dyna_resources.faces import IngestResource
 from dyna_resources.home import DynaHome
 from dyna_resources.ingest.batches import batch_summary
+from dyna_resources.ingest.ray_units import ray_cluster
 
 from .definitions import defs
 from .ingest.local import ingest_landed, reprocess_stale
@@ -76,9 +77,14 @@ def main(argv: list[str] | None = None) -> int:
 
     instance = DagsterInstance.get()
     quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
-    results = ingest_landed(instance, defs, cursor_file=home.root / "landing_sensor.cursor", resources=resources,
-                            run_config=quiet)
-    redone = reprocess_stale(instance, defs, resources=resources, run_config=quiet)  # after a version bump
+    # One local Ray cluster for every ingest run (each run would otherwise start its own): the runs'
+    # work units are its tasks. $RAY_ADDRESS points the demo at a running cluster instead.
+    with ray_cluster(num_cpus=os.cpu_count() or 1) as cluster:
+        print(f"work units run on Ray: {'a local cluster' if cluster.started_here else cluster.address}, "
+              f"{cluster.resources.get('CPU', 0):g} CPUs", flush=True)
+        results = ingest_landed(instance, defs, cursor_file=home.root / "landing_sensor.cursor",
+                                resources=resources, run_config=quiet)
+        redone = reprocess_stale(instance, defs, resources=resources, run_config=quiet)  # after a version bump
     if redone:
         print(f"re-transcoded {len(redone)} batch(es) written by an older pipeline version", flush=True)
     results += redone

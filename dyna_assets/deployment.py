@@ -15,10 +15,13 @@ import os
 from collections.abc import Mapping
 
 from dagster import EnvVar
+from dagster_ray import Lifecycle
 
 from dyna_resources.faces import (CacheResource, GatesResource, HomeResource, IngestResource, LadderResource,
                                   ReplicaResource, TrainerResource, TranscodeResource, WarehouseResource)
 from dyna_resources.ingest.tick import LandingSettings
+
+from .ray import EmbeddedRay
 
 PRODUCTION_SETTINGS = {
     "DYNA_HOME": "a shared folder (ReadWriteMany volume): landing zone, MCAP episodes, curation specs",
@@ -28,7 +31,8 @@ PRODUCTION_SETTINGS = {
     "DYNA_CACHE_DIR": "the node page cache on local NVMe",
     "DYNA_CHECKPOINT_STORE": "where checkpoints are uploaded: gs://bucket/checkpoints",
 }
-# Optional in production: DYNA_REPLICA_STORE + DYNA_S3_ENDPOINT_URL (second origin), DYNA_ORIGIN_ROUTES,
+# Optional in production: DYNA_RAY_NAMESPACE / _WORKER_CPUS / _WORKER_MEMORY / _MAX_WORKERS (the KubeRay
+# cluster of the ingest steps), DYNA_REPLICA_STORE + DYNA_S3_ENDPOINT_URL (second origin), DYNA_ORIGIN_ROUTES,
 # DYNA_CACHE_CAPACITY_GB / _PAGE_MB / _TTL_S, DYNA_ALLUXIO_* (cluster cache), GOOGLE_APPLICATION_CREDENTIALS.
 
 
@@ -39,10 +43,36 @@ class MissingSettingsError(RuntimeError):
         super().__init__(f"DYNA_ENV=production needs {len(missing)} more setting(s) in the environment:\n{lines}")
 
 
+def embedded_ray(environ: Mapping[str, str] | None = None) -> EmbeddedRay:
+    """A local Ray cluster of this machine's cores for each step that fans out work units, or the
+    cluster ``RAY_ADDRESS`` names (then Ray takes its size from that cluster)."""
+    env = os.environ if environ is None else environ
+    options = {} if env.get("RAY_ADDRESS") else {"num_cpus": os.cpu_count() or 1, "include_dashboard": False}
+    return EmbeddedRay(ray_init_options={**options, "log_to_driver": False}, lifecycle=Lifecycle(connect=False))
+
+
+def production_ray(env: Mapping[str, str]):
+    """One KubeRay cluster per ingest step (KubeRay >= 1.3), autoscaling its worker group from zero;
+    the image is the run's own (``dagster/image``), which carries ray 2.60 and this project."""
+    from dagster_ray.kuberay import KubeRayInteractiveJob, RayClusterSpec
+
+    cpus, memory = env.get("DYNA_RAY_WORKER_CPUS", "16"), env.get("DYNA_RAY_WORKER_MEMORY", "64Gi")
+    worker = {"groupName": "ingest", "replicas": 0, "minReplicas": 0,
+              "maxReplicas": int(env.get("DYNA_RAY_MAX_WORKERS", "64")), "rayStartParams": {},
+              "template": {"spec": {"containers": [{"name": "worker", "resources": {
+                  "requests": {"cpu": cpus, "memory": memory}, "limits": {"cpu": cpus, "memory": memory}}}]}}}
+    spec = RayClusterSpec(enable_in_tree_autoscaling=True, ray_version="2.60.0", worker_group_specs=[worker])
+    return KubeRayInteractiveJob(
+        ray_job={"metadata": {"namespace": env.get("DYNA_RAY_NAMESPACE", "dyna")},
+                 "spec": {"ray_cluster_spec": spec.model_dump(), "active_deadline_seconds": 24 * 3600}},
+        timeout=900.0, lifecycle=Lifecycle(connect=False))
+
+
 def embedded_resources() -> dict:
     return {"home": HomeResource(), "ingest": IngestResource(), "gates": GatesResource(),
             "transcode": TranscodeResource(), "warehouse": WarehouseResource(), "cache": CacheResource(),
-            "replica": ReplicaResource(), "trainer": TrainerResource(anchors="every"), "ladders": LadderResource()}
+            "replica": ReplicaResource(), "trainer": TrainerResource(anchors="every"), "ladders": LadderResource(),
+            "ray": embedded_ray()}
 
 
 def production_resources(environ: Mapping[str, str] | None = None) -> dict:
@@ -63,6 +93,7 @@ def production_resources(environ: Mapping[str, str] | None = None) -> dict:
         "replica": ReplicaResource(home_root=home),  # DYNA_REPLICA_STORE / DYNA_S3_ENDPOINT_URL when set
         "trainer": TrainerResource(checkpoint_store=EnvVar("DYNA_CHECKPOINT_STORE")),
         "ladders": LadderResource(),  # $DYNA_HOME/step_ladders.yaml when present
+        "ray": production_ray(env),  # the ingest assets' work units (DYNA_RAY_* size its worker group)
     }
 
 

@@ -26,6 +26,7 @@ from .home import DynaHome
 from .ingest.batches import IngestStores
 from .ingest.gates import GateConfig
 from .ingest.landing import LandingZone
+from .ingest.ray_units import UnitResources
 from .ingest.tick import EMBEDDED_LANDING, LandingSettings
 from .ladders.config import LadderConfig
 from .storage.origins import Origins
@@ -81,6 +82,9 @@ class IngestResource(ConfigurableResource):
     reconcile_every: int = EMBEDDED_LANDING.reconcile_every
     partition_bytes: int = EMBEDDED_LANDING.partition_bytes  # one ingest partition (Dagster partition)
     reconcile_window: int = EMBEDDED_LANDING.reconcile_window
+    # where a partition's work units run: "ray" (each a Ray task: the embedded default and production) or
+    # "process" (one after another in the step's process: engine-level tests)
+    units_on: str = "ray"
 
     @classmethod
     def with_landing(cls, settings: LandingSettings, **fields: Any) -> IngestResource:
@@ -94,6 +98,11 @@ class IngestResource(ConfigurableResource):
 
     def landing_settings(self) -> LandingSettings:
         return LandingSettings(**{f.name: getattr(self, f.name) for f in dataclasses.fields(LandingSettings)})
+
+    def units_on_ray(self) -> bool:
+        if self.units_on not in ("ray", "process"):
+            raise ValueError(f"IngestResource.units_on={self.units_on!r}: expected 'ray' or 'process'")
+        return self.units_on == "ray"
 
 
 class WarehouseResource(ConfigurableResource):
@@ -141,8 +150,11 @@ class TranscodeResource(ConfigurableResource):
     crf: float = VideoSettings.crf
     crf_by_site: dict[str, float] = dict(CRF_BY_SITE)  # already-compressed sources (LeRobot imports) need a lower CRF
     preset: str = VideoSettings.preset
-    workers: int = 0
+    workers: int = 0  # episode processes at once when units run in the step's process
     max_cpu_s: float = 0.0  # CPU seconds one episode may take before its worker is stopped (0: no limit)
+    # on Ray, what each work unit asks for: its CPUs (= its episode processes at once) and memory
+    unit_cpus: int = 1
+    unit_memory_gb: float = 4.0
 
     def settings(self) -> TranscodeSettings:
         return TranscodeSettings(video=VideoSettings(gop_frames=self.gop_frames, crf=self.crf, preset=self.preset),
@@ -150,6 +162,9 @@ class TranscodeResource(ConfigurableResource):
 
     def pool_size(self) -> int:
         return self.workers or os.cpu_count() or 1
+
+    def unit_resources(self) -> UnitResources:
+        return UnitResources(num_cpus=self.unit_cpus, memory=int(self.unit_memory_gb * (1 << 30)))
 
 
 class CacheResource(ConfigurableResource):

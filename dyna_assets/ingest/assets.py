@@ -8,14 +8,17 @@ import hashlib
 
 from dagster import (AssetExecutionContext, AssetSpec, BackfillPolicy, DataVersion, Failure, MaterializeResult,
                      MetadataValue, multi_asset)
+from dagster_ray import RayResource
 
 from dyna_resources import versions
 from dyna_resources.faces import GatesResource, IngestResource, TranscodeResource
 from dyna_resources.ingest.batches import batch_summary
 from dyna_resources.ingest.gates import POST_GATES, PRE_GATES
-from dyna_resources.ingest.partitions import PartitionReport, inventory_partition, transcode_partition
+from dyna_resources.ingest.partitions import PartitionReport, UnitJob, ingest_partition
+from dyna_resources.ingest.ray_units import UnitResources
 
 from .. import k8s
+from ..ray import connect_for_units
 from .checks import gate_check_results, gate_check_specs
 from .partitions import ingest_partition_keys, ingest_partitions
 
@@ -86,15 +89,10 @@ def _fail_on_failed_units(asset: str, reports: list[PartitionReport]) -> None:
     check_specs=gate_check_specs("raw_episodes", PRE_GATES),
     partitions_def=ingest_partitions, backfill_policy=BACKFILL, can_subset=True, op_tags=k8s.INGEST,
 )
-def raw_episodes(context: AssetExecutionContext, ingest: IngestResource, gates: GatesResource):
+def raw_episodes(context: AssetExecutionContext, ingest: IngestResource, gates: GatesResource, ray: RayResource):
     stores, config = ingest.stores(), gates.config()
-    reports = []
-    for partition in ingest_partition_keys(context):
-        rep = inventory_partition(partition, stores, config, log=context.log.warning,
-                                  on_progress=lambda p: context.log.info(p.line()))
-        context.add_asset_metadata(_partition_metadata(_summary(stores.registry, partition, "pre"), rep),
-                                   partition_key=partition)
-        reports.append(rep)
+    job = UnitJob("pre", stores, config)
+    reports = [_ingest(context, partition, job, ingest, ray) for partition in ingest_partition_keys(context)]
     _log_totals(context, reports)
     _fail_on_failed_units("raw_episodes", reports)
     yield MaterializeResult(asset_key="raw_episodes", tags=version_tags())
@@ -110,22 +108,35 @@ def raw_episodes(context: AssetExecutionContext, ingest: IngestResource, gates: 
     op_tags=k8s.TRANSCODE,
 )
 def mcap_episodes(context: AssetExecutionContext, ingest: IngestResource, gates: GatesResource,
-                  transcode: TranscodeResource):
+                  transcode: TranscodeResource, ray: RayResource):
     stores, config = ingest.stores(), gates.config()
-    reports, summaries = [], []
-    for partition in ingest_partition_keys(context):
-        rep = transcode_partition(partition, stores, config, settings=transcode.settings(),
-                                  workers=transcode.pool_size(), log=context.log.warning,
-                                  on_progress=lambda p: context.log.info(p.line()))
-        summary = _summary(stores.registry, partition)
-        context.add_asset_metadata(_partition_metadata(summary, rep), partition_key=partition)
-        context.log.info(f"{partition}: transcoded {len(rep.combined.processed)}, up to date "
-                         f"{len(rep.combined.skipped)}, quarantined {len(rep.combined.quarantined)}")
-        reports.append(rep)
-        summaries.append((partition, summary))
+    on_ray = ingest.units_on_ray()
+    job = UnitJob("post", stores, config, settings=transcode.settings(),
+                  workers=transcode.unit_cpus if on_ray else transcode.pool_size(),
+                  mp_context="forkserver" if on_ray else None)
+    reports = [_ingest(context, partition, job, ingest, ray, transcode.unit_resources())
+               for partition in ingest_partition_keys(context)]
+    summaries = [(r.partition_key, _summary(stores.registry, r.partition_key)) for r in reports]
     digest = hashlib.sha256(repr(sorted((k, s["pipeline_versions"], s["episodes"], s["bytes_out"])
                                         for k, s in summaries)).encode()).hexdigest()[:16]
     _log_totals(context, reports)
     _fail_on_failed_units("mcap_episodes", reports)
     yield MaterializeResult(asset_key="mcap_episodes", tags=version_tags(), data_version=DataVersion(digest))
     yield from gate_check_results("mcap_episodes", "post", [r.combined for r in reports], config)
+
+
+def _ingest(context, partition: str, job: UnitJob, ingest: IngestResource, ray: RayResource,
+            resources: UnitResources | None = None) -> PartitionReport:
+    """One partition's stage, its units on Ray or in this process; its metadata set on the partition."""
+    on_ray = ingest.units_on_ray()
+    if on_ray:
+        connect_for_units(context, ray)
+    rep = ingest_partition(partition, job, units_on="ray" if on_ray else "process", resources=resources,
+                           log=context.log.warning,
+                           on_progress=lambda p: context.log.info(f"{partition} {job.stage}: {p.summary()}"))
+    summary = _summary(job.stores.registry, partition, job.stage)
+    context.add_asset_metadata(_partition_metadata(summary, rep), partition_key=partition)
+    c = rep.combined
+    context.log.info(f"{partition} {job.stage}: processed {len(c.processed)}, up to date {len(c.skipped)}, "
+                     f"quarantined {len(c.quarantined)}, units failed {len(rep.failed_units)}")
+    return rep

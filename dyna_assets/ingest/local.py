@@ -12,8 +12,9 @@ from .sensors import landing_sensor
 
 def landing_tick_in_process(instance: DagsterInstance, defs: Definitions, cursor: str | None,
                             resources: Mapping | None = None):
+    given = dict(resources or defs.resources)  # only what the sensor uses: others (Ray) start nothing here
     ctx = build_sensor_context(instance=instance, cursor=cursor, definitions=defs,
-                               resources=dict(resources or defs.resources))
+                               resources={k: given[k] for k in landing_sensor.required_resource_keys})
     result = landing_sensor(ctx)
     for req in result.dynamic_partitions_requests or []:
         instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))

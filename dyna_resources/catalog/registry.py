@@ -135,6 +135,11 @@ class Registry:
         except OperationalError as e:
             raise RegistryUnavailableError(f"registry {self.describe()} is unreachable: {e.orig}") from None
 
+    def __reduce__(self):
+        # A registry crosses to another process (a Ray worker) as its URL without the password: the
+        # other side takes the password from its own environment, so no secret rides in a task.
+        return (_reopen, (self.url.render_as_string(hide_password=True), self.url.password is not None))
+
     @property
     def backend(self) -> str:
         return self.url.get_backend_name()
@@ -550,6 +555,24 @@ class Registry:
         with self._begin() as c:
             return {tab.name: c.execute(select(func.count()).select_from(tab)).scalar_one()
                     for tab in t.metadata.sorted_tables}
+
+
+_OPENED: dict[str, Registry] = {}  # per process: one engine per URL, reused by every unit a worker runs
+
+
+def _reopen(url: str, has_password: bool) -> Registry:
+    """The registry at ``url`` (pickled without its password), opened once per process. The password
+    comes from ``DYNA_REGISTRY_URL`` in this process's environment, which must name the same database."""
+    if url not in _OPENED:
+        full = url
+        if has_password:
+            env = os.environ.get("DYNA_REGISTRY_URL")
+            if not env or make_url(env).render_as_string(hide_password=True) != url:
+                raise RegistryUnavailableError(f"registry {url} needs its password: set DYNA_REGISTRY_URL to it "
+                                               "in this worker's environment")
+            full = env
+        _OPENED[url] = Registry(full)
+    return _OPENED[url]
 
 
 def _of_batches(column, keys: str | Sequence[str]):

@@ -88,6 +88,7 @@ class StageReport:
     gates: dict[str, GateTally] = field(default_factory=dict)
     cpu_s: float = 0.0  # CPU of the work itself (workers included)
     worker_busy_s: dict[int, float] = field(default_factory=dict)  # worker slot -> seconds it worked
+    messages: list[str] = field(default_factory=list)  # what it logged, for a driver that ran it remotely
 
     def tally(self, key: str, episode_id: str | None, results: list[GateResult]) -> None:
         for r in results:
@@ -264,7 +265,7 @@ def episodes_to_transcode(batch_key: str, stores: IngestStores, *, force: bool =
 
 def transcode_batch(batch_key: str, stores: IngestStores, gates: GateConfig, *,
                     settings: TranscodeSettings | None = None, workers: int | None = None, force: bool = False,
-                    log: Callable[[str], None] = lambda m: None) -> StageReport:
+                    log: Callable[[str], None] = lambda m: None, mp_context: str | None = None) -> StageReport:
     stores.check()
     settings = settings or TranscodeSettings()
     remove_orphan_temps(stores.mcap_dir)
@@ -281,7 +282,7 @@ def transcode_batch(batch_key: str, stores: IngestStores, gates: GateConfig, *,
     # Each episode in a process of its own, recorded the moment it finishes: one that raises or
     # kills its worker is quarantined with the reason and the others land.
     with closing(run_each(_transcode_one, [(*j[:4], settings, gates) for j in jobs], workers,
-                          cpu_limit_s=settings.max_cpu_s)) as finished:
+                          cpu_limit_s=settings.max_cpu_s, context=mp_context)) as finished:
         for i, slot, out in finished:
             if isinstance(out, WorkerFailure):
                 out = _worker_died(jobs[i][1], jobs[i][3], out, stores.mcap_dir)

@@ -45,11 +45,13 @@ def died(exitcode: int | None, cpu_limit_s: float = 0.0) -> WorkerFailure:
 
 
 def run_each(fn: Callable[..., R], jobs: Sequence[tuple], workers: int, *,
-             cpu_limit_s: float = 0.0) -> Generator[tuple[int, int, R | WorkerFailure], None, None]:
+             cpu_limit_s: float = 0.0, context: str | None = None) -> Generator[tuple[int, int, R | WorkerFailure], None, None]:
     """Run ``fn(*job)`` for every job, each in a fresh process; yield ``(job index, worker slot,
     result or WorkerFailure)`` as each finishes. ``cpu_limit_s`` (> 0) caps each job's CPU time
-    (all its threads). Closing the iterator early kills the jobs still running."""
-    ctx = mp.get_context()
+    (all its threads). ``context`` is the multiprocessing start method (default: the platform's,
+    fork on Linux; ``"forkserver"`` where this process runs threads a fork must not copy, e.g. a
+    Ray worker). Closing the iterator early kills the jobs still running."""
+    ctx = mp.get_context(context)
     todo = list(enumerate(jobs))[::-1]
     free = list(range(max(1, workers)))[::-1]
     running: dict[Connection, tuple[int, int, BaseProcess]] = {}

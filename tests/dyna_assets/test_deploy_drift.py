@@ -72,7 +72,7 @@ def test_daemon_backfills_exactly_the_stale_batches_after_a_pipeline_version_bum
     assert len(batches) == 3
     stale, current = batches[:2], batches[2]
     assets = [defs.get_assets_def(k) for k in INGEST]
-    res = {**defs.resources, "ingest": IngestResource(home_root=str(dyna_home))}
+    res = {**defs.resources, "ingest": IngestResource(home_root=str(dyna_home), units_on="process")}  # setup, in this process
     with DagsterInstance.get() as instance:
         instance.add_dynamic_partitions("ingest_partitions", batches)
         for b in stale:

@@ -106,7 +106,7 @@ def test_kill_9_of_a_run_worker_fails_the_run_frees_its_slot_and_the_relaunch_co
     (batch,) = [b.key for b in plan.sealed]
     with DagsterInstance.get() as instance:
         instance.add_dynamic_partitions("ingest_partitions", [batch])
-        res = {**defs.resources, "ingest": IngestResource(home_root=str(dyna_home))}
+        res = {**defs.resources, "ingest": IngestResource(home_root=str(dyna_home), units_on="process")}  # setup, in this process
         assert materialize([defs.get_assets_def("raw_episodes")], instance=instance, partition_key=batch,
                            resources=res).success
 

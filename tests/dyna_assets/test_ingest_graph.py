@@ -1,15 +1,23 @@
 """The ingest graph on real (ephemeral) Dagster instances: sensors, dynamic partitions, checks, drift."""
 
+import os
 import shutil
+import signal
+import threading
+import time
+from pathlib import Path
 
 import pytest
 from dagster import AssetKey, DagsterInstance, build_sensor_context, materialize
 from dagster._core.execution.backfill import PartitionBackfill
 
 from dyna_assets.definitions import defs
+from dyna_assets.deployment import embedded_ray
 from dyna_assets.ingest.sensors import landing_sensor, version_drift_sensor
 from dyna_resources import versions
+from dyna_resources.episodes.mcap_reader import EpisodeReader
 from dyna_resources.faces import GatesResource, IngestResource, LadderResource, TranscodeResource
+from dyna_resources.ingest.ray_units import ray_cluster
 
 ASSETS = [defs.get_assets_def(k) for k in ("raw_episodes", "mcap_episodes", "step_ladders")]
 
@@ -28,7 +36,15 @@ def home(tmp_path, episode_factory):
     return root
 
 
-def resources(home, target_bytes=None, partition_bytes=None, **gates):
+@pytest.fixture(scope="module", autouse=True)
+def ray_cluster_for_the_module():
+    """One local Ray cluster (2 CPUs) for this module's runs: the ingest assets' units run on it as
+    they do under `make ui` (EmbeddedRay keeps a connection the process already has)."""
+    with ray_cluster("local", num_cpus=2) as cluster:
+        yield cluster
+
+
+def resources(home, target_bytes=None, partition_bytes=None, units_on="ray", **gates):
     landed = sum(p.stat().st_size for p in (home / "landing").rglob("*.h5"))
     if not (home / "gates.yaml").exists():
         (home / "gates.yaml").write_text("# every gate at its default\n")
@@ -36,15 +52,23 @@ def resources(home, target_bytes=None, partition_bytes=None, **gates):
         (home / "step_ladders.yaml").write_text("# the embedded procedures and thresholds\n")
     return {
         "ingest": IngestResource(home_root=str(home), target_batch_bytes=target_bytes or landed * 2, max_wait_s=0,
-                                 max_runs_per_tick=8, partition_bytes=partition_bytes or landed * 4),
+                                 max_runs_per_tick=8, partition_bytes=partition_bytes or landed * 4,
+                                 units_on=units_on),
         "gates": GatesResource(file=str(home / "gates.yaml"), gates=gates),
-        "transcode": TranscodeResource(workers=2, preset="veryfast", gop_frames=30),
+        "transcode": TranscodeResource(workers=2, preset="veryfast", gop_frames=30, unit_memory_gb=0.5),
         "ladders": LadderResource(file=str(home / "step_ladders.yaml"), pictures=2),
+        "ray": embedded_ray(),
     }
 
 
+def for_sensor(sensor, res):
+    """The resources a sensor uses (the daemon builds only those; Ray's would start a cluster)."""
+    return {k: res[k] for k in sensor.required_resource_keys}
+
+
 def tick(instance, res, cursor=None):
-    ctx = build_sensor_context(instance=instance, cursor=cursor, definitions=defs, resources=res)
+    ctx = build_sensor_context(instance=instance, cursor=cursor, definitions=defs,
+                               resources=for_sensor(landing_sensor, res))
     result = landing_sensor(ctx)
     for req in result.dynamic_partitions_requests:
         instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
@@ -143,9 +167,68 @@ def test_one_run_ingests_every_work_unit_of_its_partition_and_logs_progress(home
         assert m["this_run_failed_units"] == {}
         assert {e["batch_key"] for e in reg.partition_episodes(req.partition_key)} <= {u.key for u in units}
         lines = [e.user_message for e in instance.all_logs(result.run_id) if e.user_message]
-        progress = [line for line in lines if line.startswith(f"{req.partition_key} post: ")]
-        assert len(progress) == len(units) and progress[-1].startswith(
-            f"{req.partition_key} post: {len(units)}/{len(units)} units") and "MB/s" in progress[-1]
+        progress = [line for line in lines if line.startswith(f"{req.partition_key} post: ")
+                    and " units, " in line]
+        assert len(progress) >= len(units) + 1  # before the first unit, then after each
+        assert progress[0].startswith(f"{req.partition_key} post: 0/{len(units)} units")
+        assert progress[-1].startswith(f"{req.partition_key} post: {len(units)}/{len(units)} units")
+        assert "MB/s" in progress[-1] and "episode-h" in progress[-1]
+
+
+def _running_units() -> list[tuple[int, str]]:
+    """Ray workers running a work unit: Ray titles a worker process after the task it runs."""
+    out = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            title = cmdline.read_bytes().split(b"\0")[0].decode(errors="replace")
+        except OSError:
+            continue
+        if title.startswith("ray::unit:"):
+            out.append((int(cmdline.parent.name), title))
+    return out
+
+
+def test_a_work_unit_whose_ray_worker_is_killed_is_retried_and_the_partition_completes_once(home):
+    landed = sum(p.stat().st_size for p in (home / "landing").rglob("*.h5"))
+    res = resources(home, target_bytes=landed // 3)
+    killed: list[tuple[int, str]] = []
+    stop = threading.Event()
+
+    def kill_the_first_unit() -> None:  # SIGKILL, as the OOM killer would: no cleanup in the worker
+        while not stop.is_set() and not killed:
+            for pid, title in _running_units():
+                os.kill(pid, signal.SIGKILL)
+                killed.append((pid, title))
+                break
+            time.sleep(0.005)
+
+    with DagsterInstance.ephemeral() as instance:
+        (req,) = tick(instance, res).run_requests
+        part = req.partition_key
+        reg = res["ingest"].stores().registry
+        units = reg.partition_units(part)
+        assert len(units) >= 2
+        assert materialize(ASSETS[:1], instance=instance, partition_key=part, resources=res).success
+        killer = threading.Thread(target=kill_the_first_unit)
+        killer.start()
+        try:
+            result = materialize(ASSETS[1:], instance=instance, partition_key=part, resources=res)
+        finally:
+            stop.set()
+            killer.join()
+        assert killed and killed[0][1].startswith("ray::unit:"), killed  # a unit's worker died mid-transcode
+        assert result.success
+        m = md(result, "mcap_episodes", part)
+        assert (m["episodes"], m["quarantined"], m["this_run_failed_units"]) == (4, 1, {})
+        eps = reg.partition_episodes(part)
+        assert sorted(e["status"] for e in eps) == ["transcoded"] * 4
+        for e in eps:  # each MCAP whole, stamped by this run's pipeline
+            with EpisodeReader(e["mcap_path"]) as r:
+                assert r.metadata()["pipeline_version"] == versions.PIPELINE_VERSION
+        counts = reg.counts()
+        again = materialize(ASSETS[1:], instance=instance, partition_key=part, resources=res)
+        assert md(again, "mcap_episodes", part)["this_run_processed"] == 0  # nothing left half-done
+        assert reg.counts() == counts  # and nothing recorded twice
 
 
 def test_gates_switched_at_run_time_change_which_checks_run_and_what_blocks(home):
@@ -184,14 +267,17 @@ def test_ranged_run_records_metadata_per_partition(home):
 
 
 def test_drift_sensor_backfills_exactly_the_stale_partitions_once(home, monkeypatch):
-    res = resources(home, target_bytes=1, partition_bytes=1)
+    # units in this process: the version is bumped by monkeypatching it here, which a Ray worker would not see
+    # (tests/dyna_assets/test_deploy_drift.py bumps it in the code and runs the backfill on Ray under the daemon)
+    res = resources(home, target_bytes=1, partition_bytes=1, units_on="process")
     with DagsterInstance.ephemeral() as instance:
         keys = [r.partition_key for r in tick(instance, res).run_requests]
         old = keys[:3]
         for k in old:  # the truncated file's batch fails its readable gate as a whole (1 of 1): that is fine here
             materialize(ASSETS, instance=instance, partition_key=k, resources=res, raise_on_error=False)
         ctx = lambda cursor=None: build_sensor_context(instance=instance, cursor=cursor,  # noqa: E731
-                                                       definitions=defs, resources=res)
+                                                       definitions=defs,
+                                                       resources=for_sensor(version_drift_sensor, res))
         assert "current versions" in version_drift_sensor(ctx()).skip_message
         monkeypatch.setattr(versions, "PIPELINE_VERSION", "9.9-test")
         for k in keys[3:]:  # batches ingested after the change are not stale
@@ -225,7 +311,8 @@ def test_drift_sensor_resegments_only_the_ladders_when_the_ladder_config_changes
         keys = [r.partition_key for r in tick(instance, res).run_requests]
         for k in keys:
             materialize(ASSETS, instance=instance, partition_key=k, resources=res, raise_on_error=False)
-        ctx = lambda: build_sensor_context(instance=instance, definitions=defs, resources=res)  # noqa: E731
+        ctx = lambda: build_sensor_context(instance=instance, definitions=defs,  # noqa: E731
+                                           resources=for_sensor(version_drift_sensor, res))
         assert "current versions" in version_drift_sensor(ctx()).skip_message
         (home / "step_ladders.yaml").write_text("thresholds: {min_pause_s: 0.15}\n")
         req = version_drift_sensor(ctx())
@@ -262,14 +349,15 @@ def test_warehouse_follows_the_registry_and_its_sensor_fires_only_when_changes_a
     wh_asset = defs.get_assets_def("warehouse_episodes")
     with DagsterInstance.ephemeral() as instance:
         (req,) = tick(instance, res).run_requests
-        sensor_ctx = lambda: build_sensor_context(instance=instance, definitions=defs, resources=res)  # noqa: E731
+        sensor_ctx = lambda sensor: build_sensor_context(instance=instance, definitions=defs,  # noqa: E731
+                                                         resources=for_sensor(sensor, res))
         assert materialize(ASSETS, instance=instance, partition_key=req.partition_key, resources=res).success
-        fired = warehouse_sync_sensor(sensor_ctx())
+        fired = warehouse_sync_sensor(sensor_ctx(warehouse_sync_sensor))
         assert fired.run_key.startswith("cdc-") and fired.tags["dyna/trigger"] == "cdc"
         result = materialize([wh_asset], instance=instance, resources=res)
         m = md(result, "warehouse_episodes", None)
         assert m["rows"] == 4 and m["rows_by_status"] == {"transcoded": 4}
-        assert "up to date" in warehouse_sync_sensor(sensor_ctx()).skip_message
+        assert "up to date" in warehouse_sync_sensor(sensor_ctx(warehouse_sync_sensor)).skip_message
         with res["warehouse"].open(read_only=True) as wh:
             assert [e["episode_id"] for e in wh.episodes()] == [f"ep-g{i}" for i in range(4)]
             assert wh.episodes() == sorted(res["ingest"].stores().registry.episodes(), key=lambda e: e["episode_id"])
@@ -284,7 +372,7 @@ def test_warehouse_follows_the_registry_and_its_sensor_fires_only_when_changes_a
         (home / "curation" / "first-two.yaml").write_text(
             "name: first-two\nwhere: {episode_id: {in: [ep-g0, ep-g1]}}\nsegments: {length_s: 0.5, stride_s: 0.5}\n")
         (home / "curation" / "bad name!.yaml").write_text("name: x\n")
-        sr = curation_spec_sensor(sensor_ctx())
+        sr = curation_spec_sensor(sensor_ctx(curation_spec_sensor))
         assert [r.partition_key for r in sr.run_requests] == ["first-two"]
         instance.add_dynamic_partitions("curation_specs", ["first-two"])
         built = materialize([defs.get_assets_def("manifests")], instance=instance, resources=res,
@@ -302,7 +390,7 @@ def test_warehouse_follows_the_registry_and_its_sensor_fires_only_when_changes_a
 
         res["cache"] = CacheResource(home_root=str(home), page_mb=0.25)
         res["replica"] = ReplicaResource(home_root=str(home))
-        fired = manifest_prewarm_sensor(sensor_ctx())
+        fired = manifest_prewarm_sensor(sensor_ctx(manifest_prewarm_sensor))
         assert [r.partition_key for r in fired.run_requests] == ["first-two"]
         assert not manifest_prewarm_sensor(build_sensor_context(instance=instance, cursor=fired.cursor)).run_requests
         cache_sets = defs.get_assets_def("cache_sets")

@@ -49,7 +49,7 @@ def test_sigkill_mid_batch_then_relaunch_completes_without_duplicates(episode_fa
     (batch,) = [b.key for b in plan.sealed]
     with DagsterInstance.get() as instance:
         instance.add_dynamic_partitions("ingest_partitions", [batch])
-        res = {**defs.resources, "ingest": IngestResource(home_root=str(home))}
+        res = {**defs.resources, "ingest": IngestResource(home_root=str(home), units_on="process")}  # setup, in this process
         assert materialize([defs.get_assets_def("raw_episodes")], instance=instance, partition_key=batch,
                            resources=res).success
 

@@ -153,7 +153,7 @@ def test_the_new_gates_are_asset_checks_of_a_real_run(home):  # noqa: F811
     good = home / "landing" / "2026-11-29" / "ep-g0.h5"
     for name, edit in (("ep-nan.h5", nan_actions), ("ep-nocam.h5", empty_camera)):
         hostile(good.parent, good, name, edit)
-    res = resources(home)
+    res = resources(home, units_on="process")
     with DagsterInstance.ephemeral() as instance:
         (req,) = tick(instance, res).run_requests
         result = materialize(ASSETS[:1], instance=instance, partition_key=req.partition_key, resources=res)

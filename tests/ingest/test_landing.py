@@ -211,3 +211,42 @@ def test_generated_drops_sort_after_the_landing_cursor_so_the_next_tick_sees_the
             assert all(k > (LandingCursor.loads(before).after or "") for k in keys)
             assert len(tick.run_requests) == 1  # each drop its own batch and run
     ingest.stores().registry.close()
+
+
+def _file_partitions(reg: Registry) -> dict[str, str]:
+    units = {u.key: u.partition_key for u in reg.batches_after(0)}
+    return {f.path: units[u] for u in units for f in reg.batch_files(u)}
+
+
+def test_a_files_partition_is_deterministic_and_survives_a_tick_that_died_half_way(tmp_path, monkeypatch):
+    zone_root = tmp_path / "landing"
+    rng = __import__("random").Random(4)
+    for i in range(60):
+        touch(zone_root, f"2026-11-{29 + i // 30}/site-{i % 3}/ep-{i:03d}.h5", size=rng.randint(50, 400))
+    zone = LandingZone(zone_root)
+    settings = LandingSettings(target_batch_bytes=1000, partition_bytes=3000, max_wait_s=100, scan_limit=25,
+                               reconcile_every=0)
+
+    def run(reg: Registry, die_at: int | None = None) -> None:
+        cursor, tick = LandingCursor(), 0
+        while True:
+            if tick == die_at:  # the tick dies after packing units, before they join partitions
+                with monkeypatch.context() as m:
+                    m.setattr(reg, "assign_partitions", lambda **kw: (_ for _ in ()).throw(OSError("killed")))
+                    with pytest.raises(OSError):
+                        landing_tick(cursor, zone, reg, settings, now=1000.0 + tick)
+            plan = landing_tick(cursor, zone, reg, settings, now=1000.0 + tick)  # Dagster keeps the old cursor
+            cursor, tick = plan.cursor, tick + 1
+            if not plan.listed and not plan.launch and tick > 5:
+                break
+        landing_tick(cursor, zone, reg, settings, now=5000.0)  # the rest: released and sealed by age
+
+    a, b = Registry.sqlite(tmp_path / "a.sqlite"), Registry.sqlite(tmp_path / "b.sqlite")
+    run(a)
+    run(b, die_at=1)
+    assert _file_partitions(a) == _file_partitions(b) and len(_file_partitions(a)) == 60
+    assert len(set(_file_partitions(a).values())) >= 3
+    assert [p.key for p in a.sealed_partitions_after(0)] == [p.key for p in b.sealed_partitions_after(0)]
+    before = _file_partitions(a)
+    run(a)  # ticking the same zone again from a fresh cursor moves nothing
+    assert _file_partitions(a) == before
