@@ -63,6 +63,33 @@ def cpu_all() -> float:
     return _cpu_s(resource.RUSAGE_SELF) + _cpu_s(resource.RUSAGE_CHILDREN)
 
 
+def become_subreaper() -> bool:
+    """Make this process the reaper of its orphaned descendants (Linux ``PR_SET_CHILD_SUBREAPER``):
+    a Ray worker's processes outlive their parents at shutdown, and only a reaped process's CPU
+    reaches ``RUSAGE_CHILDREN``. The standard library has no call for it."""
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def reap_descendants(deadline_s: float = 20.0) -> int:
+    """Wait for every descendant that is (or becomes) this process's child; how many were reaped."""
+    reaped, end = 0, time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return reaped
+        if pid == 0:
+            time.sleep(0.05)
+        else:
+            reaped += 1
+    return reaped
+
+
 class Probe:
     """Wraps a function that the pipeline calls by module-level name: counts calls, wall and CPU
     (self + reaped children), and keeps what it returned. Benchmark-only instrumentation."""
@@ -131,7 +158,7 @@ def codec_floor(paths: list[Path], video) -> dict:
     from dyna_resources.episodes.raw_format import RawEpisode
 
     decode_s = encode_s = read_s = 0.0
-    frames = gops = 0
+    frames = gops = jpeg_bytes = 0
     t_wall = time.perf_counter()
     for path in paths:
         with RawEpisode(path) as raw:
@@ -153,12 +180,14 @@ def codec_floor(paths: list[Path], video) -> dict:
                     encode_gop(yuv, video, rate)
                     c3 = time.process_time()
                     read_s += c1 - c
+                    jpeg_bytes += sum(len(j) for j in jpegs)
                     decode_s += c2 - c1
                     encode_s += c3 - c2
                     frames += hi - lo
                     gops += 1
     return {"cpu_s": decode_s + encode_s, "decode_cpu_s": decode_s, "encode_cpu_s": encode_s,
-            "jpeg_read_cpu_s": read_s, "frames": frames, "gops": gops, "wall_s": time.perf_counter() - t_wall}
+            "jpeg_read_cpu_s": read_s, "frames": frames, "gops": gops, "jpeg_bytes": jpeg_bytes,
+            "wall_s": time.perf_counter() - t_wall}
 
 
 def post_gate_cost(episodes: list[dict]) -> dict:
@@ -217,8 +246,10 @@ def main(argv: list[str]) -> int:
     from dyna_resources.catalog.registry import TRANSCODED
     from dyna_resources.episodes.sim import generate_fleet
     from dyna_resources.faces import IngestResource, TranscodeResource
+    from dyna_resources.ingest.ray_units import ray_cluster
     from dyna_resources.ingest.tick import LandingSettings
 
+    subreaper = become_subreaper()
     saved_env = {k: os.environ.get(k) for k in ("DYNA_HOME", "DYNA_REGISTRY_URL")}
     with tempfile.TemporaryDirectory(prefix="dyna-ingest-bench-", dir=args.workdir or None) as tmp:
         home = Path(tmp) / "home"
@@ -250,12 +281,16 @@ def main(argv: list[str]) -> int:
                     Probe(assets_mod, "inventory_batch") as pre, Probe(assets_mod, "transcode_batch") as tc:
                 c0, t0 = cpu_all(), time.perf_counter()
                 results = []
-                for res in (ingest, flush):
-                    results += local_mod.ingest_landed(instance, defs, cursor_file=cursor, run_config=quiet,
-                                                       resources={**defs.resources, "ingest": res,
-                                                                  "transcode": transcode})
-                    if res is ingest:
-                        full_batches = len(res.stores().registry.batches_after(0))
+                # The work units run on a local Ray cluster, as the embedded default runs them; its start
+                # and stop are inside the measurement, and so is every process it ran (reaped below).
+                with ray_cluster(num_cpus=ncpu) as cluster:
+                    for res in (ingest, flush):
+                        results += local_mod.ingest_landed(instance, defs, cursor_file=cursor, run_config=quiet,
+                                                           resources={**defs.resources, "ingest": res,
+                                                                      "transcode": transcode})
+                        if res is ingest:
+                            full_batches = len(res.stores().registry.batches_after(0))
+                reap_descendants()
                 wall_s, cpu_s = time.perf_counter() - t0, cpu_all() - c0
             failed = [r.run_id for r in results if not r.success]
 
@@ -338,7 +373,11 @@ def main(argv: list[str]) -> int:
         "worker_balance_mean": float(np.mean(fair_bal)) if fair_bal else None,
         "full_batches": full_batches, "flushed_batches": len(batches) - full_batches,
         "batch_balance_full_batches": full_balance,
-        "transcode_workers": transcode.pool_size(),
+        "transcode_workers": transcode.pool_size(), "units_on": "ray", "ray_cpus": ncpu,
+        "all_descendants_reaped": subreaper,
+        "mcap_bytes": sum(e["mcap_bytes"] or 0 for e in good), "jpeg_bytes": floor["jpeg_bytes"],
+        "size_ratio_vs_jpeg": (sum(e["mcap_bytes"] or 0 for e in good) / floor["jpeg_bytes"]
+                               if floor["jpeg_bytes"] else None),
         "preset": video.preset, "crf": video.crf, "gop_frames": video.gop_frames,
         "generate_s": gen_s,
         "target_overhead_ratio": TARGET_OVERHEAD_RATIO, "target_batch_balance": TARGET_BATCH_BALANCE,

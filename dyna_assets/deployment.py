@@ -31,7 +31,8 @@ PRODUCTION_SETTINGS = {
     "DYNA_CACHE_DIR": "the node page cache on local NVMe",
     "DYNA_CHECKPOINT_STORE": "where checkpoints are uploaded: gs://bucket/checkpoints",
 }
-# Optional in production: DYNA_RAY_NAMESPACE / _WORKER_CPUS / _WORKER_MEMORY / _MAX_WORKERS (the KubeRay
+# Optional in production: DYNA_LANDING_URL (gs:// or s3:// landing zone), DYNA_MCAP_STORE (where MCAPs are
+# published), DYNA_SCRATCH_DIR (node-local scratch for staging and writing), DYNA_RAY_NAMESPACE / _WORKER_CPUS / _WORKER_MEMORY / _MAX_WORKERS (the KubeRay
 # cluster of the ingest steps), DYNA_REPLICA_STORE + DYNA_S3_ENDPOINT_URL (second origin), DYNA_ORIGIN_ROUTES,
 # DYNA_CACHE_CAPACITY_GB / _PAGE_MB / _TTL_S, DYNA_ALLUXIO_* (cluster cache), GOOGLE_APPLICATION_CREDENTIALS.
 
@@ -85,7 +86,12 @@ def production_resources(environ: Mapping[str, str] | None = None) -> dict:
         "home": HomeResource(root=home, manifest_store=EnvVar("DYNA_MANIFEST_STORE")),
         # a fleet uploads all day: full batches, a short one only after an hour (the embedded default: 30 s)
         "ingest": IngestResource.with_landing(LandingSettings(), home_root=home,
-                                              registry_url=EnvVar("DYNA_REGISTRY_URL")),
+                                              registry_url=EnvVar("DYNA_REGISTRY_URL"),
+                                              # no shared volume for ingest: the fleet's bucket in, MCAPs out
+                                              landing_url=env.get("DYNA_LANDING_URL", ""),
+                                              mcap_store=env.get("DYNA_MCAP_STORE", ""),
+                                              endpoint_url=env.get("DYNA_S3_ENDPOINT_URL", ""),
+                                              scratch_dir=env.get("DYNA_SCRATCH_DIR", "")),
         "gates": GatesResource(),
         "transcode": TranscodeResource(),
         "warehouse": WarehouseResource(path=EnvVar("DYNA_WAREHOUSE_PATH")),

@@ -26,6 +26,7 @@ from .home import DynaHome
 from .ingest.batches import IngestStores
 from .ingest.gates import GateConfig
 from .ingest.landing import LandingZone
+from .ingest.object_landing import landing_zone
 from .ingest.ray_units import UnitResources
 from .ingest.tick import EMBEDDED_LANDING, LandingSettings
 from .ladders.config import LadderConfig
@@ -91,10 +92,23 @@ class IngestResource(ConfigurableResource):
         """This resource with every landing setting taken from ``settings``."""
         return cls(**dataclasses.asdict(settings), **fields)
 
+    # Object stores (production, no shared volume): the fleet's bucket and where MCAPs go; local scratch
+    # for files being written and raw files being staged. Empty: the home folder's landing/ and mcap/.
+    landing_url: str = ""  # gs://fleet-uploads/raw, s3://bucket/raw
+    mcap_store: str = ""  # gs://dyna-episodes/mcap, s3://bucket/mcap
+    endpoint_url: str = ""  # an S3-compatible landing zone and MCAP store
+    scratch_dir: str = ""  # local NVMe; default <home>/scratch
+
     def stores(self) -> IngestStores:
         home = HomeResource(root=self.home_root).home()
         registry = RegistryResource(url=self.registry_url, home_root=self.home_root).registry()
-        return IngestStores(registry, LandingZone(home.landing), home.mcap, home.quarantine)
+        endpoint = self.endpoint_url or None
+        landing = landing_zone(self.landing_url, endpoint) if self.landing_url else LandingZone(home.landing)
+        if not self.mcap_store:
+            return IngestStores(registry, landing, home.mcap, home.quarantine)
+        scratch = Path(self.scratch_dir) if self.scratch_dir else home.root / "scratch"
+        return IngestStores(registry, landing, scratch / "mcap", scratch / "quarantine", mcap_store=self.mcap_store,
+                            endpoint_url=endpoint)
 
     def landing_settings(self) -> LandingSettings:
         return LandingSettings(**{f.name: getattr(self, f.name) for f in dataclasses.fields(LandingSettings)})

@@ -111,6 +111,7 @@ episodes = Table(
     Column("mcap_path", String(1024), nullable=True),
     Column("mcap_uri", String(1024), nullable=True),  # the same file as an fsspec URL (file://, gs://): what manifests carry
     Column("mcap_bytes", BigInteger, nullable=True),
+    Column("mcap_version", String(128), nullable=True),  # the MCAP object's version: a rewrite must replace exactly it
     # what the transcode measured, for curation (time range, steps, frames, cameras with gaps)
     Column("start_ns", BigInteger, nullable=True),
     Column("end_ns", BigInteger, nullable=True),

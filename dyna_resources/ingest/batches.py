@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -29,7 +28,10 @@ from ..episodes.errors import EpisodeError
 from ..episodes.raw_format import RawEpisode
 from ..episodes.transcode import TranscodeSettings, transcode_episode
 from .gates import GateConfig, GateResult
+from ..storage.stores import Store, StoreUnavailableError
+from .episode_io import McapSink, PreconditionFailed, RawSource
 from .landing import LandingZone
+from .object_landing import ObjectLandingZone
 from .post_gates import post_gates
 from .pre_gates import Inspection, inspect_file
 from .quality import score_episode
@@ -50,10 +52,16 @@ def quality_row(src: str | Path, cameras: dict, gates: GateConfig) -> dict:
 
 @dataclass(frozen=True)
 class IngestStores:
+    """Where ingest reads and writes. Embedded: local folders. Production: a ``gs://``/``s3://``
+    landing zone (:class:`ObjectLandingZone`) and ``mcap_store``; then ``mcap_dir`` and
+    ``quarantine_dir`` are only local scratch (files being written, raw files being staged)."""
+
     registry: Registry
-    landing: LandingZone
+    landing: LandingZone | ObjectLandingZone
     mcap_dir: Path
     quarantine_dir: Path
+    mcap_store: str | None = None  # gs://bucket/mcap, s3://bucket/mcap: MCAPs are published there
+    endpoint_url: str | None = None  # an S3-compatible MCAP store
 
     def check(self) -> None:
         """Critical dependencies: raise before any work if the store or the registry is unreachable."""
@@ -61,6 +69,17 @@ class IngestStores:
         self.registry.ping()
         self.mcap_dir.mkdir(parents=True, exist_ok=True)
         self.quarantine_dir.mkdir(parents=True, exist_ok=True)
+        if self.mcap_store:
+            Store.from_url(self.mcap_store, endpoint_url=self.endpoint_url).ls("")
+
+    def sink(self) -> McapSink:
+        return McapSink(str(self.mcap_dir), str(self.quarantine_dir), self.mcap_store, self.endpoint_url)
+
+    def raw(self) -> RawSource:
+        return RawSource.of(self.landing, str(self.mcap_dir / STAGING))
+
+
+STAGING = ".staging"  # below mcap_dir: raw files copied from an object landing zone while they are read
 
 
 @dataclass
@@ -123,17 +142,19 @@ def inventory_batch(batch_key: str, stores: IngestStores, gates: GateConfig,
     registered = stores.registry.registered_at([f.path for f in files])
     rep = StageReport(batch_key, "pre", files=len(files))
     t_cpu = time.process_time()
+    raw = stores.raw()
     for f in files:
-        path = stores.landing.resolve(f.path)
-        if not path.is_file():
+        try:
+            with raw.local(f.path, f.bytes) as path:
+                insp = inspect_file(path, f.path, gates)
+        except FileNotFoundError:
             stores.landing.check()  # the whole store gone is critical; one vanished file is not
             insp = _held(f.path, f.bytes, "file vanished from the landing zone")
-        else:
-            try:
-                insp = inspect_file(path, f.path, gates)
-            except Exception as e:  # noqa: BLE001  (whatever one file raises, the batch goes on)
-                stores.landing.check()
-                insp = _held(f.path, f.bytes, f"cannot inspect: {type(e).__name__}: {e}")
+        except StoreUnavailableError:
+            raise
+        except Exception as e:  # noqa: BLE001  (whatever one file raises, the batch goes on)
+            stores.landing.check()
+            insp = _held(f.path, f.bytes, f"cannot inspect: {type(e).__name__}: {e}")
         episode, release = _episode_row(stores.registry, insp, registered.get(f.path))
         try:
             _record_pre(stores.registry, batch_key, f.path, insp, episode, release)
@@ -245,7 +266,7 @@ def _alive(pid: int) -> bool:
 def episodes_to_transcode(batch_key: str, stores: IngestStores, *, force: bool = False) -> tuple[list[dict], list[str]]:
     """(episodes to (re)do, ids already up to date). Stale = never written, written or failed by
     other versions, or written but the file is gone."""
-    reg = stores.registry
+    reg, sink = stores.registry, stores.sink()
     if force:
         rows = [r for r in reg.episodes(batch_key) if r["status"] != REJECTED]
         return rows, []
@@ -256,7 +277,7 @@ def episodes_to_transcode(batch_key: str, stores: IngestStores, *, force: bool =
     for r in reg.episodes(batch_key):
         if r["episode_id"] in ids or r["status"] in (REJECTED, QUARANTINED):
             continue
-        if r["status"] == TRANSCODED and not (r["mcap_path"] and Path(r["mcap_path"]).is_file()):
+        if r["status"] == TRANSCODED and not sink.exists(r["mcap_path"]):
             stale.append(r)
         else:
             done.append(r["episode_id"])
@@ -275,74 +296,89 @@ def transcode_batch(batch_key: str, stores: IngestStores, gates: GateConfig, *,
     # episode when it finishes one, so the batch splits into byte-balanced shares and no
     # worker idles behind a long episode started last.
     todo.sort(key=lambda r: (-r["source_bytes"], r["episode_id"]))
-    jobs = [(str(stores.landing.resolve(r["source_path"])), str(stores.mcap_dir / f"{r['episode_id']}.mcap"),
-             r["source_sha256"], str(stores.quarantine_dir), r) for r in todo]
+    raw, sink = stores.raw(), stores.sink()
+    jobs = [(raw, r["source_path"], r["source_bytes"], sink, r["episode_id"], r["source_sha256"], r.get("mcap_version"),
+             settings, gates) for r in todo]
     workers = max(1, min(workers or os.cpu_count() or 1, len(jobs) or 1))
-    cpu0 = _cpu_s()
+    own0, episodes_cpu = time.process_time(), 0.0
     # Each episode in a process of its own, recorded the moment it finishes: one that raises or
     # kills its worker is quarantined with the reason and the others land.
-    with closing(run_each(_transcode_one, [(*j[:4], settings, gates) for j in jobs], workers,
-                          cpu_limit_s=settings.max_cpu_s, context=mp_context)) as finished:
+    with closing(run_each(_transcode_one, jobs, workers, cpu_limit_s=settings.max_cpu_s,
+                          context=mp_context)) as finished:
         for i, slot, out in finished:
             if isinstance(out, WorkerFailure):
-                out = _worker_died(jobs[i][1], jobs[i][3], out, stores.mcap_dir)
-            _record(stores, rep, jobs[i][4], out, slot, log)
-    rep.cpu_s = _cpu_s() - cpu0
+                out = _worker_died(sink, todo[i]["episode_id"], out, stores.mcap_dir)
+            elif out.get("unavailable"):  # the MCAP store did not answer: critical, the unit fails (and is retried)
+                raise StoreUnavailableError(*out["unavailable"])
+            episodes_cpu += out.get("cpu_s", 0.0)
+            _record(stores, rep, todo[i], out, slot, log)
+    # this process, plus what each episode's process measured of itself: a fork server's children are
+    # not this process's children, so getrusage(RUSAGE_CHILDREN) would miss them
+    rep.cpu_s = time.process_time() - own0 + episodes_cpu
     return rep
 
 
-def _worker_died(dst: str, quarantine_dir: str, failure: WorkerFailure, mcap_dir: Path) -> dict:
+def _worker_died(sink: McapSink, episode_id: str, failure: WorkerFailure, mcap_dir: Path) -> dict:
     remove_orphan_temps(mcap_dir)  # what the dead worker was writing
-    held = _hold(dst, quarantine_dir)  # it may have died after its MCAP was in place
+    held = sink.hold(episode_id)  # it may have died after its MCAP was in place
     return {"gates": [], "wall_s": 0.0, "cpu_s": 0.0,
             "quarantine": {"gate": "transcode", "stage": "transcode", "reason": failure.reason, "stream": None,
                            **({"held_at": held} if held else {})}}
 
 
-def _hold(dst: str, quarantine_dir: str) -> str | None:
-    """Move an MCAP that must not be served into the quarantine folder; its new path, if there was one."""
-    if not Path(dst).is_file():
-        return None
-    held = Path(quarantine_dir) / Path(dst).name
-    shutil.move(dst, held)
-    return str(held)
-
-
-def _cpu_s() -> float:
-    import resource
-    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
-
-
-def _transcode_one(src: str, dst: str, sha256: str, quarantine_dir: str, settings: TranscodeSettings,
-                   gates: GateConfig) -> dict:
+def _transcode_one(raw: RawSource, key: str, size: int, sink: McapSink, episode_id: str, sha256: str,
+                   expect_version: str | None, settings: TranscodeSettings, gates: GateConfig) -> dict:
+    """One episode, in a worker process: stage (object stores), transcode, post gates, publish."""
     t0, c0 = time.perf_counter(), time.process_time()
-    out: dict = {}
+    dst = sink.work_path(episode_id)
+    out: dict = {"gates": []}
+    try:
+        with raw.local(key, size) as src:
+            out = _transcode_local(src, dst, sink, episode_id, sha256, expect_version, settings, gates)
+    except StoreUnavailableError as e:
+        out = {"unavailable": (e.url, e.reason), "gates": []}
+    except FileNotFoundError as e:
+        out["quarantine"] = {"gate": "transcode", "stage": "transcode", "stream": None,
+                             "reason": f"raw file vanished from the landing zone: {e}"}
+    except Exception as e:  # noqa: BLE001  (staging one file failed: that file is held back)
+        out["quarantine"] = {"gate": "transcode", "stage": "transcode", "stream": None,
+                             "reason": f"cannot read the raw file: {type(e).__name__}: {e}"}
+    out["wall_s"], out["cpu_s"] = time.perf_counter() - t0, time.process_time() - c0
+    return out
+
+
+def _transcode_local(src: Path, dst: Path, sink: McapSink, episode_id: str, sha256: str,
+                     expect_version: str | None, settings: TranscodeSettings, gates: GateConfig) -> dict:
+    out: dict = {"gates": []}
     try:
         report = transcode_episode(src, dst, settings, source_sha256=sha256).as_dict()
     except EpisodeError as e:
         out["quarantine"] = {"gate": "transcode", "stage": "transcode", "reason": e.reason, "stream": e.stream}
-        out["gates"] = []
+        return out
     except Exception as e:  # noqa: BLE001  (anything a file makes the transcode raise holds that file back)
         out["quarantine"] = {"gate": "transcode", "stage": "transcode", "reason": f"{type(e).__name__}: {e}",
                              "stream": None}
-        out["gates"] = []
-    else:
-        try:
-            results = post_gates(Path(dst), report, gates)
-            quality = quality_row(src, report["cameras"], gates)
-        except Exception as e:  # noqa: BLE001
-            held = _hold(dst, quarantine_dir)
-            out["quarantine"] = {"gate": "transcode", "stage": "post", "stream": None, "held_at": held,
-                                 "reason": f"checking the MCAP failed: {type(e).__name__}: {e}"}
-            out["gates"] = []
-        else:
-            failed = [r for r in results if not r.passed and r.action == "quarantine"]
-            out.update(report=report, gates=results, quality=quality)
-            if failed:
-                out["quarantine"] = {"gate": failed[0].gate, "stage": "post", "reason": failed[0].detail,
-                                     "stream": None, "held_at": _hold(dst, quarantine_dir)}
-    out["wall_s"], out["cpu_s"] = time.perf_counter() - t0, time.process_time() - c0
+        return out
+    try:
+        results = post_gates(dst, report, gates)
+        quality = quality_row(src, report["cameras"], gates)
+    except Exception as e:  # noqa: BLE001
+        out["quarantine"] = {"gate": "transcode", "stage": "post", "stream": None, "held_at": sink.hold(episode_id, dst),
+                             "reason": f"checking the MCAP failed: {type(e).__name__}: {e}"}
+        return out
+    failed = [r for r in results if not r.passed and r.action == "quarantine"]
+    out.update(report=report, gates=results, quality=quality)
+    if failed:
+        out["quarantine"] = {"gate": failed[0].gate, "stage": "post", "reason": failed[0].detail,
+                             "stream": None, "held_at": sink.hold(episode_id, dst)}
+        return out
+    try:
+        published = sink.publish(episode_id, dst, expect_version)
+    except PreconditionFailed as e:  # someone else's (newer) MCAP is at the key: kept, this one held back
+        out["quarantine"] = {"gate": "transcode", "stage": "post", "stream": None, "held_at": sink.hold(episode_id, dst),
+                             "reason": f"not published: {e}"}
+        return out
+    report.update(output=published.path, output_uri=published.uri, output_version=published.version)
     return out
 
 
@@ -357,7 +393,7 @@ def _record(stores: IngestStores, rep: StageReport, row: dict, out: dict, slot: 
                                        gates=[g.as_record(pv) for g in results], episode=episode,
                                        quarantine=_q(out.get("quarantine")))
     except FieldValueError as e:  # e.g. an output path longer than its column: held back, said why
-        held = _hold(episode["mcap_path"], str(stores.quarantine_dir)) if episode.get("mcap_path") else None
+        held = stores.sink().hold(row["episode_id"]) if episode.get("mcap_path") else None
         out = {**out, "quarantine": {"gate": "transcode", "stage": "post", "stream": e.column, "held_at": held,
                                      "reason": f"the registry cannot store the outcome: {e}"}}
         episode = _post_row(row, out)
@@ -379,11 +415,12 @@ def _post_row(row: dict, out: dict) -> dict:
     episode = {"episode_id": row["episode_id"], "schema_version": versions.SCHEMA_VERSION,
                "pipeline_version": versions.PIPELINE_VERSION}
     if out.get("quarantine"):
-        episode.update(status=QUARANTINED, mcap_path=None, mcap_uri=None, mcap_bytes=None, quality_ok=False)
+        episode.update(status=QUARANTINED, mcap_path=None, mcap_uri=None, mcap_bytes=None, mcap_version=None,
+                       quality_ok=False)
     else:
         r = out["report"]
-        episode.update(status=TRANSCODED, mcap_path=r["output"], mcap_uri=Path(r["output"]).resolve().as_uri(),
-                       mcap_bytes=r["bytes_out"],
+        episode.update(status=TRANSCODED, mcap_path=r["output"], mcap_uri=r["output_uri"],
+                       mcap_version=r["output_version"], mcap_bytes=r["bytes_out"],
                        quality_ok=bool(row.get("quality_ok", True)) and all(g.passed for g in results),
                        start_ns=r["start_ns"], end_ns=r["end_ns"], n_steps=r["streams"].get("joint_states", 0),
                        n_frames=sum(c["frames"] for c in r["cameras"].values()),

@@ -1,0 +1,142 @@
+"""Where an ingest worker reads a raw episode and where it puts the MCAP: local folders (the
+embedded default) or object stores (production, with no shared volume).
+
+- Raw files: a local landing zone is read in place; from ``gs://`` / ``s3://`` each file is
+  staged to local scratch (ranged reads pinned to the version listed, temp name then rename:
+  HDF5 wants a seekable local file) and the copy is removed when the episode is done.
+- MCAPs: the transcoder always writes a local file under a temporary name and renames it when
+  complete. Locally that file is the MCAP. With an MCAP store it is published with a
+  precondition (``"absent"`` for a first write, the version the registry recorded for a
+  rewrite), so no partial object is ever visible at the final key and a newer object written by
+  someone else is never silently overwritten; then the local copy goes.
+- Held-back MCAPs go to ``quarantine/`` under the same store (a local folder embedded).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..storage.publish import PreconditionFailed, move_to_quarantine, publish_file
+from ..storage.stores import Store, local_version
+from .landing import LandingZone
+from .object_landing import ObjectLandingZone
+
+QUARANTINE_PREFIX = "quarantine"
+
+
+@dataclass(frozen=True)
+class Published:
+    """Where an MCAP now lives: what the registry records."""
+
+    path: str  # a local path, or the store URL (nothing local is left)
+    uri: str  # fsspec URL: what manifests and the cache read
+    version: str  # the object's version token (local: size and mtime), the precondition of the next rewrite
+
+
+@dataclass(frozen=True)
+class RawSource:
+    """A landing zone, by its root (a folder or a ``gs://`` / ``s3://`` URL), and the local scratch
+    folder its objects are staged in. It carries no live client: gcsfs and s3fs clients must not
+    cross a fork, so each process builds its own (fsspec keeps one per process)."""
+
+    root: str
+    scratch: str
+    endpoint_url: str | None = None
+
+    @classmethod
+    def of(cls, landing: LandingZone | ObjectLandingZone, scratch: str) -> RawSource:
+        if isinstance(landing, LandingZone):
+            return cls(str(landing.root), scratch)
+        return cls(landing.root, scratch, landing.store.endpoint_url)
+
+    def zone(self) -> LandingZone | ObjectLandingZone:
+        if "://" not in self.root:
+            return LandingZone(self.root)
+        return ObjectLandingZone(self.root, endpoint_url=self.endpoint_url)
+
+    @contextmanager
+    def local(self, key: str, size: int | None = None) -> Iterator[Path]:
+        """A local path to the raw file at ``key`` for the block; ``FileNotFoundError`` if it is gone."""
+        zone = self.zone()
+        if isinstance(zone, LandingZone):
+            path = zone.resolve(key)
+            if not path.is_file():
+                raise FileNotFoundError(f"{key}: vanished from the landing zone")
+            yield path
+            return
+        staged = zone.stage(key, self.scratch, expect_size=size)
+        try:
+            yield staged
+        finally:
+            staged.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class McapSink:
+    """Where MCAPs go: ``folder`` (embedded: the MCAPs themselves; with ``store``: where they are
+    written before being published) and held-back ones to ``quarantine_folder`` / the store's
+    ``quarantine/``."""
+
+    folder: str
+    quarantine_folder: str
+    store: str | None = None  # gs://bucket/mcap, s3://bucket/mcap
+    endpoint_url: str | None = None
+
+    def _store(self) -> Store:
+        assert self.store is not None
+        return Store.from_url(self.store, endpoint_url=self.endpoint_url)
+
+    def work_path(self, episode_id: str) -> Path:
+        """The local file the transcoder writes for an episode."""
+        return Path(self.folder) / f"{episode_id}.mcap"
+
+    def publish(self, episode_id: str, local: Path, expect: str | None) -> Published:
+        """Make the finished local MCAP the episode's MCAP. ``expect``: the version this write replaces
+        (``None``: there must be none). :raises PreconditionFailed: another object is there now."""
+        if self.store is None:
+            return Published(str(local), local.resolve().as_uri(), local_version(local.stat()))
+        store = self._store()
+        key = f"{episode_id}.mcap"
+        info = publish_file(store, local, key, expect=expect or "absent")
+        local.unlink(missing_ok=True)
+        return Published(store.url(key), store.url(key), info.version)
+
+    def exists(self, path: str | None) -> bool:
+        """Whether an MCAP the registry points at is still there."""
+        if not path:
+            return False
+        if self.store is None or "://" not in path:
+            return Path(path).is_file()
+        try:
+            self._store().info(path.removeprefix(self._store().root).lstrip("/"))
+        except FileNotFoundError:
+            return False
+        return True
+
+    def hold(self, episode_id: str, local: Path | None = None) -> str | None:
+        """Hold an episode's MCAP back: the local copy if there is one, else one already published.
+        Returns where it went, or ``None`` if there was nothing to hold."""
+        if self.store is None:
+            dst = local or self.work_path(episode_id)
+            if not dst.is_file():
+                return None
+            held = Path(self.quarantine_folder) / dst.name
+            held.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(dst, held)
+            return str(held)
+        store, key = self._store(), f"{episode_id}.mcap"
+        if local is not None and local.is_file():
+            publish_file(store, local, f"{QUARANTINE_PREFIX}/{key}")  # a held copy may be replaced
+            local.unlink(missing_ok=True)
+            return store.url(f"{QUARANTINE_PREFIX}/{key}")
+        try:
+            return store.url(move_to_quarantine(store, key, QUARANTINE_PREFIX).key)
+        except FileNotFoundError:
+            return None
+
+
+__all__ = ["McapSink", "PreconditionFailed", "Published", "RawSource"]

@@ -1,0 +1,258 @@
+"""The landing zone on object storage (``gs://bucket/prefix``, ``s3://bucket/prefix``).
+
+The same interface as the local ``LandingZone`` (``scan``, ``check``, ``resolve``), on the stores'
+own key-ordered listing: a scan starts at the cursor with GCS ``startOffset`` / S3 ``StartAfter``,
+so a tick costs what is new, not the size of the zone, and pages until ``limit`` raw files are found.
+The filters are the local zone's: only ``RAW_SUFFIXES``, nothing with a hidden path component
+(uploaders' temporary names), and no key that ``check_key`` refuses (``..``, absolute, backslash,
+NUL, ``?``/``#``): those are skipped with a warning, since an object store accepts any name.
+
+``stage`` copies a raw object to local scratch for the transcoder (which needs a file path): ranged
+reads pinned to the object version seen first (GCS ``generation``, S3 ``If-Match`` on the ETag), so
+an object rewritten mid-copy fails the copy instead of mixing two versions; a temp name in the
+scratch folder is renamed onto the result only once every byte arrived.
+
+``landing_zone(url_or_path)`` picks the local zone for paths and ``file://``, this one otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import BinaryIO
+
+from ..catalog.registry import LandedFile
+from ..storage.publish import PreconditionFailed
+from ..storage.stores import ObjectInfo, Store, StoreKeyError, StoreUnavailableError, check_key
+from .landing import RAW_SUFFIXES, LandingZone
+
+log = logging.getLogger(__name__)
+
+STAGE_CHUNK = 8 << 20  # bytes per ranged read while staging
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+class ObjectLandingZone:
+    """Raw episodes under an object-store prefix, listed incrementally in key (byte) order.
+
+    :param store: the landing root: a ``Store`` (e.g. with a ready filesystem) or a ``gs://`` / ``s3://`` URL.
+    :param endpoint_url: an S3-compatible origin, when ``store`` is a URL.
+    :param suffixes: the raw files' name endings.
+    :param page_size: at most this many names per list request (1000 is both services' maximum).
+    :param stage_chunk: bytes per ranged read when staging.
+    """
+
+    def __init__(self, store: Store | str, *, endpoint_url: str | None = None,
+                 suffixes: tuple[str, ...] = RAW_SUFFIXES, page_size: int = 1000, stage_chunk: int = STAGE_CHUNK):
+        self.store = store if isinstance(store, Store) else Store.from_url(store, endpoint_url=endpoint_url)
+        if self.store.protocol not in ("gs", "s3"):
+            raise ValueError(f"an object landing zone is gs:// or s3://, not {self.store.root!r}: use LandingZone")
+        if not 1 <= page_size <= 1000:
+            raise ValueError("page_size is 1 to 1000")
+        self.suffixes = suffixes
+        self.page_size = page_size
+        self.stage_chunk = stage_chunk
+        self.bucket, _, prefix = self.store.root.split("://", 1)[1].partition("/")
+        self._base = f"{prefix}/" if prefix else ""  # object names below the root start with this
+
+    @property
+    def root(self) -> str:
+        return self.store.root
+
+    def __repr__(self) -> str:
+        return f"ObjectLandingZone({self.store!r})"
+
+    # ---- addressing -----------------------------------------------------------------------------
+    def resolve(self, key: str) -> str:
+        """The URL of a key; a key that would escape the root (``..``, absolute, ...) raises ``StoreKeyError``."""
+        return self.store.url(key)
+
+    def info(self, key: str) -> ObjectInfo:
+        """Size and version token of a landed object (``FileNotFoundError`` if it is gone)."""
+        return self.store.info(key)
+
+    def open(self, key: str) -> BinaryIO:
+        """A read-only file object on a landed object (ranged reads)."""
+        return self.store.open(key, "rb")
+
+    # ---- listing --------------------------------------------------------------------------------
+    def check(self) -> None:
+        """``StoreUnavailableError`` unless the bucket can be listed (one request for one name)."""
+        self._page(None, None, 1)
+
+    def scan(self, after: str | None = None, limit: int | None = None) -> list[LandedFile]:
+        """Raw files whose key sorts after ``after``, in key order, at most ``limit`` of them.
+
+        :param after: the cursor (the last key seen); ``None`` lists the whole zone.
+        :param limit: stop after this many raw files (``None``: no limit).
+        """
+        out: list[LandedFile] = []
+        if limit is not None and limit <= 0:
+            return out
+        start = self._base + after if after is not None else None
+        token = None
+        while True:
+            want = self.page_size if limit is None else min(self.page_size, limit - len(out))
+            names, token = self._page(start, token, want)
+            for name, size, mtime_ns in names:
+                key = name[len(self._base):] if name.startswith(self._base) else None
+                # startOffset is inclusive (and an emulator may ignore it): the cursor is filtered here too
+                if key is None or (after is not None and key <= after) or not self._wanted(key):
+                    continue
+                out.append(LandedFile(key, size, mtime_ns))
+                if limit is not None and len(out) >= limit:
+                    return out
+            if token is None:
+                return out
+
+    def _wanted(self, key: str) -> bool:
+        if not key.endswith(self.suffixes) or any(part.startswith(".") for part in key.split("/")):
+            return False
+        try:
+            check_key(key)
+        except StoreKeyError as e:
+            log.warning("landing zone %s: skipping object %r: %s", self.store.root, key, e.reason)
+            return False
+        return True
+
+    def _page(self, start: str | None, token: str | None, want: int) -> tuple[list[tuple[str, int, int]], str | None]:
+        """One list request: (name, size, mtime_ns) of up to ``want`` objects from ``start`` on, and
+        the token of the next page (``None``: the last page)."""
+        fs = self.store.filesystem
+        try:
+            with self.store._guard(None):
+                if self.store.protocol == "gs":
+                    # gcsfs' listings pass no startOffset (its sequential lister hard-codes None): the
+                    # JSON API is called through gcsfs' authenticated session instead.
+                    page = fs.call("GET", "b/{}/o", self.bucket, json_out=True, prefix=self._base or None,
+                                   startOffset=start, maxResults=want, pageToken=token)
+                    names = [(i["name"], int(i["size"]), _rfc3339_ns(i.get("updated"))) for i in page.get("items", [])]
+                    return names, page.get("nextPageToken")
+                kw = {"Bucket": self.bucket, "Prefix": self._base, "MaxKeys": want}
+                if token:
+                    kw["ContinuationToken"] = token
+                elif start:
+                    kw["StartAfter"] = start
+                page = fs.call_s3("list_objects_v2", **kw)
+                names = [(o["Key"], int(o["Size"]), _datetime_ns(o.get("LastModified")))
+                         for o in page.get("Contents", [])]
+                return names, page.get("NextContinuationToken") if page.get("IsTruncated") else None
+        except FileNotFoundError:
+            raise StoreUnavailableError(self.store.root, "bucket not found") from None
+
+    # ---- staging --------------------------------------------------------------------------------
+    def stage(self, key: str, scratch_dir: str | os.PathLike, *, expect_size: int | None = None) -> Path:
+        """Copy the object at ``key`` to ``<scratch_dir>/<key>`` and return that path.
+
+        :param key: a landed key.
+        :param scratch_dir: local scratch space; the copy replaces any earlier one at the same path.
+        :param expect_size: the size registered for the key; another size raises ``PreconditionFailed``.
+        :raises FileNotFoundError: no object at ``key``.
+        :raises PreconditionFailed: the object is not the expected size, or changed during the copy.
+        """
+        check_key(key)
+        size, pin = self._stat(key)
+        if expect_size is not None and size != expect_size:
+            raise PreconditionFailed(key, f"{size} bytes, {expect_size} were registered")
+        dest = Path(scratch_dir).joinpath(*key.split("/"))
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f".{dest.name}.staging-{uuid.uuid4().hex}")
+        try:
+            with open(tmp, "xb") as f:
+                f.writelines(self._ranges(key, size, pin))
+                if f.tell() != size:
+                    raise PreconditionFailed(key, f"copied {f.tell()} bytes of {size}")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, dest)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return dest
+
+    def _stat(self, key: str) -> tuple[int, dict]:
+        """Size, and the request arguments that pin reads to this version of the object."""
+        fs, name = self.store.filesystem, self._base + key
+        with self.store._guard(key):
+            if self.store.protocol == "gs":
+                meta = fs.call("GET", "b/{}/o/{}", self.bucket, name, json_out=True)
+                return int(meta["size"]), {"generation": meta["generation"]}
+            # If-Match on the ETag, not VersionId: reading old versions needs another permission
+            head = fs.call_s3("head_object", Bucket=self.bucket, Key=name)
+            return int(head["ContentLength"]), {"IfMatch": head["ETag"]}
+
+    def _ranges(self, key: str, size: int, pin: dict) -> Iterator[bytes]:
+        fs, name = self.store.filesystem, self._base + key
+        for start in range(0, size, self.stage_chunk):
+            end = min(start + self.stage_chunk, size)
+            with self.store._guard(key):
+                try:
+                    if self.store.protocol == "gs":
+                        data = fs.cat_file(f"{self.bucket}/{name}", start=start, end=end, **pin)
+                    else:
+                        from fsspec.asyn import sync
+
+                        data = sync(fs.loop, _s3_range, fs, self.bucket, name, start, end, pin)
+                except FileNotFoundError:  # the pinned generation is gone
+                    raise PreconditionFailed(key, "rewritten or deleted while it was staged") from None
+                except OSError as e:
+                    if _s3_code(e) == "PreconditionFailed":  # If-Match: another ETag now
+                        raise PreconditionFailed(key, "rewritten while it was staged") from None
+                    raise
+            if len(data) != end - start:
+                raise PreconditionFailed(key, f"bytes {start}-{end} came back {len(data)} long")
+            yield data
+
+
+def _s3_code(e: BaseException) -> str | None:
+    """The S3 error code of a failed s3fs call (s3fs raises an ``OSError`` caused by botocore's error)."""
+    response = getattr(e.__cause__, "response", None) or {}
+    return response.get("Error", {}).get("Code")
+
+
+async def _s3_range(fs, bucket: str, name: str, start: int, end: int, pin: dict) -> bytes:
+    resp = await fs._call_s3("get_object", Bucket=bucket, Key=name, Range=f"bytes={start}-{end - 1}", **pin)
+    body = resp["Body"]
+    try:
+        return await body.read()
+    finally:
+        body.close()
+
+
+def landing_zone(url_or_path: str | os.PathLike, endpoint_url: str | None = None, *,
+                 suffixes: tuple[str, ...] = RAW_SUFFIXES) -> LandingZone | ObjectLandingZone:
+    """The landing zone at ``url_or_path``: ``LandingZone`` for a local path or ``file://`` URL,
+    ``ObjectLandingZone`` for ``gs://`` and ``s3://``.
+
+    :param url_or_path: the landing root.
+    :param endpoint_url: an S3-compatible origin (object stores only).
+    :param suffixes: the raw files' name endings.
+    """
+    store = Store.from_url(url_or_path, endpoint_url=endpoint_url)
+    if store.protocol == "file":
+        return LandingZone(store.root.removeprefix("file://") or "/", suffixes)
+    return ObjectLandingZone(store, suffixes=suffixes)
+
+
+def _rfc3339_ns(text: str | None) -> int:
+    if not text:
+        return 0
+    try:
+        return _datetime_ns(datetime.fromisoformat(text))
+    except ValueError:
+        return 0
+
+
+def _datetime_ns(when: datetime | None) -> int:
+    if when is None:
+        return 0
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    delta = when - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1_000
+
+
+__all__ = ["ObjectLandingZone", "landing_zone"]

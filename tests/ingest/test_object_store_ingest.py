@@ -1,0 +1,126 @@
+"""Ingest with no shared volume: the landing zone and the MCAPs in an object store (a GCS emulator
+and a moto S3 server on 127.0.0.1, started by the tests), through the same tick and partition
+engines the Dagster assets run. Episodes are read by staging, MCAPs published with preconditions."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+import fsspec
+import pytest
+
+from dyna_resources import versions
+from dyna_resources.catalog.registry import QUARANTINED, TRANSCODED, Registry
+from dyna_resources.episodes.mcap_reader import EpisodeReader
+from dyna_resources.ingest.batches import IngestStores
+from dyna_resources.ingest.episode_io import QUARANTINE_PREFIX
+from dyna_resources.ingest.gates import GateConfig
+from dyna_resources.ingest.object_landing import ObjectLandingZone, landing_zone
+from dyna_resources.ingest.partitions import UnitJob, ingest_partition
+from dyna_resources.ingest.tick import LandingCursor, LandingSettings, landing_tick
+from dyna_resources.storage.stores import Store
+from tests.ingest.test_object_landing import gcs_api  # noqa: F401  (fixture: GCS listing as the service does it)
+from tests.storage.test_publish import gcs_preconditions  # noqa: F401  (fixture: GCS preconditions, ditto)
+
+from .conftest import FAST
+
+ALL_IN_ONE = LandingSettings(target_batch_bytes=1 << 40, max_wait_s=0, reconcile_every=0)
+
+
+@dataclass
+class Bucket:
+    landing: str
+    mcap: str
+    endpoint: str | None
+
+    def store(self, url: str) -> Store:
+        return Store.from_url(url, endpoint_url=self.endpoint)
+
+
+@pytest.fixture(params=["gs", "s3"])
+def bucket(request, monkeypatch) -> Bucket:
+    run = f"ingest-{uuid.uuid4().hex[:8]}"
+    if request.param == "gs":
+        gcs = request.getfixturevalue("gcs")
+        request.getfixturevalue("gcs_api")
+        request.getfixturevalue("gcs_preconditions")
+        return Bucket(gcs.url(f"{run}/raw"), gcs.url(f"{run}/mcap"), None)
+    s3 = request.getfixturevalue("s3")
+    # what a deployment does: credentials in the environment, never in a URL or a setting
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                 "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(k, v)
+    return Bucket(s3.url(f"{run}/raw"), s3.url(f"{run}/mcap"), s3.endpoint)
+
+
+def _ingest(stores: IngestStores, partition: str) -> None:
+    gates = GateConfig()
+    ingest_partition(partition, UnitJob("pre", stores, gates))
+    ingest_partition(partition, UnitJob("post", stores, gates, settings=FAST, workers=2))
+
+
+def test_a_bucket_landing_zone_is_listed_incrementally_and_its_mcaps_published_in_a_bucket(
+        bucket, episode_factory, tmp_path):
+    raw = bucket.store(bucket.landing)
+    for i in range(2):
+        raw.put_file(episode_factory(episode_id=f"ep-os{i}", seed=700 + i, duration_s=2.0).path,
+                     f"2026-11-29/ep-os{i}.h5")
+    raw.put_file(episode_factory(fault="truncated", episode_id="ep-os-trunc", seed=709, duration_s=2.0).path,
+                 "2026-11-29/ep-os-trunc.h5")
+    registry = Registry.sqlite(tmp_path / "registry.sqlite")
+    zone = landing_zone(bucket.landing, bucket.endpoint)
+    assert isinstance(zone, ObjectLandingZone)
+    stores = IngestStores(registry, zone, tmp_path / "scratch" / "mcap", tmp_path / "scratch" / "quarantine",
+                          mcap_store=bucket.mcap, endpoint_url=bucket.endpoint)
+    first = landing_tick(LandingCursor(), zone, registry, ALL_IN_ONE)
+    assert (first.listed, first.new_files, len(first.sealed)) == (3, 3, 1)
+    _ingest(stores, first.sealed[0].key)
+    raw.put_file(episode_factory(episode_id="ep-os2", seed=702, duration_s=2.0).path, "2026-11-30/ep-os2.h5")
+    second = landing_tick(first.cursor, zone, registry, ALL_IN_ONE)
+    assert (second.listed, second.new_files, len(second.sealed)) == (1, 1, 1)  # only what is new
+    _ingest(stores, second.sealed[0].key)
+
+    mcaps = bucket.store(bucket.mcap)
+    eps = {e["episode_id"]: e for e in registry.episodes()}
+    assert sorted(eps) == ["ep-os0", "ep-os1", "ep-os2"]  # the truncated file never became an episode
+    assert [q["source_path"] for q in registry.quarantined()] == ["2026-11-29/ep-os-trunc.h5"]
+    for eid, e in eps.items():
+        assert e["status"] == TRANSCODED and e["mcap_uri"] == mcaps.url(f"{eid}.mcap") == e["mcap_path"]
+        assert e["mcap_version"] == mcaps.info(f"{eid}.mcap").version
+        with fsspec.open(e["mcap_uri"], "rb", **_options(bucket)) as f, EpisodeReader(f) as r:
+            assert r.metadata()["pipeline_version"] == versions.PIPELINE_VERSION
+            assert r.metadata()["source_sha256"] == e["source_sha256"]
+    # nothing is left on the node: the MCAPs were published and the staged raw copies removed
+    left = [p for p in (tmp_path / "scratch").rglob("*") if p.is_file()]
+    assert left == [], left
+    # and nothing but the MCAPs is in the bucket (no temporary or partial objects)
+    assert sorted(mcaps.ls("")) == sorted(f"{eid}.mcap" for eid in eps)
+
+
+def test_a_rewrite_never_overwrites_an_mcap_someone_else_replaced(bucket, episode_factory, tmp_path, monkeypatch):
+    raw = bucket.store(bucket.landing)
+    raw.put_file(episode_factory(episode_id="ep-race", seed=720, duration_s=2.0).path, "2026-11-29/ep-race.h5")
+    registry = Registry.sqlite(tmp_path / "registry.sqlite")
+    stores = IngestStores(registry, landing_zone(bucket.landing, bucket.endpoint), tmp_path / "s" / "mcap",
+                          tmp_path / "s" / "quarantine", mcap_store=bucket.mcap, endpoint_url=bucket.endpoint)
+    (partition,) = landing_tick(LandingCursor(), stores.landing, registry, ALL_IN_ONE).sealed
+    _ingest(stores, partition.key)
+    mcaps = bucket.store(bucket.mcap)
+    newer = tmp_path / "newer.mcap"
+    newer.write_bytes(b"someone else's newer MCAP")
+    mcaps.put_file(newer, "ep-race.mcap")  # another writer replaced it after the registry recorded its version
+    foreign = mcaps.info("ep-race.mcap").version
+    monkeypatch.setattr(versions, "PIPELINE_VERSION", "9.9-test")  # the episode is stale: it is redone
+    report = ingest_partition(partition.key, UnitJob("post", stores, GateConfig(), settings=FAST, workers=1))
+    (q,) = report.combined.quarantined
+    assert q["episode_id"] == "ep-race" and q["reason"].startswith("not published: ")
+    assert mcaps.cat("ep-race.mcap") == b"someone else's newer MCAP" and mcaps.info("ep-race.mcap").version == foreign
+    assert q["held_at"] == mcaps.url(f"{QUARANTINE_PREFIX}/ep-race.mcap")  # this run's copy, held in the store
+    with fsspec.open(q["held_at"], "rb", **_options(bucket)) as f, EpisodeReader(f) as r:
+        assert r.metadata()["pipeline_version"] == "9.9-test"
+    assert registry.episode_by_id("ep-race")["status"] == QUARANTINED
+
+
+def _options(bucket: Bucket) -> dict:
+    return {"client_kwargs": {"endpoint_url": bucket.endpoint}} if bucket.endpoint else {}
