@@ -27,6 +27,10 @@ in a fresh process (so its peak memory is its own):
    the same for the alternatives tried. The measured import gives the same figure from the real
    code: sealed partitions (plus the open one's fill) per hour landed.
 
+5. The real ingest on Ray at the chosen encoder settings: ``python -m benchmarks ingest`` at the same
+   size (its method is in its docstring), for episode-hours per core-hour, the overhead over the bare
+   codec, and MCAP bytes over the legacy JPEG bytes of the same frames.
+
 Every figure that goes past a measured size is marked as extrapolated. The last line of stdout is
 one JSON object with every figure.
 """
@@ -216,11 +220,22 @@ def arithmetic(settings) -> dict:
     }
 
 
+def real_ingest(size: str) -> dict:
+    """``python -m benchmarks ingest`` at this size, in its own process: its last JSON line."""
+    cmd = [sys.executable, "-m", "benchmarks", "ingest"] + ([] if size == "full" else [f"--{size}"])
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode:
+        raise RuntimeError(f"`{' '.join(cmd[1:])}` failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks ingest_scale", description=__doc__.split("\n")[0])
     add_size_flags(ap, quick="corpus sizes 10^3 to 10^5 files")
     ap.add_argument("--dir", type=Path, default=None, help="work folder (default: a temporary one, removed)")
     ap.add_argument("--one", type=int, default=0, help=argparse.SUPPRESS)  # a worker process: one size
+    ap.add_argument("--no-ingest", action="store_true",
+                    help="leave out the real ingest on Ray (python -m benchmarks ingest at the same size)")
     args = ap.parse_args(argv)
     if args.one:
         print(json.dumps(one_size(args.one, args.dir)))
@@ -244,6 +259,7 @@ def main(argv: list[str]) -> int:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
+    ingest = None if args.no_ingest else real_ingest(size)
     math_ = arithmetic(settings)
     ns = [r["files"] for r in rows]
     # tick time against the registry's size, over every tick of every size that listed a full page
@@ -251,9 +267,12 @@ def main(argv: list[str]) -> int:
     tick_fit = _fit([x for x, _ in full], [y for _, y in full]) if len(full) >= 2 else None
     tick_50k = max((y for _, y in full), default=None)
     tick_50k_extrap = tick_fit[0] * CORPUS_EPISODES ** tick_fit[1] if tick_fit else None
-    sweep_fit = _fit(ns, [r["sweep_s"] for r in rows])
+    # the sweep is fitted only where its window is a small part of the zone (smaller zones: the window is all of it)
+    wide = [r for r in rows if r["files"] >= 10 * WINDOW_KEYS]
+    sweep_fit = _fit([r["files"] for r in wide], [r["sweep_s"] for r in wide]) if len(wide) >= 2 else (
+        rows[-1]["sweep_s"], 0.0)
     full_fit = _fit(ns, [r["full_listing_s"] for r in rows])
-    sweep_43m = sweep_fit[0] * CORPUS_EPISODES ** sweep_fit[1] if len(rows) >= 2 else rows[-1]["sweep_s"]
+    sweep_43m = sweep_fit[0] * CORPUS_EPISODES ** sweep_fit[1]
     window_fleet = FLEET_HOURS_PER_WEEK / (7 * 24) * 3600 / EPISODE_S * settings.reconcile_window
     reconcile_43m = sweep_43m * window_fleet / max(1, rows[-1]["sweep_keys"])
     full_43m = full_fit[0] * CORPUS_EPISODES ** full_fit[1]
@@ -274,7 +293,8 @@ def main(argv: list[str]) -> int:
     if tick_fit:
         print(f"tick of 50k new keys vs registry size: {tick_fit[0]:.3g} * N^{tick_fit[1]:.2f}; "
               f"at 43M registered files {tick_50k_extrap:.2f} s (extrapolated)")
-    print(f"sweep of {big['sweep_keys']} keys vs zone size: N^{sweep_fit[1]:.2f} -> {sweep_43m:.2f} s at 43M (extrapolated); "
+    print(f"sweep of {big['sweep_keys']} keys vs zone size ({len(wide)} sizes >= {10 * WINDOW_KEYS:,} files fitted): "
+          f"N^{sweep_fit[1]:.2f} -> {sweep_43m:.2f} s at 43M (extrapolated); "
           f"at the fleet's window ({window_fleet:,.0f} keys) {reconcile_43m:.1f} s (extrapolated)")
     print(f"listing the whole zone (before): N^{full_fit[1]:.2f} -> {full_43m:.0f} s at 43M (extrapolated)")
     o = math_["ours"]
@@ -285,8 +305,20 @@ def main(argv: list[str]) -> int:
         days = f"{a['handoff_days_per_year']:.0f} days" if a.get("handoff_days_per_year") is not None else "-"
         print(f"  instead, {name}: {a['partitions_per_1m_hours']:,} per 1M hours, {a['partitions_per_fleet_year']:,} "
               f"a year, hand-off {days}")
+    if ingest is not None:
+        print(f"\nreal ingest on Ray (python -m benchmarks ingest{'' if size == 'full' else ' --' + size}: "
+              f"{ingest['resolution']}, preset {ingest['preset']} CRF {ingest['crf']:g}): "
+              f"{ingest['episode_hours_per_core_hour']:.3f} episode-hours per core-hour, "
+              f"overhead vs the bare codec {ingest['overhead_ratio']:.3f}, MCAP / JPEG bytes "
+              f"{ingest['size_ratio_vs_jpeg']:.3f}")
     out = {
         "benchmark": "ingest_scale", "size": size, "sizes": ns,
+        "episode_hours_per_core_hour": ingest and ingest["episode_hours_per_core_hour"],
+        "overhead_ratio": ingest and ingest["overhead_ratio"],
+        "size_ratio_vs_jpeg": ingest and ingest["size_ratio_vs_jpeg"],
+        "ingest": ingest and {k: ingest[k] for k in ("resolution", "preset", "crf", "gop_frames", "episodes_transcoded",
+                                                     "episode_hours_per_core_hour", "overhead_ratio",
+                                                     "size_ratio_vs_jpeg", "units_on")},
         "tick_s_50k": tick_50k, "tick_s_50k_extrap_43m": tick_50k_extrap,
         "tick_fit": {"a": tick_fit[0], "b": tick_fit[1]} if tick_fit else None,
         "partitions_per_1m_hours": o["partitions_per_1m_hours"], "partitions_per_1m_hours_measured": measured_part,

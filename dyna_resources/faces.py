@@ -164,6 +164,7 @@ class TranscodeResource(ConfigurableResource):
     crf: float = VideoSettings.crf
     crf_by_site: dict[str, float] = dict(CRF_BY_SITE)  # already-compressed sources (LeRobot imports) need a lower CRF
     preset: str = VideoSettings.preset
+    x264_options: str = VideoSettings.x264_options  # extra x264-params after the preset's (benchmarks encode)
     workers: int = 0  # episode processes at once when units run in the step's process
     max_cpu_s: float = 0.0  # CPU seconds one episode may take before its worker is stopped (0: no limit)
     # on Ray, what each work unit asks for: its CPUs (= its episode processes at once) and memory
@@ -171,7 +172,8 @@ class TranscodeResource(ConfigurableResource):
     unit_memory_gb: float = 4.0
 
     def settings(self) -> TranscodeSettings:
-        return TranscodeSettings(video=VideoSettings(gop_frames=self.gop_frames, crf=self.crf, preset=self.preset),
+        return TranscodeSettings(video=VideoSettings(gop_frames=self.gop_frames, crf=self.crf, preset=self.preset,
+                                                     x264_options=self.x264_options),
                                  crf_by_site=tuple(sorted(self.crf_by_site.items())), max_cpu_s=self.max_cpu_s)
 
     def pool_size(self) -> int:

@@ -35,13 +35,18 @@ class VideoSettings:
     """libx264 settings. Output bytes depend only on these and the input frames."""
 
     gop_frames: int = 150  # frames per GOP at the nominal rate (5 s at 30 Hz)
-    # Against the raw frames, within 1 dB PSNR of JPEG q90 on the benchmark scenes; each +1
-    # trades ~0.2 dB for ~25 % fewer bytes (the trade-off table of benchmarks/storage.py).
-    crf: float = 21.0
-    # "slower" + "psnr" (no psycho-visual tuning: training data wants fidelity, not looks)
-    # buy ~15 % fewer bytes at equal PSNR than "medium", for ~40 % of its encode speed.
-    preset: str = "slower"
-    tune: str = "psnr"
+    # Chosen by `python -m benchmarks encode` (preset x CRF x options at equal quality, priced by the
+    # cost model of episodes/encode_cost.py under a fleet-rate floor of 1 episode-hour per core-hour):
+    # "faster" at CRF 18.5 with trellis and mbtree off is within 1 dB PSNR of JPEG q90 against the raw
+    # frames at 0.185x its bytes and ~7.4 ms a 640x480 frame per core (1.5 episode-hours per core-hour);
+    # "slower" at equal PSNR saves ~7 % of the bytes for ~8x the CPU. Each CRF +1 trades ~0.2 dB for
+    # ~25 % fewer bytes.
+    crf: float = 18.5
+    preset: str = "faster"
+    tune: str = "psnr"  # no psycho-visual tuning: training data wants fidelity, not looks
+    # trellis and mbtree (rc-lookahead) spend bits copying the JPEG's noise and blocking: off, every preset
+    # needs 15-30 % fewer bytes at equal PSNR against the raw frames (benchmarks encode)
+    x264_options: str = "trellis=0:rc-lookahead=0"
     pix_fmt: str = "yuv420p"
     # Pinned: libx264's default (frame/slice threads = cores) makes bytes depend on the machine.
     threads: int = 1
@@ -53,6 +58,7 @@ class VideoSettings:
             f"keyint={self.gop_frames * 2}:min-keyint={self.gop_frames * 2}:scenecut=0:"
             f"bframes=0:repeat-headers=1:threads={self.threads}:sliced-threads=0:lookahead-threads=1:"
             "colormatrix=bt470bg:colorprim=bt470bg:transfer=bt470bg:range=pc:chromaloc=1"
+            + (f":{self.x264_options}" if self.x264_options else "")  # after the preset's: they override it
         )
 
     def as_dict(self) -> dict:

@@ -124,3 +124,49 @@ def test_a_rewrite_never_overwrites_an_mcap_someone_else_replaced(bucket, episod
 
 def _options(bucket: Bucket) -> dict:
     return {"client_kwargs": {"endpoint_url": bucket.endpoint}} if bucket.endpoint else {}
+
+
+@pytest.fixture(scope="module")
+def ray_with_store_env(gcs_emulator, s3_server):
+    """A local Ray cluster whose workers see the stores as production's pods do: from the environment
+    (the emulator's host, S3 credentials), set before the cluster starts so its workers inherit it."""
+    from dyna_resources.ingest.ray_units import ray_cluster
+
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                     "AWS_DEFAULT_REGION": "us-east-1"}.items():
+            mp.setenv(k, v)
+        with ray_cluster("local", num_cpus=2) as cluster:
+            yield cluster
+
+
+def test_the_ingest_assets_run_their_units_on_ray_against_the_buckets(ray_with_store_env, bucket, episode_factory,
+                                                                      tmp_path):
+    from dagster import DagsterInstance, materialize
+
+    from dyna_assets.definitions import defs
+    from dyna_assets.deployment import embedded_ray
+    from dyna_resources.faces import GatesResource, IngestResource, TranscodeResource
+
+    raw = bucket.store(bucket.landing)
+    for i in range(3):
+        raw.put_file(episode_factory(episode_id=f"ep-ray{i}", seed=740 + i, duration_s=2.0).path,
+                     f"2026-11-29/ep-ray{i}.h5")
+    ingest = IngestResource(home_root=str(tmp_path / "home"), landing_url=bucket.landing, mcap_store=bucket.mcap,
+                            endpoint_url=bucket.endpoint or "", scratch_dir=str(tmp_path / "scratch"),
+                            target_batch_bytes=1, partition_bytes=1 << 40, max_wait_s=0)  # 3 units, 1 partition
+    res = {"ingest": ingest, "gates": GatesResource(), "ray": embedded_ray(),
+           "transcode": TranscodeResource(preset="veryfast", gop_frames=30, unit_memory_gb=0.5)}
+    stores = ingest.stores()
+    (partition,) = landing_tick(LandingCursor(), stores.landing, stores.registry, ingest.landing_settings()).sealed
+    assert partition.units == 3
+    assets = [defs.get_assets_def(k) for k in ("raw_episodes", "mcap_episodes")]
+    with DagsterInstance.ephemeral() as instance:
+        instance.add_dynamic_partitions("ingest_partitions", [partition.key])
+        result = materialize(assets, instance=instance, partition_key=partition.key, resources=res)
+    assert result.success
+    mcaps = bucket.store(bucket.mcap)
+    eps = stores.registry.partition_episodes(partition.key)
+    assert sorted(e["episode_id"] for e in eps) == ["ep-ray0", "ep-ray1", "ep-ray2"]
+    assert all(e["status"] == TRANSCODED and e["mcap_uri"] == mcaps.url(f"{e['episode_id']}.mcap") for e in eps)
+    assert sorted(mcaps.ls("")) == ["ep-ray0.mcap", "ep-ray1.mcap", "ep-ray2.mcap"]
