@@ -24,9 +24,28 @@ N = 4
 
 
 def _materialize_cmd(batch: str) -> list[str]:
-    config = {"resources": {"transcode": {"config": {"workers": 1}}}}  # one episode at a time: a clean mid-batch kill
+    # one episode at a time, in the run's own process: a clean mid-batch kill of everything that records. (On Ray,
+    # a SIGKILLed driver's local cluster lives in its own session and its unit runs on to the end: safe, since each
+    # record is an idempotent upsert, but no longer "mid-batch"; test_ingest_graph kills a Ray unit's worker.)
+    config = {"resources": {"transcode": {"config": {"workers": 1}}, "ingest": {"config": {"units_on": "process"}}}}
     return [str(Path(sys.executable).parent / "dagster"), "asset", "materialize", "-m", "dyna_assets.definitions",
             "--select", "mcap_episodes", "--partition", batch, "--config-json", json.dumps(config)]
+
+
+def _processes_of(home: Path) -> list[tuple[int, str]]:
+    """Processes (not this one) whose environment names this test's home: the run and what it started."""
+    mark = f"DYNA_HOME={home}".encode()
+    out = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        pid = int(environ.parent.name)
+        if pid == os.getpid():
+            continue
+        try:
+            if mark in environ.read_bytes().split(b"\0"):
+                out.append((pid, (environ.parent / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")))
+        except OSError:
+            continue  # gone, or not ours to read
+    return out
 
 
 def test_sigkill_mid_batch_then_relaunch_completes_without_duplicates(episode_factory, tmp_path, monkeypatch):
@@ -66,6 +85,12 @@ def test_sigkill_mid_batch_then_relaunch_completes_without_duplicates(episode_fa
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     proc.stdout.close()
+    # The run's units ran on a local Ray cluster that the killed process started: its workers (and their
+    # episode processes) are not in the killed process group; they exit once their raylet is gone.
+    deadline = time.monotonic() + 120
+    while left := _processes_of(home):
+        assert time.monotonic() < deadline, f"processes of the killed run still alive: {left}"
+        time.sleep(0.1)
     done_before = {e["episode_id"]: Path(e["mcap_path"]).stat().st_mtime_ns for e in transcoded()}
     assert 1 <= len(done_before) < N
 
