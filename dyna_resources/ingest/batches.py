@@ -69,8 +69,11 @@ class IngestStores:
         self.registry.ping()
         self.mcap_dir.mkdir(parents=True, exist_ok=True)
         self.quarantine_dir.mkdir(parents=True, exist_ok=True)
-        if self.mcap_store:
-            Store.from_url(self.mcap_store, endpoint_url=self.endpoint_url).ls("")
+        if self.mcap_store:  # one HEAD request, whatever the store holds: a missing probe key is the answer
+            try:
+                Store.from_url(self.mcap_store, endpoint_url=self.endpoint_url).info("_reachable")
+            except FileNotFoundError:
+                pass
 
     def sink(self) -> McapSink:
         return McapSink(str(self.mcap_dir), str(self.quarantine_dir), self.mcap_store, self.endpoint_url)

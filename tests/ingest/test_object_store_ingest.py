@@ -170,3 +170,17 @@ def test_the_ingest_assets_run_their_units_on_ray_against_the_buckets(ray_with_s
     assert sorted(e["episode_id"] for e in eps) == ["ep-ray0", "ep-ray1", "ep-ray2"]
     assert all(e["status"] == TRANSCODED and e["mcap_uri"] == mcaps.url(f"{e['episode_id']}.mcap") for e in eps)
     assert sorted(mcaps.ls("")) == ["ep-ray0.mcap", "ep-ray1.mcap", "ep-ray2.mcap"]
+
+
+def test_an_unreachable_mcap_store_fails_before_any_work(s3_unreachable_endpoint, tmp_path, monkeypatch):
+    from dyna_resources.ingest.landing import LandingZone
+    from dyna_resources.storage.stores import StoreUnavailableError
+
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # the store's own retries, not a test hook
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(k, "testing")
+    (tmp_path / "landing").mkdir()
+    stores = IngestStores(Registry.sqlite(tmp_path / "r.sqlite"), LandingZone(tmp_path / "landing"), tmp_path / "m",
+                          tmp_path / "q", mcap_store="s3://nowhere/mcap", endpoint_url=s3_unreachable_endpoint)
+    with pytest.raises(StoreUnavailableError, match="s3://nowhere/mcap"):
+        stores.check()
