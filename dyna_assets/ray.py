@@ -24,8 +24,10 @@ class EmbeddedRay(LocalRay):
 
 
 def connect_for_units(context, ray: RayResource) -> None:
-    """Connect the step to its Ray cluster (created already by the resource's lifecycle)."""
+    """Connect the step to its Ray cluster (created and waited for by the resource's lifecycle, which
+    leaves only the connection to the asset: ``Lifecycle(connect=False)``)."""
     import ray as ray_api
 
     if not ray.connected and not ray_api.is_initialized():
-        ray._connect(context)  # dagster-ray's own create-wait-connect step, with its logging
+        ray.connect(context)
+        context.log.info(f"work units on {ray.display_name}")
