@@ -17,7 +17,7 @@ import re
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from contextlib import closing
+from contextlib import closing, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,11 +69,9 @@ class IngestStores:
         self.registry.ping()
         self.mcap_dir.mkdir(parents=True, exist_ok=True)
         self.quarantine_dir.mkdir(parents=True, exist_ok=True)
-        if self.mcap_store:  # one HEAD request, whatever the store holds: a missing probe key is the answer
-            try:
+        if self.mcap_store:  # one HEAD request, whatever the store holds: "no such key" is a reachable store
+            with suppress(FileNotFoundError):
                 Store.from_url(self.mcap_store, endpoint_url=self.endpoint_url).info("_reachable")
-            except FileNotFoundError:
-                pass
 
     def sink(self) -> McapSink:
         return McapSink(str(self.mcap_dir), str(self.quarantine_dir), self.mcap_store, self.endpoint_url)
