@@ -232,20 +232,28 @@ def _gcs_current(fs, bucket: str, name: str) -> dict | None:
         return None
 
 
-def _gcs_condition(key: str, current: dict | None, expect: Expect) -> dict:
-    """The ``ifGenerationMatch`` parameter for ``expect``, after checking it against ``current``."""
+def _check_expected(protocol: str, key: str, current: dict | None, expect: Expect) -> None:
+    """Raise ``PreconditionFailed`` unless the object now at ``key`` (``current``) is what ``expect`` says:
+    checked before any upload, so a write that will be refused sends nothing; the store enforces it again."""
     if expect is None:
-        return {}
+        return
     if expect == "absent":
         if current is not None:
-            raise PreconditionFailed(key, f"an object already exists (version {_object_version('gs', current)})")
-        return {"ifGenerationMatch": "0"}
+            raise PreconditionFailed(key, f"an object already exists (version {_object_version(protocol, current)})")
+        return
     if current is None:
         raise PreconditionFailed(key, f"no object, expected version {expect}")
-    version = _object_version("gs", current)
+    version = _object_version(protocol, current)
     if version != expect:
         raise PreconditionFailed(key, f"version is {version}, expected {expect}")
-    return {"ifGenerationMatch": str(current["generation"])}
+
+
+def _gcs_condition(key: str, current: dict | None, expect: Expect) -> dict:
+    """The ``ifGenerationMatch`` parameter for ``expect``, after checking it against ``current``."""
+    _check_expected("gs", key, current, expect)
+    if expect is None:
+        return {}
+    return {"ifGenerationMatch": "0" if expect == "absent" else str(current["generation"])}
 
 
 def _publish_gcs(store: Store, path: str, key: str, source: _Source, expect: Expect, part_size: int) -> ObjectInfo:
@@ -347,19 +355,11 @@ def _s3_current(fs, bucket: str, name: str) -> dict | None:
 
 
 def _s3_condition(key: str, current: dict | None, expect: Expect) -> dict:
+    _check_expected("s3", key, current, expect)
     if expect is None:
         return {}
-    if expect == "absent":
-        if current is not None:
-            raise PreconditionFailed(key, f"an object already exists (version {_object_version('s3', current)})")
-        return {"IfNoneMatch": "*"}
-    if current is None:
-        raise PreconditionFailed(key, f"no object, expected version {expect}")
-    version = _object_version("s3", current)
-    if version != expect:
-        raise PreconditionFailed(key, f"version is {version}, expected {expect}")
     # S3 conditions compare ETags, not version ids: a rewrite with identical bytes would pass, harmlessly.
-    return {"IfMatch": current["ETag"]}
+    return {"IfNoneMatch": "*"} if expect == "absent" else {"IfMatch": current["ETag"]}
 
 
 def _publish_s3(store: Store, path: str, key: str, source: _Source, expect: Expect, part_size: int) -> ObjectInfo:
