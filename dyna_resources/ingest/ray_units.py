@@ -285,8 +285,18 @@ def run_units(fn: Callable[[WorkUnit[P]], R], units: Sequence[WorkUnit[P]], *,
                 next_report = report()
                 yield result
     finally:
-        for ref in pending:
+        _cancel(ray, list(pending))
+
+
+def _cancel(ray: Any, refs: list, rounds: int = 5) -> None:
+    """Cancel tasks, again while some still run: a cancel that reaches a task between its scheduling and
+    its start can be lost (seen on a loaded machine), and that task would then run to its end."""
+    for _ in range(rounds):
+        if not refs:
+            return
+        for ref in refs:
             ray.cancel(ref, force=True)
+        _, refs = ray.wait(refs, num_returns=len(refs), timeout=0.5)
 
 
 def _collect(ray: Any, ref: Any, unit: WorkUnit) -> UnitResult:
