@@ -42,7 +42,8 @@ GATE_DOCS = {
     "frame_drops": "no camera misses more than params.max_drop_fraction of its frames",
     "dead_camera": "no camera goes dark or frozen (params.samples frames per camera are checked)",
     "min_duration": "the episode lasts at least params.min_s seconds",
-    "decodable": "every H.264 frame of the MCAP decodes",
+    "decodable": "every GOP of the MCAP opens with a keyframe that decodes, and params.sample_gops whole GOPs "
+                 "per episode (chosen from its name; 0: every GOP) decode to one picture per access unit",
     "frame_counts": "the MCAP holds exactly the source's frames and samples",
     "durations": "each camera's first/last time equals the source's (params.tolerance_s)",
     "size_sanity": "MCAP bytes / source bytes within [params.min_ratio, params.max_ratio]",
@@ -68,7 +69,7 @@ DEFAULTS: dict[str, GateSetting] = {
     "frame_drops": GateSetting(action="flag", blocking=False, params={"max_drop_fraction": 0.02}),
     "dead_camera": GateSetting(action="flag", blocking=False, params={"samples": 12, "flat_std": 1.5}),
     "min_duration": GateSetting(params={"min_s": 1.0}),
-    "decodable": GateSetting(),
+    "decodable": GateSetting(params={"sample_gops": 1}),
     "frame_counts": GateSetting(),
     "durations": GateSetting(params={"tolerance_s": 0.001}),
     "size_sanity": GateSetting(action="flag", blocking=False, params={"min_ratio": 0.005, "max_ratio": 1.0}),
