@@ -74,7 +74,10 @@ def run_unit(unit: WorkUnit[UnitJob]) -> StageReport:
 
 def _preload_fork_server() -> None:
     # The fork server imports the transcoder once; each episode process then forks from it warm.
-    mp.set_forkserver_preload(["dyna_resources.ingest.batches"])
+    # "__main__" too: a process started by the fork server re-runs its parent's main module (Ray's
+    # default_worker.py, which imports ray: ~0.25 s of CPU per episode) unless the fork server
+    # already holds it; default_worker.py does nothing more when imported under another name.
+    mp.set_forkserver_preload(["__main__", "dyna_resources.ingest.batches"])
 
 
 def run_in_process(fn: Callable[[WorkUnit], StageReport], units: Sequence[WorkUnit], *,
