@@ -50,6 +50,7 @@ def _partition_metadata(summary: dict, report: PartitionReport) -> dict:
         "this_run_processed": len(rep.processed),
         "this_run_skipped_up_to_date": len(rep.skipped),
         "this_run_cpu_s": round(rep.cpu_s, 2),
+        "this_run_codec_cpu_s": round(rep.codec_cpu_s, 2),
         "this_run_failed_units": MetadataValue.json(report.failed_units),
         "gates": MetadataValue.json({g: {"evaluated": t.evaluated, "failed": t.failed}
                                      for g, t in rep.gates.items()}),

@@ -107,6 +107,7 @@ class StageReport:
     quarantined: list[dict] = field(default_factory=list)
     gates: dict[str, GateTally] = field(default_factory=dict)
     cpu_s: float = 0.0  # CPU of the work itself (workers included)
+    codec_cpu_s: float = 0.0  # of which JPEG decode + H.264 encode (the transcoder's own measure)
     worker_busy_s: dict[int, float] = field(default_factory=dict)  # worker slot -> seconds it worked
     messages: list[str] = field(default_factory=list)  # what it logged, for a driver that ran it remotely
 
@@ -124,6 +125,7 @@ class StageReport:
             out.skipped += r.skipped
             out.quarantined += r.quarantined
             out.cpu_s += r.cpu_s
+            out.codec_cpu_s += r.codec_cpu_s
             for gate, tally in r.gates.items():
                 total = out.gates.setdefault(gate, GateTally())
                 total.evaluated += tally.evaluated
@@ -387,6 +389,8 @@ def _record(stores: IngestStores, rep: StageReport, row: dict, out: dict, slot: 
             log: Callable[[str], None]) -> None:
     pv = versions.PIPELINE_VERSION
     rep.worker_busy_s[slot] = rep.worker_busy_s.get(slot, 0.0) + out["wall_s"]
+    report = out.get("report") or {}
+    rep.codec_cpu_s += report.get("jpeg_decode_cpu_s", 0.0) + report.get("video_encode_cpu_s", 0.0)
     results: list[GateResult] = out["gates"]
     episode = _post_row(row, out)
     try:
