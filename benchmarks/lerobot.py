@@ -34,14 +34,10 @@ from dyna_resources.episodes.transcode import (
 )
 
 from ._cli import add_size_flags, size_of
+from ._quality import psnr
 
 FPS = 30
 AV1_ENCODER = "libsvtav1"  # what LeRobot 0.4 encodes with
-
-
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = np.mean((np.asarray(a, np.float64) - np.asarray(b, np.float64)) ** 2)
-    return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
 
 
 def synthetic(n: int, seed: int, h: int = 64, w: int = 96) -> np.ndarray:

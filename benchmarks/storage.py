@@ -40,13 +40,13 @@ from pathlib import Path
 import numpy as np
 
 from dyna_resources.episodes.mcap_reader import EpisodeReader
-from dyna_resources.episodes.raw_format import RawEpisode
 from dyna_resources.episodes.read_profile import per_topic_profile
 from dyna_resources.episodes.rechunk import INTERLEAVED, rechunk
-from dyna_resources.episodes.sim import SimulatedEpisode, generate_fleet
+from dyna_resources.episodes.sim import generate_fleet
 from dyna_resources.episodes.transcode import TranscodeSettings, transcode_episode
 
 from ._cli import add_size_flags, size_of
+from ._quality import quality
 
 FIRST_BYTE_S = 0.020
 BANDWIDTH_BPS = 200e6
@@ -56,33 +56,6 @@ FRAME_OFFSETS_S = (-0.5, 0.0)
 
 def remote_cost(fetches) -> float:
     return sum(FIRST_BYTE_S + f.length / BANDWIDTH_BPS for f in fetches)
-
-
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
-    return float(10 * np.log10(255.0**2 / max(mse, 1e-12)))
-
-
-def quality(g, mcap_path: Path, every: int, sources: dict | None = None) -> tuple[list[float], list[float]]:
-    """PSNR against the raw frames of every ``every``-th frame: (ours, JPEG baseline).
-
-    ``sources`` caches the rendered raw frames between calls on the same episode.
-    """
-    sim = SimulatedEpisode(g.spec)
-    sources = {} if sources is None else sources
-    ours, jpeg = [], []
-    with RawEpisode(g.path) as raw, EpisodeReader(mcap_path) as r:
-        for cam, stream in raw.cameras.items():
-            idx = np.arange(every // 2, len(stream), every)
-            got = r.read_frames([cam], stream.timestamps_ns[idx])[cam]
-            for k, i in enumerate(idx):
-                if (cam, i) not in sources:
-                    raw_frame = sim.render_frame(cam, int(g.frame_indices[cam][i]))
-                    sources[cam, i] = (raw_frame, psnr(stream.frame(int(i)), raw_frame))
-                source, jpeg_psnr = sources[cam, i]
-                ours.append(psnr(got.images[k], source))
-                jpeg.append(jpeg_psnr)
-    return ours, jpeg
 
 
 def crf_frontier(tmp: Path, g, settings: TranscodeSettings, workers: int) -> list[dict]:
