@@ -3,8 +3,6 @@
 No ``from __future__ import annotations`` here: Dagster reads the context annotation at runtime.
 """
 
-from collections import Counter
-
 from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset
 
 from dyna_resources.catalog.cdc import sync
@@ -21,14 +19,16 @@ def warehouse_episodes(context: AssetExecutionContext, ingest: IngestResource, w
     registry = ingest.stores().registry
     with warehouse.open() as wh:
         report = sync(registry, wh)
-        rows = wh.episodes()
+        summary = wh.summary()  # aggregate queries in DuckDB: constant memory in the rows
         path = str(wh.path)
-    status = Counter(r["status"] for r in rows)
     context.log.info(f"applied {report.changes} changes ({report.upserts} upserts, {report.deletes} deletes)")
     return MaterializeResult(metadata={
-        "rows": len(rows),
-        "rows_by_status": MetadataValue.json(dict(sorted(status.items()))),
-        "hours_transcoded": round(sum(r["duration_s"] for r in rows if r["status"] == "transcoded") / 3600, 4),
+        "rows": summary["rows"],
+        "rows_by_status": MetadataValue.json(summary["rows_by_status"]),
+        "hours_transcoded": round(summary["hours_transcoded"], 4),
+        "tasks": summary["tasks"],
+        "hours_by_task": MetadataValue.json({k: round(v, 4) for k, v in summary["hours_by_task"].items()}),
+        "flags": MetadataValue.json(summary["flags"]),
         "changes_applied": report.changes,
         "upserts": report.upserts,
         "deletes": report.deletes,

@@ -122,6 +122,31 @@ class Warehouse:
     def count(self) -> int:
         return self.con.execute("SELECT count(*) FROM episodes").fetchone()[0]
 
+    def summary(self, top_tasks: int = 50) -> dict:
+        """What the warehouse holds, in aggregate queries (memory does not grow with the rows):
+        rows by status, transcoded hours in all and by task (the ``top_tasks`` largest, the rest
+        summed), and how many transcoded episodes carry each quality flag."""
+        q = self.con.execute
+        by_status = dict(q("SELECT status, count(*) FROM episodes GROUP BY status ORDER BY status").fetchall())
+        hours, tasks = q("SELECT coalesce(sum(duration_s), 0) / 3600, count(DISTINCT task) FROM episodes "
+                         "WHERE status = 'transcoded'").fetchone()
+        by_task = q("SELECT task, sum(duration_s) / 3600 AS h FROM episodes WHERE status = 'transcoded' "
+                    "GROUP BY task ORDER BY h DESC, task LIMIT ?", [top_tasks]).fetchall()
+        flags = q("""SELECT count(*) FILTER (WHERE camera_dropped), count(*) FILTER (WHERE camera_dead),
+                            count(*) FILTER (WHERE NOT timestamps_ok), count(*) FILTER (WHERE NOT quality_ok),
+                            count(*) FILTER (WHERE quality_verdict = 'review'),
+                            count(*) FILTER (WHERE quality_verdict = 'fail'),
+                            count(*) FILTER (WHERE review_verdict IS NOT NULL)
+                     FROM episodes WHERE status = 'transcoded'""").fetchone()
+        listed = sum(h for _, h in by_task)
+        return {
+            "rows": sum(by_status.values()), "rows_by_status": by_status, "hours_transcoded": float(hours),
+            "tasks": tasks, "hours_by_task": {t: float(h) for t, h in by_task}
+            | ({"(other tasks)": float(hours) - listed} if tasks > len(by_task) else {}),
+            "flags": dict(zip(("camera_dropped", "camera_dead", "timestamps_not_ok", "quality_not_ok",
+                               "verdict_review", "verdict_fail", "reviewed"), flags)),
+        }
+
 
 def _step_rows(upserts: Sequence[dict]) -> pa.Table:
     rows = []

@@ -153,3 +153,28 @@ def test_sync_killed_with_sigkill_resumes_from_its_last_applied_position(tmp_pat
         report = sync(reg, wh)
         assert report.changes < 20_000  # resumed, not restarted
         assert wh.episodes() == source_rows(reg)
+
+
+def test_warehouse_summary_matches_the_rows_it_aggregates(tmp_path):
+    """warehouse_episodes' metadata is aggregate SQL in DuckDB: it must say what the rows say."""
+    rng = random.Random(7)
+    reg = Registry(f"sqlite:///{tmp_path / 'r.sqlite'}")
+    storm(reg, rng, set(), 600, [0])
+    with Warehouse(tmp_path / "w.duckdb") as wh:
+        sync(reg, wh)
+        got = wh.summary(top_tasks=2)
+        rows = source_rows(reg)
+    done = [r for r in rows if r["status"] == "transcoded"]
+    assert got["rows"] == len(rows)
+    assert got["rows_by_status"] == {s: sum(r["status"] == s for r in rows) for s in {r["status"] for r in rows}}
+    assert got["hours_transcoded"] == pytest.approx(sum(r["duration_s"] for r in done) / 3600)
+    by_task = {}
+    for r in done:
+        by_task[r["task"]] = by_task.get(r["task"], 0.0) + r["duration_s"] / 3600
+    top = sorted(by_task, key=lambda k: (-by_task[k], k))[:2]
+    assert got["tasks"] == len(by_task) == 3
+    assert list(got["hours_by_task"]) == top + ["(other tasks)"]
+    assert got["hours_by_task"]["(other tasks)"] == pytest.approx(sum(by_task[k] for k in by_task if k not in top))
+    assert got["flags"]["camera_dead"] == sum(bool(r["camera_dead"]) for r in done)
+    assert got["flags"]["quality_not_ok"] == sum(r["quality_ok"] is False for r in done)
+    reg.close()
