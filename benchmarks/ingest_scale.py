@@ -18,7 +18,7 @@ in a fresh process (so its peak memory is its own):
    full 50k-key tick of the largest size; the growth of tick time with registry size is fitted.
 3. Reconciliation: a sweep over a window of W recent keys (W = 10,000 here; a fleet of 440,000
    episode-hours a week lands ~225,000 keys in the production window of two 1-hour intervals),
-   ticked until it is done; next to it, what reconciliation did before (list the whole zone and look
+   ticked until it is done (the least of 3 runs of the same sweep); next to it, what reconciliation did before (list the whole zone and look
    every key up), up to 10^6 files. Both are fitted against N and extrapolated to 43M episodes; the
    sweep is then scaled linearly from W to the production window (its cost follows the keys it lists).
 4. Arithmetic from the production settings (``LandingSettings()``): partitions per 1M hours (a
@@ -61,6 +61,7 @@ CORPUS_EPISODES = 43_000_000
 FLEET_HOURS_PER_WEEK = 440_000
 TICK_S = 30.0  # the landing sensor's interval
 WINDOW_KEYS = 10_000
+SWEEP_REPEATS = 3  # a sweep is ~0.1-0.4 s: one timing moves +-50 % on a shared machine
 TARGETS = {"partitions_per_1m_hours": 100_000, "tick_s_50k": 10.0, "reconcile_s_extrap_43m": 60.0,
            "handoff_days_per_year": 7.0, "overhead_ratio": 1.2, "size_ratio_vs_jpeg": 0.20}  # at most
 TARGETS_AT_LEAST = {"episode_hours_per_core_hour": 1.0}
@@ -149,18 +150,21 @@ def one_size(n: int, workdir: Path) -> dict:
     zone = LandingZone(home / "landing")
     w = min(WINDOW_KEYS, n - 1)
     state = LandingCursor.loads(cursor)
-    sweep = LandingCursor(after=state.after, last_partition=state.last_partition, ticks=settings.reconcile_every - 1,
-                          marks=[keys[n - 1 - w]])
-    t = time.perf_counter()
-    swept, sweep_ticks = 0, 0
-    while True:
-        plan = landing_tick(sweep, zone, registry, settings)
-        swept += plan.swept
-        sweep_ticks += 1
-        sweep = plan.cursor
-        if not plan.sweeping:
-            break
-    sweep_s = time.perf_counter() - t
+    sweep_times = []
+    for _ in range(SWEEP_REPEATS):  # the same sweep again (idempotent): the least time, as timeit does
+        sweep = LandingCursor(after=state.after, last_partition=state.last_partition,
+                              ticks=settings.reconcile_every - 1, marks=[keys[n - 1 - w]])
+        t = time.perf_counter()
+        swept, sweep_ticks = 0, 0
+        while True:
+            plan = landing_tick(sweep, zone, registry, settings)
+            swept += plan.swept
+            sweep_ticks += 1
+            sweep = plan.cursor
+            if not plan.sweeping:
+                break
+        sweep_times.append(time.perf_counter() - t)
+    sweep_s = min(sweep_times)
     t = time.perf_counter()
     everything = zone.scan(None, None)
     registry.register_files(everything)
