@@ -61,11 +61,15 @@ def landing_sensor(context: SensorEvaluationContext, ingest: IngestResource):
 def version_drift_sensor(context: SensorEvaluationContext, ingest: IngestResource, ladders: LadderResource):
     registry = ingest.stores().registry
     ladder_version = ladders.config().version
-    known = set(context.instance.get_dynamic_partitions(ingest_partitions.name))
-    stale = [p for p in registry.outdated_partitions(schema_version=versions.SCHEMA_VERSION,
-                                                     pipeline_version=versions.PIPELINE_VERSION) if p in known]
+    # Both from the registry's per-partition version summary; only the stale keys are looked up in
+    # Dagster (one that was never handed to it cannot be backfilled), never the whole partition list.
+    def known(keys: list[str]) -> list[str]:
+        return [k for k in keys if context.instance.has_dynamic_partition(ingest_partitions.name, k)]
+
+    stale = known(registry.outdated_partitions(schema_version=versions.SCHEMA_VERSION,
+                                               pipeline_version=versions.PIPELINE_VERSION))
     stale_set = set(stale)
-    relabel = [p for p in registry.outdated_ladder_partitions(ladder_version) if p in known and p not in stale_set]
+    relabel = known([p for p in registry.outdated_ladder_partitions(ladder_version) if p not in stale_set])
     if not stale and not relabel:
         return SkipReason("every ingest partition is at the current versions")
     # Filtered here, not by the storage's tag filter: that one misses backfill tags on SQLite storage.

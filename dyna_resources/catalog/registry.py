@@ -22,8 +22,9 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
 
-from . import changelog
+from . import changelog, partition_versions
 from . import schema as t
+from .partition_versions import partition_versions as pv_summary
 
 # Statuses of an episode row.
 # accepted: passed the pre gates, not transcoded yet; rejected: held back by a pre gate (redone
@@ -106,6 +107,53 @@ def partition_key(seq: int, created_at: float) -> str:
     return time.strftime("%Y%m%d", time.gmtime(created_at)) + f"-{seq:06d}"
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """What one stage did to one file: its gate results, its episode row (a whole row from the
+    inventory, or the columns a transcode changes) and a quarantine record, or the release of one."""
+
+    source_path: str
+    batch_key: str
+    stage: str
+    gates: Sequence[dict]
+    episode: dict | None = None
+    quarantine: dict | None = None
+    release_quarantine: bool = True
+
+
+def _outcome_rows(o: Outcome, now: float) -> tuple[list[dict], dict | None, dict | None]:
+    """The rows an outcome writes (gate results, episode row, quarantine record), checked."""
+    episode_id = (o.episode or {}).get("episode_id") or (o.quarantine or {}).get("episode_id")
+    results = [{
+        "source_path": o.source_path, "stage": o.stage, "gate": g["gate"], "batch_key": o.batch_key,
+        "episode_id": episode_id, "passed": bool(g["passed"]), "action": g["action"],
+        "detail": g.get("detail", ""), "pipeline_version": g["pipeline_version"], "checked_at": now,
+    } for g in o.gates]
+    row = None
+    if o.episode is not None:
+        row = {**o.episode, "source_path": o.source_path, "batch_key": o.batch_key, "updated_at": now}
+        if "cameras" in row and not isinstance(row["cameras"], str):
+            row["cameras"] = json.dumps(row["cameras"])
+    q = o.quarantine
+    held = None if q is None else {
+        "source_path": o.source_path, "batch_key": o.batch_key, "episode_id": episode_id,
+        "stage": q.get("stage", o.stage), "gate": q["gate"], "reason": q["reason"], "stream": q.get("stream"),
+        "pipeline_version": q["pipeline_version"], "quarantined_at": now}
+    for table, rows in ((t.quality_results, results), (t.episodes, [row] if row else []),
+                        (t.quarantine, [held] if held else [])):
+        for r in rows:
+            check_values(table, r)
+    return results, row, held
+
+
+def _same_columns(rows: list[dict]) -> list[list[dict]]:
+    """Rows grouped by their set of columns: one executemany statement per group."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(tuple(sorted(r)), []).append(r)
+    return list(groups.values())
+
+
 def _partition(r) -> IngestPartition:
     return IngestPartition(r.seq, r.partition_key, r.units, r.files, r.bytes, r.created_at, r.sealed_at)
 
@@ -130,6 +178,7 @@ class Registry:
         try:
             t.metadata.create_all(self.engine)
             _add_missing_columns(self.engine)
+            partition_versions.install(self.engine)  # what the drift sensor asks, in O(partitions)
             if self.backend == "sqlite":
                 changelog.install(self.engine)  # CDC for the warehouse (PostgreSQL: logical decoding)
         except OperationalError as e:
@@ -334,15 +383,6 @@ class Registry:
         """Episode rows of every work unit of an ingest partition, by id."""
         return self.episodes([u.key for u in self.partition_units(key)])
 
-    def _partitions_of(self, unit_keys: Sequence[str]) -> list[str]:
-        out: set[str] = set()
-        b = t.ingest_batches
-        with self._begin() as c:
-            for i in range(0, len(unit_keys), 5000):
-                out.update(k for k in c.execute(select(b.c.partition_key).where(
-                    b.c.batch_key.in_(list(unit_keys[i:i + 5000])), b.c.partition_key.is_not(None)).distinct()).scalars())
-        return sorted(out)
-
     def batch_files(self, key: str | Sequence[str]) -> list[LandedFile]:
         """Files of a work unit (or of several: a partition's units), in key order."""
         with self._begin() as c:
@@ -366,54 +406,84 @@ class Registry:
         """Record what one stage did to one file, in one transaction: its gate results, its
         episode row (upserted) and either a quarantine record or the release of an old one.
         A value either backend would refuse raises :class:`FieldValueError` and writes nothing."""
+        self.record_outcomes([Outcome(source_path, batch_key, stage, gates, episode, quarantine, release_quarantine)],
+                             now=now)
+
+    @staticmethod
+    def check_outcome(outcome: Outcome, *, now: float = 0.0) -> None:
+        """Raise :class:`FieldValueError` if the registry would refuse a value of this outcome."""
+        _outcome_rows(outcome, now)
+
+    def record_outcomes(self, outcomes: Sequence[Outcome], *, now: float | None = None) -> None:
+        """Record many outcomes (e.g. a work unit's) in one transaction, set-based: one statement per
+        kind of row for all of them, not a round trip per file. Idempotent like
+        :meth:`record_outcome`; later outcomes of the same file win, except that whole episode rows
+        (inventory) are written before partial ones (transcode outcomes): a stage's outcomes come in
+        one call, and one episode's two stages in separate calls. A value either backend would
+        refuse raises :class:`FieldValueError` before anything is written."""
+        if not outcomes:
+            return
         now = time.time() if now is None else now
-        episode_id = (episode or {}).get("episode_id") or (quarantine or {}).get("episode_id")
-        results = [{
-            "source_path": source_path, "stage": stage, "gate": g["gate"], "batch_key": batch_key,
-            "episode_id": episode_id, "passed": bool(g["passed"]), "action": g["action"],
-            "detail": g.get("detail", ""), "pipeline_version": g["pipeline_version"], "checked_at": now,
-        } for g in gates]
-        row, row_id = None, ""
-        if episode is not None:
-            row_id = episode["episode_id"]
-            row = {**episode, "source_path": source_path, "batch_key": batch_key, "updated_at": now}
-            if "cameras" in row and not isinstance(row["cameras"], str):
-                row["cameras"] = json.dumps(row["cameras"])
-        held = None if quarantine is None else {
-            "source_path": source_path, "batch_key": batch_key, "episode_id": episode_id,
-            "stage": quarantine.get("stage", stage), "gate": quarantine["gate"],
-            "reason": quarantine["reason"], "stream": quarantine.get("stream"),
-            "pipeline_version": quarantine["pipeline_version"], "quarantined_at": now}
-        for table, rows in ((t.quality_results, results), (t.episodes, [row] if row else []),
-                            (t.quarantine, [held] if held else [])):
-            for r in rows:
-                check_values(table, r)  # before the transaction: a refused value writes nothing
-        with self._begin() as c:
-            if results:
-                self._upsert(c, t.quality_results, results, ["source_path", "stage", "gate"])
+        results, whole, partial, held, released, scored = {}, {}, {}, {}, set(), {}
+        for o in outcomes:  # later outcomes of a file replace earlier ones, as separate calls would
+            r, row, h = _outcome_rows(o, now)
+            results.update(((x["source_path"], x["stage"], x["gate"]), x) for x in r)
             if row is not None:
+                eid = row["episode_id"]
+                # Two writes of one row in a call merge into one (the later's columns win): what
+                # applying them one after the other leaves, in one statement per row.
                 if "source_bytes" in row:  # a whole row (inventory): insert or replace
-                    self._upsert(c, t.episodes, [row], ["episode_id"])
+                    whole[eid] = {**whole.get(eid, {}), **row}
                 else:  # an update of a known episode (transcode outcome)
                     if row.get("mcap_uri"):  # a new MCAP: its step ladder is redone from it
                         row["ladder_version"] = None
-                    c.execute(update(t.episodes).where(t.episodes.c.episode_id == row.pop("episode_id")).values(**row))
-                self._score(c, source_path, row_id)
-            if held is not None:
-                self._upsert(c, t.quarantine, [held], ["source_path"])
-            elif release_quarantine:
-                c.execute(delete(t.quarantine).where(t.quarantine.c.source_path == source_path))
+                    partial[eid] = {**partial.get(eid, {}), **row}
+                scored[eid] = o.source_path
+            if h is not None:
+                held[o.source_path] = h
+                released.discard(o.source_path)
+            elif o.release_quarantine:
+                released.add(o.source_path)
+                held.pop(o.source_path, None)
+        with self._begin() as c:
+            for rows in _same_columns(list(results.values())):
+                self._upsert(c, t.quality_results, rows, ["source_path", "stage", "gate"])
+            for rows in _same_columns(list(whole.values())):
+                self._upsert(c, t.episodes, rows, ["episode_id"])
+            updates = [{**{k: v for k, v in row.items() if k != "episode_id"}, "_id": eid}
+                       for eid, row in partial.items()]
+            for rows in _same_columns(updates):
+                cols = [k for k in rows[0] if k != "_id"]
+                c.execute(update(t.episodes).where(t.episodes.c.episode_id == bindparam("_id"))
+                          .values({k: bindparam(k) for k in cols}), rows)
+            self._score(c, scored)
+            for rows in _same_columns(list(held.values())):
+                self._upsert(c, t.quarantine, rows, ["source_path"])
+            paths = sorted(released)
+            for k in range(0, len(paths), 5000):
+                c.execute(delete(t.quarantine).where(t.quarantine.c.source_path.in_(paths[k:k + 5000])))
 
     @staticmethod
-    def _score(c, source_path: str, episode_id: str) -> None:
-        """Quality score from the latest result of every gate of both stages (replays overwrite
-        results, so a re-run never counts a gate twice)."""
+    def _score(c, episodes: dict[str, str]) -> None:
+        """Quality score of each episode (id -> source path) from the latest result of every gate of
+        both stages (replays overwrite results, so a re-run never counts a gate twice): one grouped
+        query and one batched update for all of them."""
         q = t.quality_results
-        checked, failed = c.execute(select(func.count(), func.coalesce(func.sum(case((q.c.passed, 0), else_=1)), 0))
-                                    .where(q.c.source_path == source_path)).one()
-        c.execute(update(t.episodes).where(t.episodes.c.episode_id == episode_id).values(
-            gates_checked=checked, gates_failed=failed,
-            quality_score=round(1.0 - failed / checked, 6) if checked else None))
+        paths = sorted(set(episodes.values()))
+        tally: dict[str, tuple[int, int]] = {}
+        for k in range(0, len(paths), 5000):
+            tally.update((p, (n, f)) for p, n, f in c.execute(
+                select(q.c.source_path, func.count(), func.coalesce(func.sum(case((q.c.passed, 0), else_=1)), 0))
+                .where(q.c.source_path.in_(paths[k:k + 5000])).group_by(q.c.source_path)))
+        rows = []
+        for eid, path in sorted(episodes.items()):
+            checked, failed = tally.get(path, (0, 0))
+            rows.append({"_id": eid, "checked": checked, "failed": failed,
+                         "score": round(1.0 - failed / checked, 6) if checked else None})
+        if rows:
+            c.execute(update(t.episodes).where(t.episodes.c.episode_id == bindparam("_id")).values(
+                gates_checked=bindparam("checked"), gates_failed=bindparam("failed"),
+                quality_score=bindparam("score")), rows)
 
     def episode_by_id(self, episode_id: str) -> dict | None:
         with self._begin() as c:
@@ -527,13 +597,31 @@ class Registry:
             return list(c.execute(q).scalars())
 
     def outdated_partitions(self, *, schema_version: str, pipeline_version: str) -> list[str]:
-        """Ingest partitions holding a work unit that :meth:`outdated_batches` names."""
-        return self._partitions_of(self.outdated_batches(schema_version=schema_version,
-                                                         pipeline_version=pipeline_version))
+        """Ingest partitions holding a work unit that :meth:`outdated_batches` names, from the
+        per-partition version summary: the cost follows the partitions, not the episodes."""
+        v = pv_summary.c
+        q = (select(v.partition_key).where(v.partition_key != "", v.episodes > 0,
+                                           v.status.in_([TRANSCODED, QUARANTINED]),
+                                           or_(v.pipeline_version != pipeline_version,
+                                               v.schema_version != schema_version))
+             .distinct().order_by(v.partition_key))
+        with self._begin() as c:
+            return list(c.execute(q).scalars())
 
     def outdated_ladder_partitions(self, version: str) -> list[str]:
-        """Ingest partitions holding a work unit that :meth:`outdated_ladder_batches` names."""
-        return self._partitions_of(self.outdated_ladder_batches(version))
+        """Ingest partitions holding a work unit that :meth:`outdated_ladder_batches` names (summary)."""
+        v = pv_summary.c
+        q = (select(v.partition_key).where(v.partition_key != "", v.episodes > 0, v.status == TRANSCODED,
+                                           v.ladder_version != "", v.ladder_version != version)
+             .distinct().order_by(v.partition_key))
+        with self._begin() as c:
+            return list(c.execute(q).scalars())
+
+    def partition_version_counts(self) -> list[dict]:
+        """The summary itself: episodes per (partition, status, pipeline, schema, ladder version)."""
+        with self._begin() as c:
+            return [dict(r) for r in c.execute(select(pv_summary).order_by(*pv_summary.primary_key.columns))
+                    .mappings()]
 
     def quarantined(self, batch_key: str | Sequence[str] | None = None) -> list[dict]:
         q = select(t.quarantine).order_by(t.quarantine.c.source_path)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from .. import versions
 from ..catalog import schema
-from ..catalog.registry import ACCEPTED, QUARANTINED, REJECTED, TRANSCODED, FieldValueError, Registry
+from ..catalog.registry import ACCEPTED, QUARANTINED, REJECTED, TRANSCODED, FieldValueError, Outcome, Registry
 from ..episodes.errors import EpisodeError
 from ..episodes.raw_format import RawEpisode
 from ..episodes.transcode import TranscodeSettings, transcode_episode
@@ -32,6 +32,7 @@ from ..storage.stores import Store, StoreUnavailableError
 from .episode_io import McapSink, PreconditionFailed, RawSource
 from .landing import LandingZone
 from .object_landing import ObjectLandingZone
+from .outcomes import OutcomeBuffer
 from .post_gates import post_gates
 from .pre_gates import Inspection, inspect_file
 from .quality import score_episode
@@ -146,6 +147,7 @@ def inventory_batch(batch_key: str, stores: IngestStores, gates: GateConfig,
     rep = StageReport(batch_key, "pre", files=len(files))
     t_cpu = time.process_time()
     raw = stores.raw()
+    outcomes = OutcomeBuffer(stores.registry)  # the unit's inventory in one transaction, at its end
     for f in files:
         try:
             with raw.local(f.path, f.bytes) as path:
@@ -158,14 +160,14 @@ def inventory_batch(batch_key: str, stores: IngestStores, gates: GateConfig,
         except Exception as e:  # noqa: BLE001  (whatever one file raises, the batch goes on)
             stores.landing.check()
             insp = _held(f.path, f.bytes, f"cannot inspect: {type(e).__name__}: {e}")
-        episode, release = _episode_row(stores.registry, insp, registered.get(f.path))
+        episode, release = _episode_row(outcomes, insp, registered.get(f.path))
         try:
-            _record_pre(stores.registry, batch_key, f.path, insp, episode, release)
+            outcomes.add(_pre_outcome(batch_key, f.path, insp, episode, release))
         except FieldValueError as e:  # a value from the file the registry cannot hold
             insp = _held(f.path, f.bytes, f"attribute {e.column!r}: {e.problem}", stream=e.column,
                          episode_id=(insp.episode or {}).get("episode_id"))
             try:
-                _record_pre(stores.registry, batch_key, f.path, insp, None, True)
+                outcomes.add(_pre_outcome(batch_key, f.path, insp, None, True))
             except FieldValueError as e2:  # not even the quarantine fits: the landing key itself
                 log(f"cannot record {f.path[:200]!r} at all, left out of the registry: {e2}")
                 insp.quarantine = {**(insp.quarantine or {}), "reason": f"not recorded: {e2}"}
@@ -175,6 +177,7 @@ def inventory_batch(batch_key: str, stores: IngestStores, gates: GateConfig,
             rep.quarantined.append({"path": f.path, **insp.quarantine})
             log(f"quarantined {f.path}: {insp.quarantine['gate']}: {insp.quarantine['reason']}")
         rep.processed.append(f.path)
+    outcomes.flush()
     rep.cpu_s = time.process_time() - t_cpu
     return rep
 
@@ -187,15 +190,15 @@ def _held(key: str, size: int, reason: str, *, stream: str | None = None, episod
     return insp
 
 
-def _record_pre(registry: Registry, batch_key: str, key: str, insp: Inspection, episode: dict | None,
-                release: bool) -> None:
+def _pre_outcome(batch_key: str, key: str, insp: Inspection, episode: dict | None, release: bool) -> Outcome:
     pv = versions.PIPELINE_VERSION
-    registry.record_outcome(source_path=key, batch_key=batch_key, stage="pre",
-                            gates=[g.as_record(pv) for g in insp.gates], episode=episode,
-                            quarantine=_q(insp.quarantine), release_quarantine=release)
+    return Outcome(key, batch_key, "pre", [g.as_record(pv) for g in insp.gates], episode, _q(insp.quarantine),
+                   release)
 
 
 _STREAM_MAX = schema.string_limits(schema.quarantine)["stream"]
+# Transcode outcomes finishing within this many seconds of the last commit share the next one.
+TRANSCODE_COMMIT_INTERVAL_S = 2.0
 
 
 def _q(q: dict | None) -> dict | None:
@@ -211,12 +214,12 @@ def _q(q: dict | None) -> dict | None:
     return out
 
 
-def _episode_row(registry: Registry, insp: Inspection, registered_at: float | None) -> tuple[dict | None, bool]:
+def _episode_row(outcomes: OutcomeBuffer, insp: Inspection, registered_at: float | None) -> tuple[dict | None, bool]:
     """The episode row to upsert after an inspection, and whether to release an old quarantine."""
     ep = insp.episode
     if ep is None:
         return None, True
-    existing = registry.episode_by_id(ep["episode_id"])
+    existing = outcomes.episode(ep["episode_id"])  # an earlier file of this unit counts, committed or not
     if existing is not None and existing["source_path"] != insp.key:
         # Same id from another file: keep the first, hold this one back.
         insp.quarantine = {"gate": "readable", "stage": "pre", "stream": "episode_id",
@@ -304,17 +307,26 @@ def transcode_batch(batch_key: str, stores: IngestStores, gates: GateConfig, *,
              settings, gates) for r in todo]
     workers = max(1, min(workers or os.cpu_count() or 1, len(jobs) or 1))
     own0, episodes_cpu = time.process_time(), 0.0
-    # Each episode in a process of its own, recorded the moment it finishes: one that raises or
-    # kills its worker is quarantined with the reason and the others land.
-    with closing(run_each(_transcode_one, jobs, workers, cpu_limit_s=settings.max_cpu_s,
-                          context=mp_context)) as finished:
-        for i, slot, out in finished:
-            if isinstance(out, WorkerFailure):
-                out = _worker_died(sink, todo[i]["episode_id"], out, stores.mcap_dir)
-            elif out.get("unavailable"):  # the MCAP store did not answer: critical, the unit fails (and is retried)
-                raise StoreUnavailableError(*out["unavailable"])
-            episodes_cpu += out.get("cpu_s", 0.0)
-            _record(stores, rep, todo[i], out, slot, log)
+    # Each episode in a process of its own, recorded as it finishes (group commits, see
+    # outcomes.py): one that raises or kills its worker is quarantined with the reason and the others land.
+    outcomes = OutcomeBuffer(stores.registry, max_outcomes=256, min_interval_s=TRANSCODE_COMMIT_INTERVAL_S)
+    try:
+        with closing(run_each(_transcode_one, jobs, workers, cpu_limit_s=settings.max_cpu_s,
+                              context=mp_context)) as finished:
+            for i, slot, out in finished:
+                if isinstance(out, WorkerFailure):
+                    out = _worker_died(sink, todo[i]["episode_id"], out, stores.mcap_dir)
+                elif out.get("unavailable"):  # the MCAP store did not answer: critical, the unit fails (and is retried)
+                    raise StoreUnavailableError(*out["unavailable"])
+                episodes_cpu += out.get("cpu_s", 0.0)
+                _record(outcomes, stores, rep, todo[i], out, slot, log)
+    except BaseException:
+        try:  # keep what finished before the failure; the original error is what the unit reports
+            outcomes.flush()
+        except Exception as e:  # noqa: BLE001
+            log(f"could not record {len(outcomes.pending)} finished episodes of {batch_key}: {e}")
+        raise
+    outcomes.flush()
     # this process, plus what each episode's process measured of itself: a fork server's children are
     # not this process's children, so getrusage(RUSAGE_CHILDREN) would miss them
     rep.cpu_s = time.process_time() - own0 + episodes_cpu
@@ -385,7 +397,7 @@ def _transcode_local(src: Path, dst: Path, sink: McapSink, episode_id: str, sha2
     return out
 
 
-def _record(stores: IngestStores, rep: StageReport, row: dict, out: dict, slot: int,
+def _record(outcomes: OutcomeBuffer, stores: IngestStores, rep: StageReport, row: dict, out: dict, slot: int,
             log: Callable[[str], None]) -> None:
     pv = versions.PIPELINE_VERSION
     rep.worker_busy_s[slot] = rep.worker_busy_s.get(slot, 0.0) + out["wall_s"]
@@ -393,18 +405,15 @@ def _record(stores: IngestStores, rep: StageReport, row: dict, out: dict, slot: 
     rep.codec_cpu_s += report.get("jpeg_decode_cpu_s", 0.0) + report.get("video_encode_cpu_s", 0.0)
     results: list[GateResult] = out["gates"]
     episode = _post_row(row, out)
+    gate_records = [g.as_record(pv) for g in results]
     try:
-        stores.registry.record_outcome(source_path=row["source_path"], batch_key=rep.batch_key, stage="post",
-                                       gates=[g.as_record(pv) for g in results], episode=episode,
-                                       quarantine=_q(out.get("quarantine")))
+        outcomes.add(Outcome(row["source_path"], rep.batch_key, "post", gate_records, episode, _q(out.get("quarantine"))))
     except FieldValueError as e:  # e.g. an output path longer than its column: held back, said why
         held = stores.sink().hold(row["episode_id"]) if episode.get("mcap_path") else None
         out = {**out, "quarantine": {"gate": "transcode", "stage": "post", "stream": e.column, "held_at": held,
                                      "reason": f"the registry cannot store the outcome: {e}"}}
         episode = _post_row(row, out)
-        stores.registry.record_outcome(source_path=row["source_path"], batch_key=rep.batch_key, stage="post",
-                                       gates=[g.as_record(pv) for g in results], episode=episode,
-                                       quarantine=_q(out["quarantine"]))
+        outcomes.add(Outcome(row["source_path"], rep.batch_key, "post", gate_records, episode, _q(out["quarantine"])))
     rep.tally(row["source_path"], row["episode_id"], results)
     q = out.get("quarantine")
     if q:

@@ -328,6 +328,43 @@ def test_drift_sensor_resegments_only_the_ladders_when_the_ladder_config_changes
         assert "current versions" in version_drift_sensor(ctx()).skip_message
 
 
+def test_drift_sensor_as_dagster_evaluates_it_requests_exactly_the_stale_partitions_of_both_kinds(home, monkeypatch):
+    """Pipeline and ladder versions both drift: the partitions an old pipeline wrote get mcap_episodes
+    and step_ladders, those whose ladders alone are old get step_ladders, the current ones nothing.
+    Through Dagster's own evaluation of the sensor (``evaluate_tick``, what the daemon calls)."""
+    res = resources(home, target_bytes=1, partition_bytes=1, units_on="process")
+    with DagsterInstance.ephemeral() as instance:
+        keys = [r.partition_key for r in tick(instance, res).run_requests]
+        reg = res["ingest"].stores().registry
+        for k in keys[:2]:
+            materialize(ASSETS, instance=instance, partition_key=k, resources=res, raise_on_error=False)
+        monkeypatch.setattr(versions, "PIPELINE_VERSION", "9.9-test")
+        for k in keys[2:]:
+            materialize(ASSETS, instance=instance, partition_key=k, resources=res, raise_on_error=False)
+        with_episodes = [k for k in keys if reg.partition_episodes(k)]
+        old_pipeline = [k for k in keys[:2] if k in with_episodes]
+        new_pipeline = [k for k in keys[2:] if k in with_episodes]
+        assert len(old_pipeline) == 2 and len(new_pipeline) == 2  # the truncated file's partition has none
+        # the ladder config changes; one partition of the new pipeline is re-segmented at once
+        (home / "step_ladders.yaml").write_text("thresholds: {min_pause_s: 0.15}\n")
+        ladder = defs.get_assets_def("step_ladders")
+        materialize([ladder], instance=instance, partition_key=new_pipeline[0], resources=res)
+        old_ladder = new_pipeline[1:]
+
+        def evaluate(cursor=None):
+            ctx = build_sensor_context(instance=instance, cursor=cursor, definitions=defs,
+                                       resources=for_sensor(version_drift_sensor, res))
+            return version_drift_sensor.evaluate_tick(ctx)
+
+        data = evaluate()
+        (req,) = data.run_requests
+        wanted = {(ap.asset_key.path[-1], ap.partition_key) for ap in req.asset_graph_subset.iterate_asset_partitions()}
+        assert wanted == ({("mcap_episodes", k) for k in old_pipeline} | {("step_ladders", k) for k in old_pipeline}
+                          | {("step_ladders", k) for k in old_ladder})
+        assert req.tags["dyna/pipeline_version"] == "9.9-test"
+        assert "already backfilled" in evaluate(data.cursor).skip_message  # never twice for the same state
+
+
 def test_unreachable_registry_fails_the_run_and_names_it_without_the_password(home):
     res = resources(home)
     res["ingest"] = IngestResource(home_root=str(home), registry_url="postgresql+psycopg2://dyna:s3cret@127.0.0.1:1/reg")

@@ -1,0 +1,167 @@
+"""Per-partition version summary: how many episodes of each ingest partition are in each
+(status, pipeline, schema, ladder version), kept current by triggers on every write.
+
+The drift sensor asks "which partitions hold an episode written by another version?" every
+minute. Asked of ``episodes`` that is a scan of the corpus (43M rows at 1M hours). Asked of
+this table it is a scan of (partitions x versions present), a few rows per partition, and a
+partition is at most a few thousand rows: the cost follows the partitions and what is stale,
+never the episodes.
+
+Triggers, not application code, keep it: every path that writes an episode (inventory,
+transcode outcomes, ladders, reviews, a hand-run SQL fix) moves the counts in the writer's own
+transaction, so the summary is exactly as current as the rows. An episode counts under its
+work unit's partition; a unit that joins a partition after its episodes were written (only
+tests do that today) moves its counts with it. NULL versions are stored as '' (primary-key
+columns cannot be NULL on PostgreSQL). A registry made before this table existed is
+back-filled once, from ``episodes``, when the table is created.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import BigInteger, Column, Index, MetaData, String, Table, inspect, text
+from sqlalchemy.engine import Engine
+
+# Derived, not a table of record: outside schema.metadata, so registry.counts() and the
+# additive migration leave it alone.
+derived = MetaData()
+
+partition_versions = Table(
+    "partition_versions", derived,
+    Column("partition_key", String(64), primary_key=True),  # '' while the unit is in no partition
+    Column("status", String(16), primary_key=True),
+    Column("pipeline_version", String(16), primary_key=True),
+    Column("schema_version", String(16), primary_key=True),
+    Column("ladder_version", String(64), primary_key=True),
+    Column("episodes", BigInteger, nullable=False),
+    Index("ix_partition_versions_pipeline", "pipeline_version", "schema_version", "status"),
+    Index("ix_partition_versions_ladder", "ladder_version", "status"),
+)
+
+VERSIONED = ("status", "pipeline_version", "schema_version", "ladder_version")
+_KEY = "partition_key, status, pipeline_version, schema_version, ladder_version"
+
+
+def _unit_partition(row: str) -> str:
+    return f"COALESCE((SELECT partition_key FROM ingest_batches WHERE batch_key = {row}.batch_key), '')"
+
+
+def _values(row: str) -> str:
+    return (f"{_unit_partition(row)}, {row}.status, COALESCE({row}.pipeline_version, ''), "
+            f"COALESCE({row}.schema_version, ''), COALESCE({row}.ladder_version, '')")
+
+
+_BUMP = (f"ON CONFLICT ({_KEY}) DO UPDATE SET episodes = partition_versions.episodes + excluded.episodes")
+
+
+def _sqlite_ddl() -> list[str]:
+    def bump(row: str, n: int) -> str:
+        # "WHERE true": SQLite's parser needs it between INSERT ... SELECT and ON CONFLICT
+        return f"INSERT INTO partition_versions ({_KEY}, episodes) SELECT {_values(row)}, {n} WHERE true {_BUMP};"
+
+    drop_empty = "DELETE FROM partition_versions WHERE episodes = 0 AND partition_key = {pk};"
+    changed = " OR ".join(f"OLD.{c} IS NOT NEW.{c}" for c in (*VERSIONED, "batch_key"))
+    move = (f"INSERT INTO partition_versions ({_KEY}, episodes) "
+            "SELECT {pk}, status, COALESCE(pipeline_version, ''), COALESCE(schema_version, ''), "
+            "COALESCE(ladder_version, ''), {sign} count(*) FROM episodes WHERE batch_key = NEW.batch_key "
+            f"GROUP BY 1, 2, 3, 4, 5 {_BUMP};")
+    old_pk, new_pk = "COALESCE(OLD.partition_key, '')", "COALESCE(NEW.partition_key, '')"
+    return [
+        f"""CREATE TRIGGER IF NOT EXISTS episodes_pv_insert AFTER INSERT ON episodes BEGIN
+            {bump("NEW", 1)} END""",
+        f"""CREATE TRIGGER IF NOT EXISTS episodes_pv_delete AFTER DELETE ON episodes BEGIN
+            {bump("OLD", -1)} {drop_empty.format(pk=_unit_partition("OLD"))} END""",
+        f"""CREATE TRIGGER IF NOT EXISTS episodes_pv_update AFTER UPDATE ON episodes WHEN {changed} BEGIN
+            {bump("OLD", -1)} {bump("NEW", 1)} {drop_empty.format(pk=_unit_partition("OLD"))} END""",
+        f"""CREATE TRIGGER IF NOT EXISTS units_pv_insert AFTER INSERT ON ingest_batches
+            WHEN NEW.partition_key IS NOT NULL BEGIN
+            {move.format(pk="''", sign="-")} {move.format(pk=new_pk, sign="")}
+            {drop_empty.format(pk="''")} END""",
+        f"""CREATE TRIGGER IF NOT EXISTS units_pv_update AFTER UPDATE OF partition_key ON ingest_batches
+            WHEN OLD.partition_key IS NOT NEW.partition_key BEGIN
+            {move.format(pk=old_pk, sign="-")} {move.format(pk=new_pk, sign="")}
+            {drop_empty.format(pk=old_pk)} END""",
+    ]
+
+
+def _postgres_ddl() -> list[str]:
+    changed = " OR ".join(f"OLD.{c} IS DISTINCT FROM NEW.{c}" for c in (*VERSIONED, "batch_key"))
+    move = (f"INSERT INTO partition_versions AS partition_versions ({_KEY}, episodes) "
+            "SELECT {pk}, status, COALESCE(pipeline_version, ''), COALESCE(schema_version, ''), "
+            "COALESCE(ladder_version, ''), {sign} count(*) FROM episodes WHERE batch_key = NEW.batch_key "
+            f"GROUP BY 1, 2, 3, 4, 5 {_BUMP};")
+    return [
+        f"""CREATE OR REPLACE FUNCTION dyna_pv_bump(pk text, st text, pv text, sv text, lv text, n bigint)
+            RETURNS void LANGUAGE plpgsql AS $$ BEGIN
+              INSERT INTO partition_versions AS partition_versions ({_KEY}, episodes) VALUES (pk, st, pv, sv, lv, n)
+              {_BUMP};
+              IF n < 0 THEN
+                DELETE FROM partition_versions WHERE partition_key = pk AND status = st AND pipeline_version = pv
+                  AND schema_version = sv AND ladder_version = lv AND episodes = 0;
+              END IF;
+            END $$""",
+        f"""CREATE OR REPLACE FUNCTION dyna_episodes_pv() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+              IF TG_OP = 'UPDATE' AND NOT ({changed}) THEN RETURN NULL; END IF;
+              IF TG_OP IN ('UPDATE', 'DELETE') THEN
+                PERFORM dyna_pv_bump({_values("OLD")}, -1);
+              END IF;
+              IF TG_OP IN ('UPDATE', 'INSERT') THEN
+                PERFORM dyna_pv_bump({_values("NEW")}, 1);
+              END IF;
+              RETURN NULL;
+            END $$""",
+        f"""CREATE OR REPLACE FUNCTION dyna_units_pv() RETURNS trigger LANGUAGE plpgsql AS $$
+            DECLARE old_pk text := ''; new_pk text := COALESCE(NEW.partition_key, ''); BEGIN
+              IF TG_OP = 'UPDATE' THEN old_pk := COALESCE(OLD.partition_key, ''); END IF;
+              IF old_pk = new_pk THEN RETURN NULL; END IF;
+              {move.format(pk="old_pk", sign="-")}
+              {move.format(pk="new_pk", sign="")}
+              DELETE FROM partition_versions WHERE partition_key = old_pk AND episodes = 0;
+              RETURN NULL;
+            END $$""",
+        "DROP TRIGGER IF EXISTS episodes_pv ON episodes",
+        """CREATE TRIGGER episodes_pv AFTER INSERT OR DELETE OR UPDATE ON episodes
+            FOR EACH ROW EXECUTE FUNCTION dyna_episodes_pv()""",
+        "DROP TRIGGER IF EXISTS units_pv ON ingest_batches",
+        """CREATE TRIGGER units_pv AFTER INSERT OR UPDATE OF partition_key ON ingest_batches
+            FOR EACH ROW EXECUTE FUNCTION dyna_units_pv()""",
+    ]
+
+
+_BACKFILL = (f"INSERT INTO partition_versions ({_KEY}, episodes) "
+             "SELECT COALESCE(b.partition_key, ''), e.status, COALESCE(e.pipeline_version, ''), "
+             "COALESCE(e.schema_version, ''), COALESCE(e.ladder_version, ''), count(*) "
+             "FROM episodes e LEFT JOIN ingest_batches b ON b.batch_key = e.batch_key GROUP BY 1, 2, 3, 4, 5")
+
+
+def install(engine: Engine) -> None:
+    """Create the summary and its triggers when missing; back-fill it when it is new. One
+    transaction, so the back-fill and the triggers start from the same rows. A registry that has
+    them is not touched: creating a trigger locks its table against every writer."""
+    if inspect(engine).has_table(partition_versions.name) and _has_triggers(engine):
+        return
+    with engine.begin() as c:
+        if c.dialect.name == "postgresql":  # one installer at a time; the others find it done
+            c.execute(text("SELECT pg_advisory_xact_lock(4215161)"))
+            if c.execute(text("SELECT count(*) FROM pg_trigger WHERE tgname IN ('episodes_pv', 'units_pv')")
+                         ).scalar_one() == 2:
+                return
+        new = not inspect(c).has_table(partition_versions.name)
+        derived.create_all(c)
+        for stmt in (_postgres_ddl() if c.dialect.name == "postgresql" else _sqlite_ddl()):
+            c.execute(text(stmt))
+        if new:
+            c.execute(text(_BACKFILL))
+
+
+def _has_triggers(engine: Engine) -> bool:
+    with engine.connect() as c:
+        if c.dialect.name == "postgresql":
+            q = "SELECT count(*) FROM pg_trigger WHERE tgname IN ('episodes_pv', 'units_pv')"
+            return c.execute(text(q)).scalar_one() == 2
+        names = ", ".join(f"'{n}'" for n in _SQLITE_TRIGGERS)
+        q = f"SELECT count(*) FROM sqlite_master WHERE type = 'trigger' AND name IN ({names})"
+        return c.execute(text(q)).scalar_one() == len(_SQLITE_TRIGGERS)
+
+
+_SQLITE_TRIGGERS = ("episodes_pv_insert", "episodes_pv_delete", "episodes_pv_update", "units_pv_insert",
+                    "units_pv_update")

@@ -1,0 +1,129 @@
+"""The per-partition version summary stays exactly what a GROUP BY over the episodes says,
+whatever writes them (registry methods, hand-run SQL), on SQLite and PostgreSQL; the drift
+queries read it."""
+
+from __future__ import annotations
+
+from sqlalchemy import text
+
+from dyna_resources.catalog import partition_versions
+from dyna_resources.catalog.registry import ACCEPTED, QUARANTINED, TRANSCODED, LandedFile, Registry
+
+T0 = 1_793_000_000.0
+
+
+def truth(registry) -> list[dict]:
+    """The summary recomputed from the rows of record."""
+    q = ("SELECT COALESCE(b.partition_key, '') AS partition_key, e.status, COALESCE(e.pipeline_version, '') AS pv, "
+         "COALESCE(e.schema_version, '') AS sv, COALESCE(e.ladder_version, '') AS lv, count(*) AS n "
+         "FROM episodes e LEFT JOIN ingest_batches b ON b.batch_key = e.batch_key GROUP BY 1, 2, 3, 4, 5")
+    with registry.engine.connect() as c:
+        rows = c.execute(text(q)).all()
+    return sorted(({"partition_key": r[0], "status": r[1], "pipeline_version": r[2], "schema_version": r[3],
+                    "ladder_version": r[4], "episodes": r[5]} for r in rows), key=_order)
+
+
+def summary(registry) -> list[dict]:
+    return sorted(registry.partition_version_counts(), key=_order)
+
+
+def _order(r: dict) -> tuple:
+    return (r["partition_key"], r["status"], r["pipeline_version"], r["schema_version"], r["ladder_version"])
+
+
+def files(n: int, start: int = 0) -> list[LandedFile]:
+    return [LandedFile(f"site-a/ep-{i:05d}.h5", 1000, i) for i in range(start, start + n)]
+
+
+def inventory(registry, f: LandedFile, unit: str) -> str:
+    eid = "ep-" + f.path[-8:-3]
+    registry.record_outcome(source_path=f.path, batch_key=unit, stage="pre", gates=[], now=T0,
+                            episode={"episode_id": eid, "status": ACCEPTED, "source_bytes": f.bytes, "duration_s": 1.0})
+    return eid
+
+
+def transcoded(registry, f: LandedFile, unit: str, eid: str, pv: str, status: str = TRANSCODED) -> None:
+    registry.record_outcome(source_path=f.path, batch_key=unit, stage="post", gates=[], now=T0,
+                            episode={"episode_id": eid, "status": status, "pipeline_version": pv,
+                                     "schema_version": "1.0", "mcap_uri": f"file:///o/{eid}.mcap"})
+
+
+def test_summary_follows_every_kind_of_write(registry):
+    fs = files(9)
+    registry.register_files(fs, now=T0)
+    units = registry.create_batches([fs[0:3], fs[3:6], fs[6:9]], target_bytes=3000, now=T0)
+    p1, p2 = registry.assign_partitions(target_bytes=6000, max_wait_s=0, now=T0)  # units 0+1, then unit 2
+    assert summary(registry) == []
+
+    ids = [inventory(registry, f, units[i // 3].key) for i, f in enumerate(fs)]
+    assert summary(registry) == truth(registry)
+    assert {r["partition_key"]: r["episodes"] for r in summary(registry)} == {p1.key: 6, p2.key: 3}
+
+    for i in range(6):
+        transcoded(registry, fs[i], units[i // 3].key, ids[i], "1.0" if i else "0.9")
+    transcoded(registry, fs[6], units[2].key, ids[6], "1.0", status=QUARANTINED)
+    registry.record_ladders([{"episode_id": ids[1], "steps": []}, {"episode_id": ids[4], "steps": []}], "lad-1")
+    registry.record_ladders([{"episode_id": ids[2], "steps": []}], "lad-0")
+    assert summary(registry) == truth(registry)
+    # a transcode resets the ladder version (a new MCAP): the count moves with it
+    transcoded(registry, fs[4], units[1].key, ids[4], "1.0")
+    assert summary(registry) == truth(registry)
+
+    # hand-run SQL is counted too: an update of a version, a status, and a delete
+    with registry.engine.begin() as c:
+        c.execute(text("UPDATE episodes SET pipeline_version = '0.8' WHERE episode_id = :e"), {"e": ids[3]})
+        c.execute(text("UPDATE episodes SET status = 'accepted' WHERE episode_id = :e"), {"e": ids[5]})
+        c.execute(text("DELETE FROM episodes WHERE episode_id = :e"), {"e": ids[8]})
+    assert summary(registry) == truth(registry)
+    assert all(r["episodes"] > 0 for r in summary(registry))  # emptied rows are dropped
+
+    assert registry.outdated_partitions(schema_version="1.0", pipeline_version="1.0") == [p1.key]
+    assert registry.outdated_partitions(schema_version="2.0", pipeline_version="1.0") == [p1.key, p2.key]
+    assert registry.outdated_ladder_partitions("lad-1") == [p1.key]
+    assert registry.outdated_ladder_partitions("lad-0") == [p1.key]  # ids[1]'s lad-1 is drift against lad-0
+
+
+def test_a_unit_joining_a_partition_after_its_episodes_moves_their_counts(registry):
+    fs = files(4)
+    registry.register_files(fs, now=T0)
+    units = registry.create_batches([fs[0:2], fs[2:4]], target_bytes=2000, now=T0)
+    ids = [inventory(registry, f, units[i // 2].key) for i, f in enumerate(fs)]
+    # episodes of a unit that no ingest_batches row names yet count under no partition
+    inventory(registry, LandedFile("site-a/ep-99999.h5", 1000, 0), "20990101T00-000999")
+    for i, f in enumerate(fs):
+        transcoded(registry, f, units[i // 2].key, ids[i], "0.9")
+    assert {r["partition_key"] for r in summary(registry)} == {""}
+    assert registry.outdated_partitions(schema_version="1.0", pipeline_version="1.0") == []
+
+    [part] = registry.assign_partitions(target_bytes=10_000, max_wait_s=0, now=T0)
+    assert summary(registry) == truth(registry)
+    assert {r["partition_key"]: r["episodes"] for r in summary(registry)} == {"": 1, part.key: 4}
+    assert registry.outdated_partitions(schema_version="1.0", pipeline_version="1.0") == [part.key]
+
+
+def test_a_registry_made_before_the_summary_is_back_filled(registry, tmp_path):
+    fs = files(3)
+    registry.register_files(fs, now=T0)
+    [unit] = registry.create_batches([fs], target_bytes=3000, now=T0)
+    [part] = registry.assign_partitions(target_bytes=3000, max_wait_s=0, now=T0)
+    ids = [inventory(registry, f, unit.key) for f in fs]
+    transcoded(registry, fs[0], unit.key, ids[0], "0.9")
+    # as an older registry has it: no summary, no triggers
+    with registry.engine.begin() as c:
+        if registry.backend == "postgresql":
+            c.execute(text("DROP TRIGGER episodes_pv ON episodes"))
+            c.execute(text("DROP TRIGGER units_pv ON ingest_batches"))
+        else:
+            for name in partition_versions._SQLITE_TRIGGERS:
+                c.execute(text(f"DROP TRIGGER {name}"))
+        c.execute(text("DROP TABLE partition_versions"))
+    transcoded(registry, fs[1], unit.key, ids[1], "1.0")  # written while no trigger existed
+
+    reopened = Registry(registry.url.render_as_string(hide_password=False))
+    try:
+        assert summary(reopened) == truth(reopened)
+        assert reopened.outdated_partitions(schema_version="1.0", pipeline_version="1.0") == [part.key]
+        transcoded(reopened, fs[2], unit.key, ids[2], "1.0")  # and the triggers are back
+        assert summary(reopened) == truth(reopened)
+    finally:
+        reopened.close()
