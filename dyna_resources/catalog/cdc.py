@@ -1,10 +1,14 @@
 """Sync the registry into the warehouse by change-data-capture: the SQLite change log, or
 PostgreSQL logical decoding (pgoutput).
 
-``sync`` reads changes after the warehouse's recorded position, folds them per key, reads
-the current row of every changed key (a key whose row is gone is a delete), and applies
-rows and the new position in one warehouse transaction; then it prunes the log up to
-what is durably applied. Killing it at any point loses nothing and duplicates nothing.
+A warehouse's first sync streams a snapshot of the registry in Arrow batches (memory bounded by
+the batch, not the table), together with the change-log position (SQLite seq) or replication-slot
+point (PostgreSQL: the slot is created with an exported snapshot) it reflects, so each later
+change is applied once. Then ``sync`` reads changes after the warehouse's recorded position,
+folds them per key, reads the current row of every changed key (a key whose row is gone is a
+delete), and applies rows and the new position in one warehouse transaction; then it prunes the
+log behind the position every consumer has reached. Killing it at any point loses nothing and
+duplicates nothing.
 """
 
 from __future__ import annotations
@@ -13,7 +17,9 @@ from dataclasses import dataclass
 
 from . import changelog, pg_logical
 from .registry import Registry
-from .warehouse import Warehouse
+from .warehouse import Warehouse, arrow_columns, rows_to_arrow
+
+SNAPSHOT_BATCH = 20_000  # rows per Arrow batch of a first sync: ~40 MB of row tuples at a time
 
 
 @dataclass
@@ -30,19 +36,16 @@ def source_name(registry: Registry) -> str:
 
 
 def sync(registry: Registry, warehouse: Warehouse, *, batch: int = 50_000, max_batches: int | None = None,
-         prune: bool = True) -> SyncReport:
+         prune: bool = True, snapshot_batch: int = SNAPSHOT_BATCH) -> SyncReport:
     """Apply what changed in the registry since the warehouse's position; returns what was done.
     A warehouse that has never synced this source first takes a full snapshot."""
     source = source_name(registry)
     slot = pg_logical.install(registry.engine, list(changelog.TRACKED)) if registry.backend == "postgresql" else None
     rep = SyncReport()
     if warehouse.position(source) is None:
-        # Changes before the log or slot existed are not in it: start from a snapshot. Anything
-        # that changes during the snapshot is also in the log/slot and is applied again (idempotent).
-        rows = registry.episodes_by_ids(None)
-        warehouse.apply(source=source, position="0" if slot is None else "0/0", upserts=list(rows.values()),
-                        deletes=[], replace_all=True)
-        rep.upserts += len(rows)
+        rep.upserts += _snapshot(registry, warehouse, source, slot, snapshot_batch)
+        if slot is None and prune:  # what the snapshot holds is applied
+            changelog.prune(registry.engine, consumer_name(warehouse), int(warehouse.position(source)))
     position = warehouse.position(source)
     rep.position = int(position) if slot is None else position
     step = _step_sqlite if slot is None else _step_postgres
@@ -51,6 +54,30 @@ def sync(registry: Registry, warehouse: Warehouse, *, batch: int = 50_000, max_b
             break
         rep.batches += 1
     return rep
+
+
+def consumer_name(warehouse: Warehouse) -> str:
+    """The warehouse as a consumer of the SQLite change log (the log is kept for every consumer)."""
+    return f"warehouse:{warehouse.path.resolve()}"
+
+
+def _snapshot(registry: Registry, warehouse: Warehouse, source: str, slot: str | None, batch: int) -> int:
+    """First sync: stream the registry's episodes into the warehouse in Arrow batches of ``batch``
+    rows (memory follows the batch, not the table) with the position the snapshot reflects, in one
+    warehouse transaction. Changes after that position are applied once, by the steps that follow."""
+    columns = arrow_columns()
+    names = [n for n, _ in columns]
+    if slot is None:
+        # registered first, at a position no later than the snapshot's: no one prunes what it still needs
+        changelog.set_consumer(registry.engine, consumer_name(warehouse), changelog.head(registry.engine))
+        rows = changelog.snapshot(registry.engine, names, batch)
+    else:
+        rows = pg_logical.snapshot(registry.engine, slot, names, batch)
+    with rows as (position, batches), warehouse.snapshot(source) as load:
+        for chunk in batches:
+            load.append(rows_to_arrow(chunk, columns))
+        load.position = str(position)
+    return load.rows
 
 
 def pending(registry: Registry) -> str | None:
@@ -81,7 +108,7 @@ def _step_sqlite(registry, warehouse, source, _slot, batch, prune, rep) -> bool:
     last = changes[-1].seq
     _apply_keys(registry, warehouse, source, {c.key for c in changes if c.table == "episodes"}, str(last), rep)
     if prune:
-        changelog.prune(registry.engine, last)
+        changelog.prune(registry.engine, consumer_name(warehouse), last)
     rep.changes += len(changes)
     rep.position = last
     return True
@@ -98,8 +125,11 @@ def _step_postgres(registry, warehouse, source, slot, batch, _prune, rep) -> boo
     todo = [tx for tx in txs if pg_logical.lsn_int(tx.commit_lsn) > applied]  # others: applied, slot not yet advanced
     if todo:
         keys = set().union(*(tx.keys.get("episodes", set()) for tx in todo))
-        if any("episodes" in tx.truncated for tx in todo):
-            keys |= {r["episode_id"] for r in warehouse.episodes()} | set(registry.episodes_by_ids(None))
+        if any("episodes" in tx.truncated for tx in todo):  # every key may be gone: a new snapshot
+            rep.upserts += _snapshot(registry, warehouse, source, slot, SNAPSHOT_BATCH)
+            rep.changes += sum(len(k) for tx in todo for k in tx.keys.values())
+            rep.position = warehouse.position(source)
+            return True  # the slot was recreated at the snapshot's point: nothing to advance
         _apply_keys(registry, warehouse, source, keys, todo[-1].commit_lsn, rep)
         rep.changes += sum(len(k) for tx in todo for k in tx.keys.values())
     pg_logical.advance(registry.engine, slot, txs[-1].end_lsn)  # only after the warehouse committed

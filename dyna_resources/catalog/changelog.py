@@ -11,6 +11,8 @@ a range be applied again after a crash. (PostgreSQL uses logical decoding instea
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 
 from sqlalchemy import text
@@ -38,6 +40,13 @@ for _tbl, _pk in TRACKED.items():
     ]
 
 
+# Every consumer's applied position: the log is pruned only behind all of them.
+_DDL.append("""CREATE TABLE IF NOT EXISTS change_log_consumers (
+    name TEXT PRIMARY KEY,
+    position INTEGER NOT NULL,
+    updated_at REAL NOT NULL DEFAULT ((julianday('now') - 2440587.5) * 86400.0))""")
+
+
 @dataclass(frozen=True)
 class Change:
     seq: int
@@ -60,7 +69,63 @@ def read_changes(engine: Engine, after: int, limit: int) -> list[Change]:
     return [Change(*r) for r in rows]
 
 
-def prune(engine: Engine, upto: int) -> int:
-    """Drop log entries a consumer has durably applied (one consumer: the warehouse)."""
+# The last seq ever handed out (AUTOINCREMENT keeps it in sqlite_sequence, pruned entries included).
+_HEAD = "SELECT coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'change_log'), 0)"
+
+
+def head(engine: Engine) -> int:
+    """The newest seq the log has handed out (0 before the first): any later change has a higher one."""
     with engine.begin() as c:
-        return c.execute(text("DELETE FROM change_log WHERE seq <= :upto"), {"upto": upto}).rowcount
+        return c.execute(text(_HEAD)).scalar_one()
+
+
+def set_consumer(engine: Engine, name: str, position: int) -> None:
+    """Record that consumer ``name`` has durably applied everything up to ``position``. A new
+    consumer registers here before it takes its snapshot, at a position no later than it."""
+    with engine.begin() as c:
+        c.execute(text("INSERT INTO change_log_consumers (name, position) VALUES (:n, :p) "
+                       "ON CONFLICT (name) DO UPDATE SET position = excluded.position, "
+                       "updated_at = (julianday('now') - 2440587.5) * 86400.0"), {"n": name, "p": position})
+
+
+def drop_consumer(engine: Engine, name: str) -> None:
+    """Forget a consumer (a warehouse that is gone): the log is no longer kept for it."""
+    with engine.begin() as c:
+        c.execute(text("DELETE FROM change_log_consumers WHERE name = :n"), {"n": name})
+
+
+def consumers(engine: Engine) -> dict[str, int]:
+    with engine.begin() as c:
+        return dict(c.execute(text("SELECT name, position FROM change_log_consumers")).all())
+
+
+def prune(engine: Engine, name: str, upto: int) -> int:
+    """Consumer ``name`` has durably applied up to ``upto``: record it, then drop the entries every
+    consumer has applied. Returns how many entries went."""
+    set_consumer(engine, name, upto)
+    with engine.begin() as c:
+        return c.execute(text("DELETE FROM change_log WHERE seq <= "
+                              "(SELECT min(position) FROM change_log_consumers)")).rowcount
+
+
+@contextmanager
+def snapshot(engine: Engine, columns: list[str], batch: int) -> Iterator[tuple[int, Iterator[list[tuple]]]]:
+    """The episodes table as of one instant, streamed in lists of at most ``batch`` row tuples,
+    with the log position that instant reflects: every change up to it is in the rows, every
+    later one has a higher seq. One read transaction (WAL: writers go on meanwhile)."""
+    raw = engine.raw_connection()
+    try:
+        cur = raw.cursor()
+        cur.execute("BEGIN")  # deferred: the snapshot is taken by the first read below, held to the end
+        position = cur.execute(_HEAD).fetchone()[0]
+        cur.execute(f"SELECT {', '.join(columns)} FROM episodes")  # column names from the schema, not input
+
+        def batches() -> Iterator[list[tuple]]:
+            while rows := cur.fetchmany(batch):
+                yield rows
+
+        yield position, batches()
+    finally:
+        with suppress(Exception):  # nothing was written; a failed BEGIN leaves nothing to roll back
+            raw.cursor().execute("ROLLBACK")
+        raw.close()

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import re
 import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from sqlalchemy import text
@@ -43,6 +45,67 @@ def install(engine: Engine, tables: list[str]) -> str:
         if not c.execute(text("SELECT 1 FROM pg_replication_slots WHERE slot_name = :s"), {"s": slot}).first():
             c.execute(text("SELECT pg_create_logical_replication_slot(:s, 'pgoutput')"), {"s": slot})
     return slot
+
+
+_SNAPSHOT_NAME = re.compile(r"^[0-9A-F]+-[0-9A-F]+(-[0-9]+)?$")
+
+
+@contextmanager
+def snapshot(engine: Engine, slot: str, columns: list[str], batch: int) -> Iterator[tuple[str, Iterator[list[tuple]]]]:
+    """Recreate the slot and read the episodes table as of exactly its starting point, streamed in
+    lists of at most ``batch`` row tuples: (consistent point LSN, batches). Every transaction that
+    committed before the point is in the rows; the slot delivers exactly the later ones. (The
+    replication protocol's CREATE_REPLICATION_SLOT ... EXPORT_SNAPSHOT, then SET TRANSACTION
+    SNAPSHOT in a REPEATABLE READ reader; a slot created by SQL exports no snapshot.) Only for a
+    consumer that has applied nothing yet: the slot's pending changes are dropped with it."""
+    import psycopg2
+    import psycopg2.extras
+
+    url = engine.url
+    kw = {"host": url.host, "port": url.port, "user": url.username, "password": url.password,
+          "dbname": url.database}
+    repl = psycopg2.connect(connection_factory=psycopg2.extras.LogicalReplicationConnection, **kw)
+    reader = None
+    try:
+        rcur = repl.cursor()
+        for attempt in range(3):  # a sensor's install() may recreate the slot between the drop and the create
+            _drop_slot(engine, slot)
+            try:
+                rcur.execute(f"CREATE_REPLICATION_SLOT {slot} LOGICAL pgoutput EXPORT_SNAPSHOT")  # slot: [a-z0-9_]
+                break
+            except psycopg2.errors.DuplicateObject:
+                if attempt == 2:
+                    raise
+        _name, point, snap, _plugin = rcur.fetchone()
+        if not _SNAPSHOT_NAME.match(snap):
+            raise RuntimeError(f"unexpected snapshot name from the server: {snap!r}")
+        reader = psycopg2.connect(**kw)
+        reader.set_session(isolation_level="REPEATABLE READ", readonly=True)
+        with reader.cursor() as c:
+            c.execute("SET TRANSACTION SNAPSHOT %s", (snap,))  # imported while the exporting session waits
+        repl.close()  # the export may end now: the reader holds the snapshot
+        named = reader.cursor(name="dyna_cdc_snapshot")
+        named.itersize = batch
+        named.execute(f"SELECT {', '.join(columns)} FROM episodes")  # column names from the schema, not input
+
+        def batches() -> Iterator[list[tuple]]:
+            while rows := named.fetchmany(batch):
+                yield rows
+
+        yield point, batches()
+    finally:
+        if not repl.closed:
+            repl.close()
+        if reader is not None:
+            reader.rollback()
+            reader.close()
+
+
+def _drop_slot(engine: Engine, slot: str) -> None:
+    with engine.connect() as c:
+        c.execution_options(isolation_level="AUTOCOMMIT").execute(
+            text("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = :s"),
+            {"s": slot})
 
 
 @dataclass

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import duckdb
@@ -95,8 +96,7 @@ class Warehouse:
                 self.con.execute("DELETE FROM episodes WHERE episode_id IN (SELECT episode_id FROM cdc_keys)")
                 self.con.execute("DELETE FROM episode_steps WHERE episode_id IN (SELECT episode_id FROM cdc_keys)")
             self.con.execute(f"INSERT INTO episodes ({', '.join(names)}) SELECT {', '.join(names)} FROM cdc_upserts")
-            self.con.register("cdc_steps", _step_rows(upserts))
-            self.con.execute("INSERT INTO episode_steps SELECT * FROM cdc_steps")
+            self.con.execute(_steps_from("cdc_upserts"))
             self.con.execute("INSERT OR REPLACE INTO cdc_position VALUES (?, ?)", [source, position])
             self.con.execute("COMMIT")
         except BaseException:
@@ -105,7 +105,25 @@ class Warehouse:
         finally:
             self.con.unregister("cdc_upserts")
             self.con.unregister("cdc_keys")
-            self.con.unregister("cdc_steps")
+
+    @contextmanager
+    def snapshot(self, source: str) -> Iterator[SnapshotLoad]:
+        """Replace the whole table with a snapshot, loaded batch by batch, in one transaction that
+        also records the position the snapshot reflects (``load.position``, set before the block
+        ends): a snapshot killed half-way leaves the warehouse as it was."""
+        load = SnapshotLoad(self)
+        self.con.execute("BEGIN TRANSACTION")
+        try:
+            self.con.execute("DELETE FROM episodes")
+            self.con.execute("DELETE FROM episode_steps")
+            yield load
+            if load.position is None:
+                raise RuntimeError("a snapshot must say which change-log position it reflects")
+            self.con.execute("INSERT OR REPLACE INTO cdc_position VALUES (?, ?)", [source, load.position])
+            self.con.execute("COMMIT")
+        except BaseException:
+            self.con.execute("ROLLBACK")
+            raise
 
     def episodes(self) -> list[dict]:
         names = ", ".join(n for n, _ in self.columns if n != "synced_at")
@@ -148,12 +166,52 @@ class Warehouse:
         }
 
 
-def _step_rows(upserts: Sequence[dict]) -> pa.Table:
-    rows = []
-    for r in upserts:
-        for st in json.loads(r.get("step_ladder") or "[]"):
-            rows.append({"episode_id": r["episode_id"], "step_index": st["index"], "step": st["name"],
-                         "start_ns": st["start_ns"], "end_ns": st["end_ns"], "duration_s": st["duration_s"],
-                         "outcome": st["outcome"], "failure_mode": st.get("failure_mode"),
-                         "failed_at_ns": st.get("failed_at_ns")})
-    return pa.table({n: pa.array([r[n] for r in rows], type=_ARROW_TYPES[ty]) for n, ty in STEP_COLUMNS})
+# One row per step of every episode's ladder, unnested by DuckDB from the step_ladder JSON of the
+# rows being applied (``rows``: a registered batch).
+_STEP_JSON = json.dumps([{"index": "INTEGER", "name": "VARCHAR", "start_ns": "BIGINT", "end_ns": "BIGINT",
+                          "duration_s": "DOUBLE", "outcome": "VARCHAR", "failure_mode": "VARCHAR",
+                          "failed_at_ns": "BIGINT"}])
+
+
+def _steps_from(rows: str) -> str:
+    return ("INSERT INTO episode_steps SELECT episode_id, s.index, s.name, s.start_ns, s.end_ns, s.duration_s, "
+            "s.outcome, s.failure_mode, s.failed_at_ns FROM (SELECT episode_id, "
+            f"unnest(from_json(step_ladder, '{_STEP_JSON}')) AS s FROM {rows} WHERE step_ladder IS NOT NULL)")
+
+
+def arrow_columns() -> list[tuple[str, pa.DataType]]:
+    """The registry's episode columns with their Arrow types (what a snapshot batch holds)."""
+    return [(n, _ARROW_TYPES[ty]) for n, ty in warehouse_columns() if n != "synced_at"]
+
+
+def rows_to_arrow(rows: Sequence[tuple], columns: Sequence[tuple[str, pa.DataType]]) -> pa.RecordBatch:
+    """Row tuples (a database cursor's) as one Arrow batch, column by column in C: no per-row dict.
+    SQLite hands booleans back as 0/1, which are cast."""
+    if not rows:
+        return pa.RecordBatch.from_arrays([pa.array([], ty) for _, ty in columns], names=[n for n, _ in columns])
+    arrays = []
+    for values, (_, ty) in zip(zip(*rows), columns, strict=True):
+        try:
+            arrays.append(pa.array(values, ty))
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            if ty != pa.bool_():
+                raise
+            arrays.append(pa.array(values, pa.int8()).cast(pa.bool_()))
+    return pa.RecordBatch.from_arrays(arrays, names=[n for n, _ in columns])
+
+
+class SnapshotLoad:
+    def __init__(self, warehouse: Warehouse):
+        self.wh, self.position, self.rows = warehouse, None, 0
+
+    def append(self, batch: pa.RecordBatch) -> None:
+        con = self.wh.con
+        names = [n for n, _ in self.wh.columns if n != "synced_at"]
+        con.register("cdc_snapshot", batch)
+        try:
+            con.execute(f"INSERT INTO episodes ({', '.join(names)}, synced_at) SELECT {', '.join(names)}, ? "
+                        "FROM cdc_snapshot", [time.time()])
+            con.execute(_steps_from("cdc_snapshot"))
+        finally:
+            con.unregister("cdc_snapshot")
+        self.rows += batch.num_rows

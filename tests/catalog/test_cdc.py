@@ -133,14 +133,20 @@ def test_sync_killed_with_sigkill_resumes_from_its_last_applied_position(tmp_pat
     reg = Registry.sqlite(tmp_path / "r.sqlite")
     rng = random.Random(7)
     live, next_id = set(), [0]
+    storm(reg, rng, live, 2000, next_id)
+    with Warehouse(tmp_path / "w.duckdb") as wh:  # the first sync: a snapshot, the log pruned behind it
+        snapshot_at = sync(reg, wh).position
+    assert changelog.read_changes(reg.engine, 0, 1) == []
     for _ in range(10):
         storm(reg, rng, live, 2000, next_id)
+    first_change = changelog.read_changes(reg.engine, 0, 1)[0].seq
+    last_change = changelog.head(reg.engine)
     script = ("import sys; from dyna_resources.catalog.registry import Registry; "
               "from dyna_resources.catalog.warehouse import Warehouse; from dyna_resources.catalog.cdc import sync; "
               "sync(Registry.sqlite(sys.argv[1]), Warehouse(sys.argv[2]), batch=100)")
     proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "r.sqlite"), str(tmp_path / "w.duckdb")])
     deadline = time.monotonic() + 120
-    while not changelog.read_changes(reg.engine, 0, 1) or changelog.read_changes(reg.engine, 0, 1)[0].seq == 1:
+    while changelog.read_changes(reg.engine, 0, 1)[0].seq == first_change:  # until it has applied and pruned some
         assert proc.poll() is None, "sync ended before it could be killed"
         assert time.monotonic() < deadline
         time.sleep(0.01)
@@ -149,9 +155,10 @@ def test_sync_killed_with_sigkill_resumes_from_its_last_applied_position(tmp_pat
     first_unapplied = changelog.read_changes(reg.engine, 0, 1)[0].seq
     with Warehouse(tmp_path / "w.duckdb") as wh:
         resumed_from = int(wh.position(f"registry:{reg.describe()}"))
-        assert 0 < resumed_from < 20_000 and resumed_from >= first_unapplied - 1
+        assert snapshot_at < resumed_from < last_change and resumed_from >= first_unapplied - 1
         report = sync(reg, wh)
-        assert report.changes < 20_000  # resumed, not restarted
+        assert 0 < report.changes < last_change - snapshot_at  # resumed, not restarted
+        assert report.upserts + report.deletes <= report.changes
         assert wh.episodes() == source_rows(reg)
 
 
@@ -177,4 +184,72 @@ def test_warehouse_summary_matches_the_rows_it_aggregates(tmp_path):
     assert got["hours_by_task"]["(other tasks)"] == pytest.approx(sum(by_task[k] for k in by_task if k not in top))
     assert got["flags"]["camera_dead"] == sum(bool(r["camera_dead"]) for r in done)
     assert got["flags"]["quality_not_ok"] == sum(r["quality_ok"] is False for r in done)
+    reg.close()
+
+
+def column_checksums(con, table_sql: str, names: list[str]) -> tuple:
+    """Per column, a hash sum over the rows (DuckDB): equal tables give equal tuples."""
+    sums = ", ".join(f"sum(hash({n}))" for n in names)
+    return con.execute(f"SELECT count(*), {sums} FROM {table_sql}").fetchone()
+
+
+def test_first_sync_while_the_registry_is_written_converges_in_bounded_batches(registry, tmp_path, monkeypatch):
+    import duckdb
+    import pyarrow as pa
+
+    from dyna_resources.catalog import warehouse as wh_mod
+
+    rng, w_rng = random.Random(11), random.Random(12)
+    live, next_id = set(), [0]
+    storm(registry, rng, live, 3000, next_id)
+    sizes: list[int] = []
+    real_append = wh_mod.SnapshotLoad.append
+
+    def append_while_written(self, batch):
+        sizes.append(batch.num_rows)
+        real_append(self, batch)
+        storm(registry, w_rng, live, 20, next_id)  # other writers commit while the snapshot streams
+
+    monkeypatch.setattr(wh_mod.SnapshotLoad, "append", append_while_written)
+    with Warehouse(tmp_path / "w.duckdb") as wh:
+        sync(registry, wh, snapshot_batch=64)
+    monkeypatch.undo()
+    # streamed in batches of the size asked for, never the whole table at once
+    assert len(sizes) >= 10 and set(sizes[:-1]) == {64} and 0 < sizes[-1] <= 64
+    with Warehouse(tmp_path / "w.duckdb") as wh:
+        sync(registry, wh)  # what was written during the snapshot and after it, applied once
+        got = wh.episodes()
+    assert got == source_rows(registry)  # row for row, every column
+    names = [c.name for c in t.episodes.columns]
+    with duckdb.connect() as con:
+        con.register("src", pa.Table.from_pylist(source_rows(registry)))
+        con.execute(f"ATTACH '{tmp_path / 'w.duckdb'}' AS wh (READ_ONLY)")
+        assert column_checksums(con, "wh.episodes", names) == column_checksums(con, "src", names)
+
+
+def test_the_change_log_is_pruned_only_behind_every_consumer(tmp_path):
+    reg = Registry(f"sqlite:///{tmp_path / 'r.sqlite'}")
+    rng = random.Random(5)
+    live, next_id = set(), [0]
+    storm(reg, rng, live, 200, next_id)
+    a, b = Warehouse(tmp_path / "a.duckdb"), Warehouse(tmp_path / "b.duckdb")
+    sync(reg, a)
+    sync(reg, b)
+    assert changelog.read_changes(reg.engine, 0, 1) == []  # both have everything
+    storm(reg, rng, live, 200, next_id)
+    mark = changelog.head(reg.engine)
+    sync(reg, a)  # a is ahead; b still needs every change after its position
+    b_at = changelog.consumers(reg.engine)[f"warehouse:{b.path.resolve()}"]
+    kept = changelog.read_changes(reg.engine, 0, 10_000)
+    assert kept and kept[0].seq == b_at + 1 and kept[-1].seq == mark
+    sync(reg, b)
+    assert changelog.read_changes(reg.engine, 0, 1) == []
+    assert a.episodes() == b.episodes() == source_rows(reg)
+    # a consumer that is dropped no longer holds the log back
+    storm(reg, rng, live, 50, next_id)
+    changelog.drop_consumer(reg.engine, f"warehouse:{b.path.resolve()}")
+    sync(reg, a)
+    assert changelog.read_changes(reg.engine, 0, 1) == []
+    a.close()
+    b.close()
     reg.close()
