@@ -27,6 +27,8 @@ _ARROW_TYPES = {"BIGINT": pa.int64(), "INTEGER": pa.int32(), "DOUBLE": pa.float6
                 "VARCHAR": pa.string()}
 
 
+_STAGING = "__snapshot"  # suffix of the tables a snapshot is loaded into before they replace the live ones
+
 # One row per step of every episode's ladder, unnested from the episodes' ``step_ladder`` JSON
 # when their rows are applied: what curation selects steps by.
 STEP_COLUMNS = [("episode_id", "VARCHAR"), ("step_index", "INTEGER"), ("step", "VARCHAR"), ("start_ns", "BIGINT"),
@@ -51,16 +53,20 @@ class Warehouse:
         self.con = duckdb.connect(str(self.path), read_only=read_only)
         self.columns = warehouse_columns()
         if not read_only:
-            cols = ", ".join(f"{n} {ty}" for n, ty in self.columns)
-            self.con.execute(f"CREATE TABLE IF NOT EXISTS episodes ({cols}, PRIMARY KEY (episode_id))")
-            cols = ", ".join(f"{n} {ty}" for n, ty in STEP_COLUMNS)
-            self.con.execute(f"CREATE TABLE IF NOT EXISTS episode_steps ({cols}, PRIMARY KEY (episode_id, step_index))")
+            self._create_tables("")
             self.con.execute("CREATE TABLE IF NOT EXISTS cdc_position (source VARCHAR PRIMARY KEY, position VARCHAR)")
             have = {r[0] for r in self.con.execute(
                 "SELECT column_name FROM information_schema.columns WHERE table_name = 'episodes'").fetchall()}
             for n, ty in self.columns:  # additive migration, as in the registry
                 if n not in have:
                     self.con.execute(f"ALTER TABLE episodes ADD COLUMN {n} {ty}")
+
+    def _create_tables(self, suffix: str) -> None:
+        cols = ", ".join(f"{n} {ty}" for n, ty in self.columns)
+        self.con.execute(f"CREATE TABLE IF NOT EXISTS episodes{suffix} ({cols}, PRIMARY KEY (episode_id))")
+        cols = ", ".join(f"{n} {ty}" for n, ty in STEP_COLUMNS)
+        self.con.execute(f"CREATE TABLE IF NOT EXISTS episode_steps{suffix} ({cols}, "
+                         "PRIMARY KEY (episode_id, step_index))")
 
     def close(self) -> None:
         self.con.close()
@@ -108,17 +114,23 @@ class Warehouse:
 
     @contextmanager
     def snapshot(self, source: str) -> Iterator[SnapshotLoad]:
-        """Replace the whole table with a snapshot, loaded batch by batch, in one transaction that
-        also records the position the snapshot reflects (``load.position``, set before the block
-        ends): a snapshot killed half-way leaves the warehouse as it was."""
+        """Replace the whole table with a snapshot loaded batch by batch. The batches go to staging
+        tables, each committed (so memory follows the batch: DuckDB holds an open transaction's rows
+        in memory), and one transaction swaps them in with the position the snapshot reflects
+        (``load.position``, set before the block ends). A snapshot killed half-way leaves the
+        warehouse as it was; the next one starts its staging tables afresh."""
+        self.con.execute(f"DROP TABLE IF EXISTS episodes{_STAGING}")
+        self.con.execute(f"DROP TABLE IF EXISTS episode_steps{_STAGING}")
+        self._create_tables(_STAGING)
         load = SnapshotLoad(self)
+        yield load
+        if load.position is None:
+            raise RuntimeError("a snapshot must say which change-log position it reflects")
         self.con.execute("BEGIN TRANSACTION")
         try:
-            self.con.execute("DELETE FROM episodes")
-            self.con.execute("DELETE FROM episode_steps")
-            yield load
-            if load.position is None:
-                raise RuntimeError("a snapshot must say which change-log position it reflects")
+            for table in ("episodes", "episode_steps"):
+                self.con.execute(f"DROP TABLE {table}")
+                self.con.execute(f"ALTER TABLE {table}{_STAGING} RENAME TO {table}")
             self.con.execute("INSERT OR REPLACE INTO cdc_position VALUES (?, ?)", [source, load.position])
             self.con.execute("COMMIT")
         except BaseException:
@@ -173,8 +185,8 @@ _STEP_JSON = json.dumps([{"index": "INTEGER", "name": "VARCHAR", "start_ns": "BI
                           "failed_at_ns": "BIGINT"}])
 
 
-def _steps_from(rows: str) -> str:
-    return ("INSERT INTO episode_steps SELECT episode_id, s.index, s.name, s.start_ns, s.end_ns, s.duration_s, "
+def _steps_from(rows: str, into: str = "episode_steps") -> str:
+    return (f"INSERT INTO {into} SELECT episode_id, s.index, s.name, s.start_ns, s.end_ns, s.duration_s, "
             "s.outcome, s.failure_mode, s.failed_at_ns FROM (SELECT episode_id, "
             f"unnest(from_json(step_ladder, '{_STEP_JSON}')) AS s FROM {rows} WHERE step_ladder IS NOT NULL)")
 
@@ -209,9 +221,11 @@ class SnapshotLoad:
         names = [n for n, _ in self.wh.columns if n != "synced_at"]
         con.register("cdc_snapshot", batch)
         try:
-            con.execute(f"INSERT INTO episodes ({', '.join(names)}, synced_at) SELECT {', '.join(names)}, ? "
-                        "FROM cdc_snapshot", [time.time()])
-            con.execute(_steps_from("cdc_snapshot"))
+            con.execute("BEGIN TRANSACTION")
+            con.execute(f"INSERT INTO episodes{_STAGING} ({', '.join(names)}, synced_at) "
+                        f"SELECT {', '.join(names)}, ? FROM cdc_snapshot", [time.time()])
+            con.execute(_steps_from("cdc_snapshot", into=f"episode_steps{_STAGING}"))
+            con.execute("COMMIT")
         finally:
             con.unregister("cdc_snapshot")
         self.rows += batch.num_rows
