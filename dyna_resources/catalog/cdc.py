@@ -70,11 +70,11 @@ def _snapshot(registry: Registry, warehouse: Warehouse, source: str, slot: str |
     if slot is None:
         # registered first, at a position no later than the snapshot's: no one prunes what it still needs
         changelog.set_consumer(registry.engine, consumer_name(warehouse), changelog.head(registry.engine))
-        rows = changelog.snapshot(registry.engine, names, batch)
+        rows = changelog.snapshot(registry.engine, names)
     else:
         rows = pg_logical.snapshot(registry.engine, slot, names, batch)
-    with rows as (position, batches), warehouse.snapshot(source) as load:
-        for chunk in batches:
+    with rows as (position, cursor), warehouse.snapshot(source) as load:
+        while chunk := cursor.fetchmany(batch):
             load.append(rows_to_arrow(chunk, columns))
         load.position = str(position)
     return load.rows

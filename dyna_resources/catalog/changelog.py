@@ -109,8 +109,8 @@ def prune(engine: Engine, name: str, upto: int) -> int:
 
 
 @contextmanager
-def snapshot(engine: Engine, columns: list[str], batch: int) -> Iterator[tuple[int, Iterator[list[tuple]]]]:
-    """The episodes table as of one instant, streamed in lists of at most ``batch`` row tuples,
+def snapshot(engine: Engine, columns: list[str]) -> Iterator[tuple[int, object]]:
+    """The episodes table as of one instant, as an open DB-API cursor to fetch from in batches,
     with the log position that instant reflects: every change up to it is in the rows, every
     later one has a higher seq. One read transaction (WAL: writers go on meanwhile)."""
     raw = engine.raw_connection()
@@ -119,12 +119,7 @@ def snapshot(engine: Engine, columns: list[str], batch: int) -> Iterator[tuple[i
         cur.execute("BEGIN")  # deferred: the snapshot is taken by the first read below, held to the end
         position = cur.execute(_HEAD).fetchone()[0]
         cur.execute(f"SELECT {', '.join(columns)} FROM episodes")  # column names from the schema, not input
-
-        def batches() -> Iterator[list[tuple]]:
-            while rows := cur.fetchmany(batch):
-                yield rows
-
-        yield position, batches()
+        yield position, cur
     finally:
         with suppress(Exception):  # nothing was written; a failed BEGIN leaves nothing to roll back
             raw.cursor().execute("ROLLBACK")

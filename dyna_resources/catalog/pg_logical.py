@@ -51,9 +51,9 @@ _SNAPSHOT_NAME = re.compile(r"^[0-9A-F]+-[0-9A-F]+(-[0-9]+)?$")
 
 
 @contextmanager
-def snapshot(engine: Engine, slot: str, columns: list[str], batch: int) -> Iterator[tuple[str, Iterator[list[tuple]]]]:
-    """Recreate the slot and read the episodes table as of exactly its starting point, streamed in
-    lists of at most ``batch`` row tuples: (consistent point LSN, batches). Every transaction that
+def snapshot(engine: Engine, slot: str, columns: list[str], batch: int) -> Iterator[tuple[str, object]]:
+    """Recreate the slot and read the episodes table as of exactly its starting point: (consistent
+    point LSN, a server-side cursor fetching ``batch`` rows a round trip). Every transaction that
     committed before the point is in the rows; the slot delivers exactly the later ones. (The
     replication protocol's CREATE_REPLICATION_SLOT ... EXPORT_SNAPSHOT, then SET TRANSACTION
     SNAPSHOT in a REPEATABLE READ reader; a slot created by SQL exports no snapshot.) Only for a
@@ -87,12 +87,7 @@ def snapshot(engine: Engine, slot: str, columns: list[str], batch: int) -> Itera
         named = reader.cursor(name="dyna_cdc_snapshot")
         named.itersize = batch
         named.execute(f"SELECT {', '.join(columns)} FROM episodes")  # column names from the schema, not input
-
-        def batches() -> Iterator[list[tuple]]:
-            while rows := named.fetchmany(batch):
-                yield rows
-
-        yield point, batches()
+        yield point, named
     finally:
         if not repl.closed:
             repl.close()
