@@ -230,7 +230,7 @@ def arithmetic(settings) -> dict:
 
 # The real ingest at two fleet sizes (episodes, units): the same episodes, the second run twice the first.
 # tiny (CI): one run, so no fit; it keeps the code path alive, not the figure.
-INGEST_SIZES = {"full": [(12, 3), (24, 6)], "quick": [(6, 2), (12, 3)], "tiny": [(4, 2)]}
+INGEST_SIZES = {"full": [(8, 2), (16, 4)], "quick": [(6, 2), (12, 3)], "tiny": [(4, 2)]}
 
 
 def real_ingest(size: str, episodes: int, units: int) -> dict:

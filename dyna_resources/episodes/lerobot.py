@@ -63,6 +63,7 @@ from .codec import (
     NAL_PPS,
     NAL_SPS,
     StreamingH264Decoder,
+    as_format,
     decoded_to_rgb,
     is_keyframe,
     to_yuv,
@@ -361,6 +362,7 @@ def encode_h264(frames: Iterable, fps: float, crf: float, gop: int) -> H264Clip:
             enc = _h264_encoder(frame.width, frame.height, fps, crf, gop)
         elif (frame.width, frame.height) != (enc.width, enc.height):
             raise ValueError(f"frame {i} is {frame.width}x{frame.height}, earlier frames {enc.width}x{enc.height}")
+        frame = as_format(frame, enc.pix_fmt)
         frame.pts = i
         # A decoded JPEG or video frame keeps its picture type, which libx264 would honour.
         frame.pict_type = av.video.frame.PictureType.NONE
