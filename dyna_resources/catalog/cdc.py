@@ -92,11 +92,13 @@ def pending(registry: Registry) -> str | None:
 
 def _apply_keys(registry: Registry, warehouse: Warehouse, source: str, keys: set[str], position: str,
                 rep: SyncReport) -> None:
-    rows = registry.episodes_by_ids(sorted(keys))
-    upserts = [rows[k] for k in sorted(keys) if k in rows]
-    deletes = sorted(k for k in keys if k not in rows)
-    warehouse.apply(source=source, position=position, upserts=upserts, deletes=deletes)
-    rep.upserts += len(upserts)
+    columns = arrow_columns()
+    rows = registry.episode_rows(sorted(keys), [n for n, _ in columns])  # tuples straight into Arrow: no dict a row
+    batch = rows_to_arrow(rows, columns)
+    found = set(batch.column("episode_id").to_pylist())
+    deletes = sorted(k for k in keys if k not in found)
+    warehouse.apply(source=source, position=position, upserts=batch, deletes=deletes)
+    rep.upserts += batch.num_rows
     rep.deletes += len(deletes)
 
 

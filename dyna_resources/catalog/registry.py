@@ -17,12 +17,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import and_, bindparam, case, create_engine, delete, event, func, not_, or_, select, update
+from sqlalchemy import and_, bindparam, create_engine, delete, event, func, not_, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
 
-from . import changelog, partition_versions
+from . import bulk, changelog, partition_versions
 from . import schema as t
 from .partition_versions import partition_versions as pv_summary
 
@@ -62,6 +62,22 @@ def check_values(table, row: dict) -> None:
 
 
 _STRING_LIMITS = {tab.name: t.string_limits(tab) for tab in t.metadata.sorted_tables}
+
+
+def check_rows(table, rows: Sequence[dict]) -> None:
+    """:func:`check_values` of many rows, column by column: one length scan and one NUL search
+    per column over all of them (C loops), the row-by-row check only where a column fails."""
+    if not rows:
+        return
+    limits = _STRING_LIMITS[table.name]
+    for col in {k for r in rows for k in r}:
+        strs = [v for r in rows if (v := r.get(col)).__class__ is str or isinstance(v, str)]
+        if not strs:
+            continue
+        limit = limits.get(col)
+        if (limit is not None and max(map(len, strs)) > limit) or "\x00" in "".join(strs):
+            for r in rows:
+                check_values(table, {col: r.get(col)})
 
 
 @dataclass(frozen=True, order=True)
@@ -142,11 +158,12 @@ def _outcome_rows(o: Outcome, now: float) -> tuple[list[dict], dict | None, dict
         "source_path": o.source_path, "batch_key": o.batch_key, "episode_id": episode_id,
         "stage": q.get("stage", o.stage), "gate": q["gate"], "reason": q["reason"], "stream": q.get("stream"),
         "pipeline_version": q["pipeline_version"], "quarantined_at": now}
-    for table, rows in ((t.quality_results, results), (t.episodes, [row] if row else []),
-                        (t.quarantine, [held] if held else [])):
-        for r in rows:
-            check_values(table, r)
     return results, row, held
+
+
+def _check_outcome_rows(results: list[dict], rows: list[dict], held: list[dict]) -> None:
+    for table, some in ((t.quality_results, results), (t.episodes, rows), (t.quarantine, held)):
+        check_rows(table, some)
 
 
 def _same_columns(rows: list[dict]) -> list[list[dict]]:
@@ -155,6 +172,25 @@ def _same_columns(rows: list[dict]) -> list[list[dict]]:
     for r in rows:
         groups.setdefault(tuple(sorted(r)), []).append(r)
     return list(groups.values())
+
+
+# gates_checked, gates_failed, quality_score = 1 - failed / checked (rounded to 6 places; none checked: NULL)
+_SCORE_SQL = {
+    "sqlite": """UPDATE episodes SET gates_checked = s.n, gates_failed = s.f,
+        quality_score = CASE WHEN s.n > 0 THEN round(1.0 - CAST(s.f AS REAL) / s.n, 6) END
+        FROM (SELECT e2.episode_id AS id, count(q.gate) AS n,
+                     coalesce(sum(CASE WHEN q.passed THEN 0 ELSE 1 END), 0) AS f
+              FROM episodes e2 LEFT JOIN quality_results q ON q.source_path = e2.source_path
+              WHERE e2.episode_id IN ({ids}) GROUP BY e2.episode_id) AS s
+        WHERE episodes.episode_id = s.id""",
+    "postgresql": """UPDATE episodes AS e SET gates_checked = s.n, gates_failed = s.f,
+        quality_score = CASE WHEN s.n > 0 THEN round((1.0 - s.f::float8 / s.n)::numeric, 6)::float8 END
+        FROM (SELECT e2.episode_id, count(q.gate) AS n,
+                     coalesce(sum(CASE WHEN q.passed THEN 0 ELSE 1 END), 0) AS f
+              FROM episodes e2 LEFT JOIN quality_results q ON q.source_path = e2.source_path
+              WHERE e2.episode_id = ANY(%s) GROUP BY e2.episode_id) AS s
+        WHERE e.episode_id = s.episode_id""",
+}
 
 
 def _partition(r) -> IngestPartition:
@@ -415,7 +451,8 @@ class Registry:
     @staticmethod
     def check_outcome(outcome: Outcome, *, now: float = 0.0) -> None:
         """Raise :class:`FieldValueError` if the registry would refuse a value of this outcome."""
-        _outcome_rows(outcome, now)
+        r, row, h = _outcome_rows(outcome, now)
+        _check_outcome_rows(r, [row] if row else [], [h] if h else [])
 
     def record_outcomes(self, outcomes: Sequence[Outcome], *, now: float | None = None) -> None:
         """Record many outcomes (e.g. a work unit's) in one transaction, set-based: one statement per
@@ -428,9 +465,14 @@ class Registry:
             return
         now = time.time() if now is None else now
         results, whole, partial, held, released, scored = {}, {}, {}, {}, set(), {}
+        every_row, every_held = [], []
         for o in outcomes:  # later outcomes of a file replace earlier ones, as separate calls would
             r, row, h = _outcome_rows(o, now)
             results.update(((x["source_path"], x["stage"], x["gate"]), x) for x in r)
+            if row is not None:
+                every_row.append(row)
+            if h is not None:
+                every_held.append(h)
             if row is not None:
                 eid = row["episode_id"]
                 # Two writes of one row in a call merge into one (the later's columns win): what
@@ -448,45 +490,33 @@ class Registry:
             elif o.release_quarantine:
                 released.add(o.source_path)
                 held.pop(o.source_path, None)
+        # every row as written, before any is merged (a refused value names its column, writes nothing)
+        _check_outcome_rows(list(results.values()), every_row, every_held)
         with self._begin() as c:
             for rows in _same_columns(list(results.values())):
-                self._upsert(c, t.quality_results, rows, ["source_path", "stage", "gate"])
+                bulk.upsert(c, self.backend, t.quality_results, rows, ["source_path", "stage", "gate"])
             for rows in _same_columns(list(whole.values())):
-                self._upsert(c, t.episodes, rows, ["episode_id"])
-            updates = [{**{k: v for k, v in row.items() if k != "episode_id"}, "_id": eid}
-                       for eid, row in partial.items()]
-            for rows in _same_columns(updates):
-                cols = [k for k in rows[0] if k != "_id"]
-                c.execute(update(t.episodes).where(t.episodes.c.episode_id == bindparam("_id"))
-                          .values({k: bindparam(k) for k in cols}), rows)
-            self._score(c, scored)
+                bulk.upsert(c, self.backend, t.episodes, rows, ["episode_id"])
+            for rows in _same_columns(list(partial.values())):
+                bulk.update_by_key(c, self.backend, t.episodes, rows, "episode_id")
+            self._score(c, sorted(scored))
             for rows in _same_columns(list(held.values())):
-                self._upsert(c, t.quarantine, rows, ["source_path"])
+                bulk.upsert(c, self.backend, t.quarantine, rows, ["source_path"])
             paths = sorted(released)
             for k in range(0, len(paths), 5000):
                 c.execute(delete(t.quarantine).where(t.quarantine.c.source_path.in_(paths[k:k + 5000])))
 
-    @staticmethod
-    def _score(c, episodes: dict[str, str]) -> None:
-        """Quality score of each episode (id -> source path) from the latest result of every gate of
-        both stages (replays overwrite results, so a re-run never counts a gate twice): one grouped
-        query and one batched update for all of them."""
-        q = t.quality_results
-        paths = sorted(set(episodes.values()))
-        tally: dict[str, tuple[int, int]] = {}
-        for k in range(0, len(paths), 5000):
-            tally.update((p, (n, f)) for p, n, f in c.execute(
-                select(q.c.source_path, func.count(), func.coalesce(func.sum(case((q.c.passed, 0), else_=1)), 0))
-                .where(q.c.source_path.in_(paths[k:k + 5000])).group_by(q.c.source_path)))
-        rows = []
-        for eid, path in sorted(episodes.items()):
-            checked, failed = tally.get(path, (0, 0))
-            rows.append({"_id": eid, "checked": checked, "failed": failed,
-                         "score": round(1.0 - failed / checked, 6) if checked else None})
-        if rows:
-            c.execute(update(t.episodes).where(t.episodes.c.episode_id == bindparam("_id")).values(
-                gates_checked=bindparam("checked"), gates_failed=bindparam("failed"),
-                quality_score=bindparam("score")), rows)
+    def _score(self, c, episode_ids: list[str]) -> None:
+        """Quality score of each episode from the latest result of every gate of both stages
+        (replays overwrite results, so a re-run never counts a gate twice): one statement per 5,000
+        episodes, counted in the database from the results' primary key (source_path first)."""
+        sql = _SCORE_SQL[self.backend]
+        for k in range(0, len(episode_ids), 5000):
+            part = episode_ids[k:k + 5000]
+            if self.backend == "postgresql":
+                c.exec_driver_sql(sql, (part,))
+            else:
+                c.exec_driver_sql(sql.format(ids=", ".join("?" * len(part))), tuple(part))
 
     def episode_by_id(self, episode_id: str) -> dict | None:
         with self._begin() as c:
@@ -503,6 +533,18 @@ class Registry:
             for i in range(0, len(ids), 5000):
                 for r in c.execute(select(t.episodes).where(t.episodes.c.episode_id.in_(ids[i:i + 5000]))).mappings():
                     out[r["episode_id"]] = dict(r)
+        return out
+
+    def episode_rows(self, ids: Sequence[str], columns: Sequence[str]) -> list[tuple]:
+        """Rows of these episode ids as tuples of ``columns`` (schema names), in id order; ids
+        without a row are absent (what CDC reads for the keys that changed)."""
+        cols = [t.episodes.c[n] for n in columns]
+        out: list[tuple] = []
+        ids = sorted(ids)
+        with self._begin() as c:
+            for i in range(0, len(ids), 5000):
+                out += [tuple(r) for r in c.execute(select(*cols).where(t.episodes.c.episode_id.in_(ids[i:i + 5000]))
+                                                    .order_by(t.episodes.c.episode_id))]
         return out
 
     def episodes(self, batch_key: str | Sequence[str] | None = None) -> list[dict]:
