@@ -12,7 +12,7 @@ partitions, each unit's inventory and transcode outcomes. At each size:
 
 1. **Outcome writes/s**: every ``record_outcomes`` call of the growth so far (256 units' outcomes a
    call, the transcode's group commit), outcomes / seconds in the calls; then 200 calls of one unit
-   each (12 outcomes, the smallest commit ingest makes) on top. Each outcome is one file's stage:
+   each (quick 100, tiny 10; 12 outcomes, the smallest commit ingest makes) on top. Each outcome is one file's stage:
    its gates' results, its episode row (whole or the transcode's columns), its score.
 2. **Drift sensor**, through Dagster's own evaluation (``evaluate_tick`` on a real instance that
    holds every sealed partition as a dynamic partition): 1 % stale (every 100th partition was
@@ -51,7 +51,7 @@ from ._cli import add_size_flags, size_of
 SIZES = {"full": [10**5, 10**6, 10**7], "quick": [10**4, 10**5], "tiny": [1000, 3000]}
 STALE_EVERY = 100  # every 100th partition was written by an older pipeline: 1 % stale
 OLD_VERSION, NEWER_VERSION = "1.4", "9.9"
-UNIT_CALLS = 200  # commits of one work unit each, measured on top of each size ...
+UNIT_CALLS = {"full": 200, "quick": 100, "tiny": 10}  # commits of one work unit each, on top of each size ...
 UNIT_CALL_EPISODES_FROM = 900_000_000  # ... on episodes numbered apart from the corpus's
 TARGETS = {"outcome_writes_per_s": 20_000, "drift_eval_s_1e7": 5.0, "first_sync_peak_gb_1e7": 2.0,
            "first_sync_rows_per_s": 100_000, "incremental_changes_per_s": 20_000, "warehouse_asset_peak_gb_1e7": 1.0}
@@ -213,7 +213,7 @@ def _rewrite_changes(registry, record, k: int, shape) -> int:
     return k
 
 
-def run_backend(backend: str, url: str, sizes: list[int], tmp: Path, log) -> list[dict]:
+def run_backend(backend: str, url: str, sizes: list[int], tmp: Path, log, unit_calls: int) -> list[dict]:
     from dyna_resources.catalog import synthetic
     from dyna_resources.catalog.registry import Registry
 
@@ -229,8 +229,8 @@ def run_backend(backend: str, url: str, sizes: list[int], tmp: Path, log) -> lis
         bulk = timed.rate()
         # one unit a call, on top: the smallest commit ingest makes
         registry.record_outcomes = unit = TimedOutcomes(record)
-        synthetic.populate(registry, UNIT_CALLS * shape.episodes_per_unit, start=extra, shape=shape, units_per_call=1)
-        extra += UNIT_CALLS * shape.episodes_per_unit
+        synthetic.populate(registry, unit_calls * shape.episodes_per_unit, start=extra, shape=shape, units_per_call=1)
+        extra += unit_calls * shape.episodes_per_unit
         done = n
         registry.record_outcomes = record
         drift = _drift(url, tmp / "home", registry)
@@ -286,11 +286,11 @@ def main(argv: list[str]) -> int:
     try:
         for backend in backends:
             if backend == "sqlite":
-                rows += run_backend("sqlite", f"sqlite:///{tmp / 'registry.sqlite'}", sizes, tmp, log)
+                rows += run_backend("sqlite", f"sqlite:///{tmp / 'registry.sqlite'}", sizes, tmp, log, UNIT_CALLS[size])
             elif backend == "postgresql":
                 try:
                     with pg_server.throwaway_postgres(durable=True) as url:  # under the system temp: the server user must reach it
-                        rows += run_backend("postgresql", url, sizes, tmp, log)
+                        rows += run_backend("postgresql", url, sizes, tmp, log, UNIT_CALLS[size])
                 except pg_server.PostgresUnavailable as e:
                     skipped["postgresql"] = str(e)
             else:

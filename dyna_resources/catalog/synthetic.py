@@ -24,10 +24,11 @@ import numpy as np
 from ..ingest.gates import POST_GATES, PRE_GATES
 from .registry import ACCEPTED, QUARANTINED, REJECTED, TRANSCODED, LandedFile, Outcome, Registry
 
-SITES = ("site-a", "site-b", "site-c", "site-d")
-ROBOT_MODELS = ("arm-7dof", "bimanual-14dof", "mobile-manip")
-TASKS = tuple(f"{verb}_{obj}" for verb in ("pick", "place", "fold", "pour", "wipe", "stack", "open", "insert")
-              for obj in ("cup", "towel", "box", "drawer", "block", "bottle"))
+# the vocabulary the curation and manifest benchmarks' specs select by (benchmarks/manifest.py)
+SITES = ("sfo-1", "sfo-2", "pit-1", "bos-1")
+ROBOT_MODELS = ("aloha-2", "franka-fr3", "ur5e", "g1")
+TASKS = ("pick_place", "fold_towel", "open_drawer", "stack_cups", "wipe_table", "insert_peg") + tuple(
+    f"{verb}_{obj}" for verb in ("pour", "hang", "sort", "plug", "scoop") for obj in ("cup", "cable", "bag", "lid"))
 OPERATORS = tuple(f"op-{i:03d}" for i in range(200))
 CAMERAS = ["scene", "wrist_left", "wrist_right"]
 MEAN_EPISODE_S = 84.0
@@ -64,7 +65,7 @@ def _draws(start: int, n: int, seed: int) -> dict[str, np.ndarray]:
     # splitmix64 of (index, seed): independent, reproducible values per episode without a stateful RNG
     x = idx * np.uint64(0x9E3779B97F4A7C15) + np.uint64(seed * 0xBF58476D1CE4E5B9 % 2**64)
     cols = {}
-    for name in ("u_dur", "u_task", "u_robot", "u_op", "u_fate", "u_score", "u_succ"):
+    for name in ("u_dur", "u_task", "u_robot", "u_op", "u_fate", "u_score", "u_succ", "u_sim"):
         x = x + np.uint64(0x9E3779B97F4A7C15)
         z = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
@@ -107,7 +108,7 @@ def outcomes(start: int, n: int, batch_key: str, *, seed: int = 0, shape: Corpus
             "duration_s": dur, "robot_id": f"robot-{robot:03d}", "robot_model": ROBOT_MODELS[robot % len(ROBOT_MODELS)],
             "robot_sw_version": f"4.{robot % 3}.0", "task": task, "site": SITES[i % len(SITES)],
             "operator": OPERATORS[int(d["u_op"][k] * len(OPERATORS))], "success": bool(d["u_succ"][k] < 0.8),
-            "sim": False, "started_at": f"{EPOCH + i * 2.0:.0f}", "cameras": CAMERAS,
+            "sim": bool(d["u_sim"][k] < 0.25), "started_at": f"{EPOCH + i * 2.0:.0f}", "cameras": CAMERAS,
             "ingested_at": EPOCH + i * 2.0, "timestamps_ok": not rejected, "camera_dropped": flagged,
             "frame_drop_fraction": 0.03 if flagged else 0.0, "camera_dead": False, "quality_ok": not (flagged or rejected),
             "status": REJECTED if rejected else ACCEPTED, "schema_version": None, "pipeline_version": None,

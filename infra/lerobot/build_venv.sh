@@ -23,6 +23,9 @@ if ! ldconfig -p | grep -q 'libavcodec\.so\.'; then
     fi
 fi
 
+# DEPS_ONLY=1: only the system libraries above (CI installs them once, then builds both venvs at once)
+if [ "${DEPS_ONLY:-0}" = 1 ]; then exit 0; fi
+
 start=$(date +%s)
 rm -rf "$VENV"
 "$PYTHON" -m venv "$VENV"
