@@ -1,21 +1,29 @@
 """Set-based writes of many rows through the DBAPI cursor: one statement text per (table, columns),
-rows as tuples, SQLite's ``executemany`` or psycopg2's ``execute_values`` (1,000 rows a statement).
+rows as tuples. SQLite: ``executemany``. PostgreSQL: a few rows through psycopg2's
+``execute_values``; many through ``COPY`` into a temporary staging table, then one
+``INSERT ... SELECT ... ON CONFLICT`` or ``UPDATE ... FROM`` for all of them.
 
 SQLAlchemy Core's ``executemany`` converts and binds every row in Python (~25 µs a row of the
 episodes table): at a million outcomes a stage that is most of the registry's write time, and
-psycopg2's own ``executemany`` is a round trip per row. Statement texts are built from the
-schema's table and column names only (a column a row names that its table lacks is refused), and
-every value is a bound parameter, so nothing from input data reaches the SQL text.
+psycopg2's own ``executemany`` is a round trip per row. A ``VALUES`` list of thousands of typed
+rows costs the server a parse and plan as long as the list (~15 µs a row); ``COPY`` parses
+nothing. Statement texts are built from the schema's table and column names only (a column a row
+names that its table lacks is refused), and every value is bound or travels as COPY data, never
+as SQL text, so nothing from input data reaches the SQL.
 """
 
 from __future__ import annotations
 
+import io
+import math
 from collections.abc import Sequence
 from functools import lru_cache
+from operator import itemgetter
 
 from sqlalchemy import Table
 
-PAGE = 1000  # rows per PostgreSQL statement
+PAGE = 1000  # rows per PostgreSQL VALUES statement
+COPY_FROM = 200  # rows from which PostgreSQL writes go through COPY and a staging table
 
 
 def _columns(table: Table, names: Sequence[str]) -> tuple[str, ...]:
@@ -34,17 +42,25 @@ def _pg_types(table: Table, names: tuple[str, ...]) -> str:
 
 @lru_cache(maxsize=256)
 def _upsert_sql(backend: str, table: Table, names: tuple[str, ...], keys: tuple[str, ...],
-                update: tuple[str, ...] | None) -> str:
+                update: tuple[str, ...] | None, staging: str | None = None) -> str:
+    """The upsert's text; from ``staging`` (a staging table of the same columns) when given. Rows
+    must be unique by ``keys``."""
     cols = ", ".join(names)
-    values = "VALUES %s" if backend == "postgresql" else f"VALUES ({', '.join('?' * len(names))})"
+    if staging is not None:
+        values = f"SELECT {cols} FROM {staging}"
+    else:
+        values = "VALUES %s" if backend == "postgresql" else f"VALUES ({', '.join('?' * len(names))})"
     todo = [n for n in names if n not in keys] if update is None else list(update)  # update: the columns to set
     conflict = (f"DO UPDATE SET {', '.join(f'{n} = excluded.{n}' for n in todo)}" if todo else "DO NOTHING")
     return f"INSERT INTO {table.name} ({cols}) {values} ON CONFLICT ({', '.join(keys)}) {conflict}"
 
 
 @lru_cache(maxsize=256)
-def _update_sql(backend: str, table: Table, names: tuple[str, ...], key: str) -> str:
+def _update_sql(backend: str, table: Table, names: tuple[str, ...], key: str, staging: str | None = None) -> str:
     sets = [n for n in names if n != key]
+    if staging is not None:
+        return (f"UPDATE {table.name} AS t SET {', '.join(f'{n} = v.{n}' for n in sets)} "
+                f"FROM {staging} AS v WHERE t.{key} = v.{key}")
     if backend == "postgresql":
         return (f"UPDATE {table.name} AS t SET {', '.join(f'{n} = v.{n}' for n in sets)} "
                 f"FROM (VALUES %s) AS v ({', '.join(names)}) WHERE t.{key} = v.{key}")
@@ -64,6 +80,80 @@ def _run(conn, backend: str, sql: str, table: Table, names: tuple[str, ...], row
         conn.exec_driver_sql(sql, rows)
 
 
+def _staged(conn, table: Table, names: tuple[str, ...], rows: list[tuple]) -> str:
+    """COPY ``rows`` into this transaction's staging table for ``table`` (its columns and types, no
+    constraints; dropped at commit, so a column added to the table later is there next time);
+    returns the staging table's name."""
+    staging = f"dyna_stage_{table.name}"
+    cur = conn.connection.dbapi_connection.cursor()
+    try:
+        cur.execute(f"CREATE TEMP TABLE IF NOT EXISTS {staging} ON COMMIT DROP AS "
+                    f"SELECT * FROM {table.name} WITH NO DATA")
+        cur.execute(f"TRUNCATE {staging}")
+        cur.copy_expert(f"COPY {staging} ({', '.join(names)}) FROM STDIN", io.StringIO(_copy_text(rows)))
+        cur.execute(f"ANALYZE {staging}")  # its row count, so the join below takes the key's index
+    finally:
+        cur.close()
+    return staging
+
+
+# psycopg2 reads COPY data from a file but has no encoder for it (psycopg 3 has one; the registry's
+# engine is psycopg2): PostgreSQL's text format, written here.
+
+
+def _copy_value(v) -> str:
+    if v is None:
+        return "\\N"
+    cls = v.__class__
+    if cls is str:
+        if "\\" in v or "\t" in v or "\n" in v or "\r" in v:
+            return v.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
+        return v
+    if cls is bool:
+        return "t" if v else "f"
+    if cls is int:
+        return str(v)
+    if cls is float:
+        return repr(v) if math.isfinite(v) else ("NaN" if v != v else ("Infinity" if v > 0 else "-Infinity"))
+    if isinstance(v, str):
+        return _copy_value(str(v))
+    if isinstance(v, int):  # an int subclass (an IntEnum)
+        return str(int(v))
+    raise TypeError(f"no COPY text for a {cls.__name__} value")
+
+
+def _copy_column(values: tuple) -> list[str]:
+    """One column's values as COPY text: a C-speed pass where the column is all one plain type,
+    value by value otherwise."""
+    classes = set(map(type, values)) - {type(None)}
+    if classes == {str}:
+        joined = "".join([v for v in values if v is not None])
+        if not ("\\" in joined or "\t" in joined or "\n" in joined or "\r" in joined):
+            return ["\\N" if v is None else v for v in values]
+    elif classes == {int}:
+        return ["\\N" if v is None else str(v) for v in values]
+    elif classes == {bool}:
+        return ["\\N" if v is None else ("t" if v else "f") for v in values]
+    elif classes == {float}:
+        return ["\\N" if v is None else (repr(v) if v - v == 0 else _copy_value(v)) for v in values]  # inf, nan
+    elif not classes:
+        return ["\\N"] * len(values)
+    return [_copy_value(v) for v in values]
+
+
+def _copy_text(rows: list[tuple]) -> str:
+    """Rows in PostgreSQL's COPY text format, encoded column by column."""
+    columns = [_copy_column(col) for col in zip(*rows)]
+    return "\n".join(["\t".join(r) for r in zip(*columns)]) + "\n"
+
+
+def _tuples(rows: Sequence[dict], names: Sequence[str], extra: tuple = ()) -> list[tuple]:
+    get = itemgetter(*names)
+    if len(names) == 1:
+        return [(get(r),) + extra for r in rows]
+    return [get(r) + extra for r in rows] if extra else [get(r) for r in rows]
+
+
 def upsert(conn, backend: str, table: Table, rows: Sequence[dict], keys: Sequence[str],
            update: Sequence[str] | None = None) -> None:
     """Insert ``rows`` (all with the same columns), on a key conflict update ``update`` (default:
@@ -74,9 +164,13 @@ def upsert(conn, backend: str, table: Table, rows: Sequence[dict], keys: Sequenc
     fill = tuple((n, v) for n, v in _defaults(table) if n not in own)  # what SQLAlchemy's insert would add
     names = own + tuple(n for n, _ in fill)
     todo = tuple(n for n in own if n not in keys) if update is None else tuple(update)
-    sql = _upsert_sql(backend, table, names, tuple(keys), todo)
     extra = tuple(v for _, v in fill)
-    _run(conn, backend, sql, table, names, [tuple(r[n] for n in own) + extra for r in rows])
+    values = _tuples(rows, own, extra)
+    if backend == "postgresql" and len(values) >= COPY_FROM:
+        staging = _staged(conn, table, names, values)
+        conn.exec_driver_sql(_upsert_sql(backend, table, names, tuple(keys), todo, staging))
+        return
+    _run(conn, backend, _upsert_sql(backend, table, names, tuple(keys), todo), table, names, values)
 
 
 @lru_cache(maxsize=64)
@@ -99,9 +193,13 @@ def update_by_key(conn, backend: str, table: Table, rows: Sequence[dict], key: s
     names = _columns(table, list(rows[0]))
     if key not in names:
         raise KeyError(f"rows to update by {key} must hold {key}")
-    sql = _update_sql(backend, table, names, key)
     if backend == "postgresql":
-        _run(conn, backend, sql, table, names, [tuple(r[n] for n in names) for r in rows])
+        values = _tuples(rows, names)
+        if len(values) >= COPY_FROM:
+            conn.exec_driver_sql(_update_sql(backend, table, names, key, _staged(conn, table, names, values)))
+        else:
+            _run(conn, backend, _update_sql(backend, table, names, key), table, names, values)
     else:  # the key binds last
         sets = [n for n in names if n != key]
-        conn.exec_driver_sql(sql, [tuple(r[n] for n in sets) + (r[key],) for r in rows])
+        conn.exec_driver_sql(_update_sql(backend, table, names, key),
+                             [tuple(r[n] for n in sets) + (r[key],) for r in rows])

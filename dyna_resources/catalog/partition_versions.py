@@ -83,6 +83,29 @@ def _sqlite_ddl() -> list[str]:
     ]
 
 
+_PG_EPISODE_TRIGGERS = (("episodes_pv_insert", "INSERT", "NEW TABLE AS new_rows"),
+                        ("episodes_pv_update", "UPDATE", "OLD TABLE AS old_rows NEW TABLE AS new_rows"),
+                        ("episodes_pv_delete", "DELETE", "OLD TABLE AS old_rows"))
+_PG_TRIGGERS = (*(name for name, _, _ in _PG_EPISODE_TRIGGERS), "units_pv")
+
+
+def _delta(rows: str, sign: int) -> str:
+    """(partition, versions, +-1) of every row of a transition table."""
+    return (f"SELECT COALESCE(b.partition_key, '') AS pk, r.status AS st, COALESCE(r.pipeline_version, '') AS pv, "
+            f"COALESCE(r.schema_version, '') AS sv, COALESCE(r.ladder_version, '') AS lv, {sign} AS n "
+            f"FROM {rows} r LEFT JOIN ingest_batches b ON b.batch_key = r.batch_key")
+
+
+def _apply(delta: str, drop_from: str | None = None) -> str:
+    """Add the delta's net count to each key it names; then drop the keys it emptied."""
+    out = (f"INSERT INTO partition_versions AS partition_versions ({_KEY}, episodes) "
+           f"SELECT pk, st, pv, sv, lv, sum(n) FROM ({delta}) d GROUP BY 1, 2, 3, 4, 5 HAVING sum(n) <> 0 {_BUMP};")
+    if drop_from:
+        out += (" DELETE FROM partition_versions WHERE episodes = 0 AND partition_key IN (SELECT DISTINCT "
+                f"COALESCE(b.partition_key, '') FROM {drop_from} r LEFT JOIN ingest_batches b ON b.batch_key = r.batch_key);")
+    return out
+
+
 def _postgres_ddl() -> list[str]:
     changed = " OR ".join(f"OLD.{c} IS DISTINCT FROM NEW.{c}" for c in (*VERSIONED, "batch_key"))
     move = (f"INSERT INTO partition_versions AS partition_versions ({_KEY}, episodes) "
@@ -90,23 +113,21 @@ def _postgres_ddl() -> list[str]:
             "COALESCE(ladder_version, ''), {sign} count(*) FROM episodes WHERE batch_key = NEW.batch_key "
             f"GROUP BY 1, 2, 3, 4, 5 {_BUMP};")
     return [
-        f"""CREATE OR REPLACE FUNCTION dyna_pv_bump(pk text, st text, pv text, sv text, lv text, n bigint)
-            RETURNS void LANGUAGE plpgsql AS $$ BEGIN
-              INSERT INTO partition_versions AS partition_versions ({_KEY}, episodes) VALUES (pk, st, pv, sv, lv, n)
-              {_BUMP};
-              IF n < 0 THEN
-                DELETE FROM partition_versions WHERE partition_key = pk AND status = st AND pipeline_version = pv
-                  AND schema_version = sv AND ladder_version = lv AND episodes = 0;
-              END IF;
+        # Episodes: statement-level triggers over the statement's transition tables, one upsert a
+        # (partition, versions) key per statement. A row-level trigger bumps the same summary row
+        # once per episode, and in one transaction every bump adds a row version the next must
+        # walk past: a 3,000-episode commit cost ~O(n^2), most of a bulk write's time on PostgreSQL.
+        # (Transition tables are allowed on single-event triggers only: one function per event.)
+        f"""CREATE OR REPLACE FUNCTION dyna_episodes_pv_insert() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+              {_apply(_delta("new_rows", 1))}
+              RETURN NULL;
             END $$""",
-        f"""CREATE OR REPLACE FUNCTION dyna_episodes_pv() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
-              IF TG_OP = 'UPDATE' AND NOT ({changed}) THEN RETURN NULL; END IF;
-              IF TG_OP IN ('UPDATE', 'DELETE') THEN
-                PERFORM dyna_pv_bump({_values("OLD")}, -1);
-              END IF;
-              IF TG_OP IN ('UPDATE', 'INSERT') THEN
-                PERFORM dyna_pv_bump({_values("NEW")}, 1);
-              END IF;
+        f"""CREATE OR REPLACE FUNCTION dyna_episodes_pv_update() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+              {_apply(_delta("old_rows", -1) + " UNION ALL " + _delta("new_rows", 1), drop_from="old_rows")}
+              RETURN NULL;
+            END $$""",
+        f"""CREATE OR REPLACE FUNCTION dyna_episodes_pv_delete() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+              {_apply(_delta("old_rows", -1), drop_from="old_rows")}
               RETURN NULL;
             END $$""",
         f"""CREATE OR REPLACE FUNCTION dyna_units_pv() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -118,9 +139,12 @@ def _postgres_ddl() -> list[str]:
               DELETE FROM partition_versions WHERE partition_key = old_pk AND episodes = 0;
               RETURN NULL;
             END $$""",
-        "DROP TRIGGER IF EXISTS episodes_pv ON episodes",
-        """CREATE TRIGGER episodes_pv AFTER INSERT OR DELETE OR UPDATE ON episodes
-            FOR EACH ROW EXECUTE FUNCTION dyna_episodes_pv()""",
+        "DROP TRIGGER IF EXISTS episodes_pv ON episodes",  # the row-level trigger of older registries
+        "DROP FUNCTION IF EXISTS dyna_episodes_pv()",
+        "DROP FUNCTION IF EXISTS dyna_pv_bump(text, text, text, text, text, bigint)",
+        *(f"DROP TRIGGER IF EXISTS {name} ON episodes" for name, _, _ in _PG_EPISODE_TRIGGERS),
+        *(f"""CREATE TRIGGER {name} AFTER {event} ON episodes REFERENCING {tables}
+              FOR EACH STATEMENT EXECUTE FUNCTION dyna_{name}()""" for name, event, tables in _PG_EPISODE_TRIGGERS),
         "DROP TRIGGER IF EXISTS units_pv ON ingest_batches",
         """CREATE TRIGGER units_pv AFTER INSERT OR UPDATE OF partition_key ON ingest_batches
             FOR EACH ROW EXECUTE FUNCTION dyna_units_pv()""",
@@ -142,8 +166,7 @@ def install(engine: Engine) -> None:
     with engine.begin() as c:
         if c.dialect.name == "postgresql":  # one installer at a time; the others find it done
             c.execute(text("SELECT pg_advisory_xact_lock(4215161)"))
-            if c.execute(text("SELECT count(*) FROM pg_trigger WHERE tgname IN ('episodes_pv', 'units_pv')")
-                         ).scalar_one() == 2:
+            if _pg_trigger_count(c) == len(_PG_TRIGGERS):
                 return
         new = not inspect(c).has_table(partition_versions.name)
         derived.create_all(c)
@@ -156,8 +179,7 @@ def install(engine: Engine) -> None:
 def _has_triggers(engine: Engine) -> bool:
     with engine.connect() as c:
         if c.dialect.name == "postgresql":
-            q = "SELECT count(*) FROM pg_trigger WHERE tgname IN ('episodes_pv', 'units_pv')"
-            return c.execute(text(q)).scalar_one() == 2
+            return _pg_trigger_count(c) == len(_PG_TRIGGERS)
         names = ", ".join(f"'{n}'" for n in _SQLITE_TRIGGERS)
         q = f"SELECT count(*) FROM sqlite_master WHERE type = 'trigger' AND name IN ({names})"
         return c.execute(text(q)).scalar_one() == len(_SQLITE_TRIGGERS)
@@ -165,3 +187,8 @@ def _has_triggers(engine: Engine) -> bool:
 
 _SQLITE_TRIGGERS = ("episodes_pv_insert", "episodes_pv_delete", "episodes_pv_update", "units_pv_insert",
                     "units_pv_update")
+
+
+def _pg_trigger_count(c) -> int:
+    names = ", ".join(f"'{n}'" for n in _PG_TRIGGERS)
+    return c.execute(text(f"SELECT count(*) FROM pg_trigger WHERE tgname IN ({names})")).scalar_one()

@@ -17,7 +17,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import and_, bindparam, create_engine, delete, event, func, not_, or_, select, update
+import orjson
+from sqlalchemy import String, and_, bindparam, create_engine, delete, event, func, not_, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
@@ -66,11 +67,14 @@ _STRING_LIMITS = {tab.name: t.string_limits(tab) for tab in t.metadata.sorted_ta
 
 def check_rows(table, rows: Sequence[dict]) -> None:
     """:func:`check_values` of many rows, column by column: one length scan and one NUL search
-    per column over all of them (C loops), the row-by-row check only where a column fails."""
+    per text column over all of them (C loops), the row-by-row check only where a column fails.
+    Columns the registry encodes as JSON itself (NUL escaped, unbounded) and non-text columns are
+    not scanned; a text value in a non-text column is refused by the database."""
     if not rows:
         return
     limits = _STRING_LIMITS[table.name]
-    for col in {k for r in rows for k in r}:
+    text_columns = _TEXT_COLUMNS[table.name]
+    for col in {k for r in rows for k in r} & text_columns:
         strs = [v for r in rows if (v := r.get(col)).__class__ is str or isinstance(v, str)]
         if not strs:
             continue
@@ -78,6 +82,11 @@ def check_rows(table, rows: Sequence[dict]) -> None:
         if (limit is not None and max(map(len, strs)) > limit) or "\x00" in "".join(strs):
             for r in rows:
                 check_values(table, {col: r.get(col)})
+
+
+_JSON_COLUMNS = {"gate_results": {"gates", "failed_gates"}}  # encoded by _gate_row: NUL escaped, unbounded
+_TEXT_COLUMNS = {tab.name: {c.name for c in tab.columns if isinstance(c.type, String)}  # Text is a String
+                 - _JSON_COLUMNS.get(tab.name, set()) for tab in t.metadata.sorted_tables}
 
 
 @dataclass(frozen=True, order=True)
@@ -140,14 +149,30 @@ class Outcome:
     release_quarantine: bool = True
 
 
-def _outcome_rows(o: Outcome, now: float) -> tuple[list[dict], dict | None, dict | None]:
-    """The rows an outcome writes (gate results, episode row, quarantine record), checked."""
+def _gate_row(o: Outcome, episode_id: str | None, now: float) -> dict | None:
+    """The stage's row of gate results (None when the outcome ran no gate), its fields checked."""
+    if not o.gates:
+        return None
+    version = o.gates[0]["pipeline_version"]
+    gates = [{"gate": g["gate"], "passed": bool(g["passed"]), "action": g["action"], "detail": g.get("detail", "")}
+             for g in o.gates]
+    for field, limit in t.GATE_FIELD_LIMITS.items():
+        longest = max(len(g[field]) for g in gates)
+        if longest > limit:
+            raise FieldValueError("gate_results", field, f"{longest} characters, the registry stores at most {limit}")
+    for g, rec in zip(o.gates, gates, strict=True):
+        if g["pipeline_version"] != version:  # a stage's gates come from one run: seldom
+            rec["pipeline_version"] = g["pipeline_version"]
+    failed = [g["gate"] for g in gates if not g["passed"]]
+    return {"source_path": o.source_path, "stage": o.stage, "batch_key": o.batch_key, "episode_id": episode_id,
+            "checked": len(gates), "failed": len(failed), "failed_gates": orjson.dumps(failed).decode(),
+            "gates": orjson.dumps(gates).decode(), "pipeline_version": version, "checked_at": now}
+
+
+def _outcome_rows(o: Outcome, now: float) -> tuple[dict | None, dict | None, dict | None]:
+    """The rows an outcome writes (its stage's gate results, episode row, quarantine record)."""
     episode_id = (o.episode or {}).get("episode_id") or (o.quarantine or {}).get("episode_id")
-    results = [{
-        "source_path": o.source_path, "stage": o.stage, "gate": g["gate"], "batch_key": o.batch_key,
-        "episode_id": episode_id, "passed": bool(g["passed"]), "action": g["action"],
-        "detail": g.get("detail", ""), "pipeline_version": g["pipeline_version"], "checked_at": now,
-    } for g in o.gates]
+    results = _gate_row(o, episode_id, now)
     row = None
     if o.episode is not None:
         row = {**o.episode, "source_path": o.source_path, "batch_key": o.batch_key, "updated_at": now}
@@ -162,7 +187,7 @@ def _outcome_rows(o: Outcome, now: float) -> tuple[list[dict], dict | None, dict
 
 
 def _check_outcome_rows(results: list[dict], rows: list[dict], held: list[dict]) -> None:
-    for table, some in ((t.quality_results, results), (t.episodes, rows), (t.quarantine, held)):
+    for table, some in ((t.gate_results, results), (t.episodes, rows), (t.quarantine, held)):
         check_rows(table, some)
 
 
@@ -170,27 +195,11 @@ def _same_columns(rows: list[dict]) -> list[list[dict]]:
     """Rows grouped by their set of columns: one executemany statement per group."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        groups.setdefault(tuple(sorted(r)), []).append(r)
-    return list(groups.values())
-
-
-# gates_checked, gates_failed, quality_score = 1 - failed / checked (rounded to 6 places; none checked: NULL)
-_SCORE_SQL = {
-    "sqlite": """UPDATE episodes SET gates_checked = s.n, gates_failed = s.f,
-        quality_score = CASE WHEN s.n > 0 THEN round(1.0 - CAST(s.f AS REAL) / s.n, 6) END
-        FROM (SELECT e2.episode_id AS id, count(q.gate) AS n,
-                     coalesce(sum(CASE WHEN q.passed THEN 0 ELSE 1 END), 0) AS f
-              FROM episodes e2 LEFT JOIN quality_results q ON q.source_path = e2.source_path
-              WHERE e2.episode_id IN ({ids}) GROUP BY e2.episode_id) AS s
-        WHERE episodes.episode_id = s.id""",
-    "postgresql": """UPDATE episodes AS e SET gates_checked = s.n, gates_failed = s.f,
-        quality_score = CASE WHEN s.n > 0 THEN round((1.0 - s.f::float8 / s.n)::numeric, 6)::float8 END
-        FROM (SELECT e2.episode_id, count(q.gate) AS n,
-                     coalesce(sum(CASE WHEN q.passed THEN 0 ELSE 1 END), 0) AS f
-              FROM episodes e2 LEFT JOIN quality_results q ON q.source_path = e2.source_path
-              WHERE e2.episode_id = ANY(%s) GROUP BY e2.episode_id) AS s
-        WHERE e.episode_id = s.episode_id""",
-}
+        groups.setdefault(tuple(r), []).append(r)  # key order first (cheap), then merged by set
+    merged: dict[tuple, list[dict]] = {}
+    for cols, some in groups.items():
+        merged.setdefault(tuple(sorted(cols)), []).extend(some)
+    return list(merged.values())
 
 
 def _partition(r) -> IngestPartition:
@@ -217,6 +226,7 @@ class Registry:
         try:
             t.metadata.create_all(self.engine)
             _add_missing_columns(self.engine)
+            _fold_legacy_gate_rows(self.engine)
             partition_versions.install(self.engine)  # what the drift sensor asks, in O(partitions)
             if self.backend == "sqlite":
                 changelog.install(self.engine)  # CDC for the warehouse (PostgreSQL: logical decoding)
@@ -452,7 +462,7 @@ class Registry:
     def check_outcome(outcome: Outcome, *, now: float = 0.0) -> None:
         """Raise :class:`FieldValueError` if the registry would refuse a value of this outcome."""
         r, row, h = _outcome_rows(outcome, now)
-        _check_outcome_rows(r, [row] if row else [], [h] if h else [])
+        _check_outcome_rows([r] if r else [], [row] if row else [], [h] if h else [])
 
     def record_outcomes(self, outcomes: Sequence[Outcome], *, now: float | None = None) -> None:
         """Record many outcomes (e.g. a work unit's) in one transaction, set-based: one statement per
@@ -468,7 +478,8 @@ class Registry:
         every_row, every_held = [], []
         for o in outcomes:  # later outcomes of a file replace earlier ones, as separate calls would
             r, row, h = _outcome_rows(o, now)
-            results.update(((x["source_path"], x["stage"], x["gate"]), x) for x in r)
+            if r is not None:
+                results[(o.source_path, o.stage)] = r
             if row is not None:
                 every_row.append(row)
             if h is not None:
@@ -493,30 +504,48 @@ class Registry:
         # every row as written, before any is merged (a refused value names its column, writes nothing)
         _check_outcome_rows(list(results.values()), every_row, every_held)
         with self._begin() as c:
+            self._score(c, scored, results, whole, partial)
             for rows in _same_columns(list(results.values())):
-                bulk.upsert(c, self.backend, t.quality_results, rows, ["source_path", "stage", "gate"])
+                bulk.upsert(c, self.backend, t.gate_results, rows, ["source_path", "stage"])
             for rows in _same_columns(list(whole.values())):
                 bulk.upsert(c, self.backend, t.episodes, rows, ["episode_id"])
             for rows in _same_columns(list(partial.values())):
                 bulk.update_by_key(c, self.backend, t.episodes, rows, "episode_id")
-            self._score(c, sorted(scored))
             for rows in _same_columns(list(held.values())):
                 bulk.upsert(c, self.backend, t.quarantine, rows, ["source_path"])
             paths = sorted(released)
             for k in range(0, len(paths), 5000):
                 c.execute(delete(t.quarantine).where(t.quarantine.c.source_path.in_(paths[k:k + 5000])))
 
-    def _score(self, c, episode_ids: list[str]) -> None:
-        """Quality score of each episode from the latest result of every gate of both stages
-        (replays overwrite results, so a re-run never counts a gate twice): one statement per 5,000
-        episodes, counted in the database from the results' primary key (source_path first)."""
-        sql = _SCORE_SQL[self.backend]
-        for k in range(0, len(episode_ids), 5000):
-            part = episode_ids[k:k + 5000]
+    def _score(self, c, scored: dict[str, str], results: dict, whole: dict, partial: dict) -> None:
+        """Set each written episode's gates_checked, gates_failed and quality_score (1 - failed /
+        checked, 6 places; none checked: NULL) in the rows about to be written, from the latest
+        results of both stages: this call's, else the registry's (replays replace a stage's row,
+        so a re-run never counts a gate twice). Counted here, not by an UPDATE after the writes,
+        so each episode is written once a call (one change for CDC, one summary check)."""
+        counts: dict[tuple[str, str], tuple[int, int]] = {}
+        paths = sorted(set(scored.values()))
+        sql = "SELECT source_path, stage, checked, failed FROM gate_results WHERE source_path "
+        for k in range(0, len(paths), 5000):
+            part = paths[k:k + 5000]
             if self.backend == "postgresql":
-                c.exec_driver_sql(sql, (part,))
+                found = c.exec_driver_sql(sql + "= ANY(%s)", (part,))
             else:
-                c.exec_driver_sql(sql.format(ids=", ".join("?" * len(part))), tuple(part))
+                found = c.exec_driver_sql(sql + f"IN ({', '.join('?' * len(part))})", tuple(part))
+            counts.update(((p, st), (n, f)) for p, st, n, f in found)
+        counts.update((key, (r["checked"], r["failed"])) for key, r in results.items())
+        per_path: dict[str, list[int]] = {}
+        for (path, _), (n, f) in counts.items():
+            acc = per_path.setdefault(path, [0, 0])
+            acc[0] += n
+            acc[1] += f
+        for eid, path in scored.items():
+            n, f = per_path.get(path, (0, 0))
+            score = {"gates_checked": n, "gates_failed": f, "quality_score": round(1.0 - f / n, 6) if n else None}
+            if eid in whole:
+                whole[eid].update(score)
+            if eid in partial:
+                partial[eid].update(score)
 
     def episode_by_id(self, episode_id: str) -> dict | None:
         with self._begin() as c:
@@ -676,12 +705,23 @@ class Registry:
             return [dict(r) for r in c.execute(q).mappings()]
 
     def gate_results(self, batch_key: str, stage: str | None = None) -> list[dict]:
-        q = (select(t.quality_results).where(t.quality_results.c.batch_key == batch_key)
-             .order_by(t.quality_results.c.gate, t.quality_results.c.source_path))
+        """The latest result of every gate of a work unit's files, a dict a gate (source_path, stage,
+        gate, batch_key, episode_id, passed, action, detail, pipeline_version, checked_at), by gate
+        then file."""
+        g = t.gate_results
+        q = select(g).where(g.c.batch_key == batch_key)
         if stage is not None:
-            q = q.where(t.quality_results.c.stage == stage)
+            q = q.where(g.c.stage == stage)
+        out = []
         with self._begin() as c:
-            return [dict(r) for r in c.execute(q).mappings()]
+            for r in c.execute(q).mappings():
+                for x in json.loads(r["gates"]):
+                    out.append({"source_path": r["source_path"], "stage": r["stage"], "gate": x["gate"],
+                                "batch_key": r["batch_key"], "episode_id": r["episode_id"], "passed": x["passed"],
+                                "action": x["action"], "detail": x["detail"],
+                                "pipeline_version": x.get("pipeline_version", r["pipeline_version"]),
+                                "checked_at": r["checked_at"]})
+        return sorted(out, key=lambda x: (x["gate"], x["source_path"], x["stage"]))
 
     def counts(self) -> dict[str, int]:
         """Row counts of every table (tests and the demo use them to prove no duplicates)."""
@@ -726,6 +766,54 @@ def _add_missing_columns(engine: Engine) -> None:
                 if col.name not in have:
                     ddl = col.type.compile(dialect=engine.dialect)
                     c.exec_driver_sql(f'ALTER TABLE {table.name} ADD COLUMN {col.name} {ddl}')
+
+
+LEGACY_PAGE = 50_000  # rows of the old per-gate table read at a time
+
+
+def _fold_legacy_gate_rows(engine: Engine) -> None:
+    """A registry from before ``gate_results`` kept one row a gate in ``quality_results``: fold
+    them into one row per file and stage, in one transaction (killed midway, the old table is
+    still whole and the next open folds again), then drop the old table."""
+    from sqlalchemy import MetaData, Table, inspect, tuple_
+
+    if "quality_results" not in inspect(engine).get_table_names():
+        return
+    legacy = Table("quality_results", MetaData(), autoload_with=engine)
+    q = legacy.c
+    backend = engine.dialect.name
+    with engine.begin() as c:
+        last, group = None, []
+        while True:
+            page = select(legacy).order_by(q.source_path, q.stage, q.gate).limit(LEGACY_PAGE)
+            if last is not None:
+                page = page.where(tuple_(q.source_path, q.stage, q.gate) > tuple_(*last))
+            rows = [dict(r) for r in c.execute(page).mappings()]
+            if not rows:
+                break
+            last = (rows[-1]["source_path"], rows[-1]["stage"], rows[-1]["gate"])
+            done = []
+            for r in group + rows:
+                if done and (done[-1][0]["source_path"], done[-1][0]["stage"]) == (r["source_path"], r["stage"]):
+                    done[-1].append(r)
+                else:
+                    done.append([r])
+            group = done.pop()  # the last file's stage may go on in the next page
+            _write_folded(c, backend, done)
+        if group:
+            _write_folded(c, backend, [group])
+        c.exec_driver_sql("DROP TABLE quality_results")
+
+
+def _write_folded(c, backend: str, groups: list[list[dict]]) -> None:
+    rows = []
+    for g in groups:
+        first = max(g, key=lambda r: r["checked_at"])
+        o = Outcome(first["source_path"], first["batch_key"], first["stage"],
+                    [{"gate": r["gate"], "passed": r["passed"], "action": r["action"], "detail": r["detail"],
+                      "pipeline_version": r["pipeline_version"]} for r in g])
+        rows.append(_gate_row(o, first["episode_id"], first["checked_at"]))
+    bulk.upsert(c, backend, t.gate_results, rows, ["source_path", "stage"])
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:

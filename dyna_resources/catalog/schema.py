@@ -123,21 +123,24 @@ episodes = Table(
     Index("ix_episodes_versions", "status", "pipeline_version", "schema_version", "batch_key"),  # covers the drift query
 )
 
-# Latest result of every gate for every file (replays overwrite, never add rows).
-quality_results = Table(
-    "quality_results", metadata,
+# The latest results of a stage's gates for a file, one row per (file, stage): a replay of the
+# stage replaces the row. One row a gate would be ~560M rows at 43M episodes (13 gates) and most of
+# the registry's write time; the gates ride in the row as JSON, counts and failed names beside them.
+gate_results = Table(
+    "gate_results", metadata,
     Column("source_path", String(1024), primary_key=True),
     Column("stage", String(8), primary_key=True),  # 'pre' | 'post'
-    Column("gate", String(64), primary_key=True),
     Column("batch_key", String(64), nullable=False),
     Column("episode_id", String(128), nullable=True),
-    Column("passed", Boolean, nullable=False),
-    Column("action", String(16), nullable=False),  # what a failure did: 'quarantine' | 'flag'
-    Column("detail", Text, nullable=False, default=""),
+    Column("checked", Integer, nullable=False),  # gates run
+    Column("failed", Integer, nullable=False),  # gates failed
+    Column("failed_gates", Text, nullable=False),  # JSON list of the failed gates' names
+    Column("gates", Text, nullable=False),  # JSON list of {gate, passed, action ('quarantine'|'flag'), detail}
     Column("pipeline_version", String(16), nullable=False),
     Column("checked_at", Float, nullable=False),
-    Index("ix_quality_batch", "batch_key", "stage", "gate"),
+    Index("ix_gate_results_batch", "batch_key", "stage"),
 )
+GATE_FIELD_LIMITS = {"gate": 64, "action": 16}  # characters, inside gate_results.gates
 
 # Files held back, with the reason; the raw file stays where it landed.
 quarantine = Table(

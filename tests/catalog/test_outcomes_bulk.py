@@ -8,6 +8,7 @@ import random
 import pytest
 from sqlalchemy import delete, select, text
 
+from dyna_resources.catalog import bulk
 from dyna_resources.catalog import schema as t
 from dyna_resources.catalog.registry import ACCEPTED, QUARANTINED, TRANSCODED, FieldValueError, Outcome
 from dyna_resources.ingest.outcomes import OutcomeBuffer
@@ -46,24 +47,25 @@ def outcomes(seed: int, n_files: int = 40) -> list[Outcome]:
 def dump(registry) -> dict:
     with registry.engine.begin() as c:
         return {tab.name: sorted(tuple(r) for r in c.execute(select(tab)))
-                for tab in (t.episodes, t.quality_results, t.quarantine)}
+                for tab in (t.episodes, t.gate_results, t.quarantine)}
 
 
 def wipe(registry) -> None:
     with registry.engine.begin() as c:
-        for tab in (t.episodes, t.quality_results, t.quarantine):
+        for tab in (t.episodes, t.gate_results, t.quarantine):
             c.execute(delete(tab))
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_bulk_outcomes_equal_one_at_a_time(registry, seed):
+@pytest.mark.parametrize("seed,copy_from", [(1, bulk.COPY_FROM), (2, bulk.COPY_FROM), (3, 2)])
+def test_bulk_outcomes_equal_one_at_a_time(registry, seed, copy_from, monkeypatch):
+    monkeypatch.setattr(bulk, "COPY_FROM", copy_from)  # 2: PostgreSQL's bulk writes go through COPY and staging
     todo = outcomes(seed)
     for o in todo:
         registry.record_outcome(source_path=o.source_path, batch_key=o.batch_key, stage=o.stage, gates=o.gates,
                                 episode=o.episode, quarantine=o.quarantine, release_quarantine=o.release_quarantine,
                                 now=NOW)
     one_by_one = dump(registry)
-    assert len(one_by_one["episodes"]) == 40 and one_by_one["quarantine"] and one_by_one["quality_results"]
+    assert len(one_by_one["episodes"]) == 40 and one_by_one["quarantine"] and one_by_one["gate_results"]
     wipe(registry)
     pre = [o for o in todo if o.stage == "pre"]
     post = [o for o in todo if o.stage == "post"]
@@ -79,7 +81,7 @@ def test_a_refused_value_in_a_bulk_write_writes_nothing(registry):
                                                    "source_bytes": 1, "duration_s": 1.0})
     with pytest.raises(FieldValueError, match="episodes.episode_id"):
         registry.record_outcomes(todo + [bad], now=NOW)
-    assert registry.counts()["episodes"] == registry.counts()["quality_results"] == 0
+    assert registry.counts()["episodes"] == registry.counts()["gate_results"] == 0
 
 
 def test_outcome_buffer_commits_a_unit_once_or_groups_quick_outcomes(tmp_path):
@@ -110,3 +112,33 @@ def test_outcome_buffer_commits_a_unit_once_or_groups_quick_outcomes(tmp_path):
     with reg.engine.begin() as c:  # the change log saw every row once per commit it was in
         assert c.execute(text("SELECT count(DISTINCT pk) FROM change_log")).scalar_one() == 12
     reg.close()
+
+
+TRICKY = ["", "tab\there", "new\nline", "cr\rhere", "back\\slash \\N", "\\.", "quote ' \" ;--", "\u00e9\u6f22\U0001f916",
+          "%s %(x)s", "\\t literal"]
+
+
+def test_copy_round_trips_every_kind_of_value(registry, monkeypatch):
+    """Through COPY (PostgreSQL) as through executemany: text with the format's special characters,
+    NULLs, booleans, big integers, floats including infinities."""
+    import math
+
+    monkeypatch.setattr(bulk, "COPY_FROM", 2)
+    rows = [{"episode_id": f"ep-{i:04d}", "status": ACCEPTED, "source_bytes": 2**40 + i if i % 3 else -7,
+             "duration_s": [1.5, math.inf, -math.inf, 1e-300, 0.1 + 0.2][i % 5], "task": TRICKY[i % len(TRICKY)],
+             "operator": TRICKY[(i + 3) % len(TRICKY)], "mcap_uri": None if i % 2 else TRICKY[i % len(TRICKY)],
+             "success": [True, False, None][i % 3], "sim": i % 2 == 1, "batch_key": "u", "source_path": f"p/{i}", "updated_at": NOW}
+            for i in range(25)]
+    with registry.engine.begin() as c:
+        bulk.upsert(c, registry.backend, t.episodes, rows, ["episode_id"])
+        bulk.update_by_key(c, registry.backend, t.episodes,
+                           [{"episode_id": r["episode_id"], "site": TRICKY[::-1][i % len(TRICKY)]} for i, r in enumerate(rows)],
+                           "episode_id")
+    got = {r["episode_id"]: r for r in registry.episodes()}
+    assert len(got) == 25
+    for i, r in enumerate(rows):
+        g = got[r["episode_id"]]
+        assert (g["task"], g["operator"], g["mcap_uri"], g["site"]) == (
+            r["task"], r["operator"], r["mcap_uri"], TRICKY[::-1][i % len(TRICKY)])
+        assert (g["source_bytes"], g["success"], g["sim"], g["duration_s"]) == (
+            r["source_bytes"], r["success"], r["sim"], r["duration_s"])

@@ -111,8 +111,8 @@ def test_a_registry_made_before_the_summary_is_back_filled(registry, tmp_path):
     # as an older registry has it: no summary, no triggers
     with registry.engine.begin() as c:
         if registry.backend == "postgresql":
-            c.execute(text("DROP TRIGGER episodes_pv ON episodes"))
-            c.execute(text("DROP TRIGGER units_pv ON ingest_batches"))
+            for name in partition_versions._PG_TRIGGERS:
+                c.execute(text(f"DROP TRIGGER {name} ON {'ingest_batches' if name == 'units_pv' else 'episodes'}"))
         else:
             for name in partition_versions._SQLITE_TRIGGERS:
                 c.execute(text(f"DROP TRIGGER {name}"))
@@ -124,6 +124,34 @@ def test_a_registry_made_before_the_summary_is_back_filled(registry, tmp_path):
         assert summary(reopened) == truth(reopened)
         assert reopened.outdated_partitions(schema_version="1.0", pipeline_version="1.0") == [part.key]
         transcoded(reopened, fs[2], unit.key, ids[2], "1.0")  # and the triggers are back
+        assert summary(reopened) == truth(reopened)
+    finally:
+        reopened.close()
+
+
+def test_a_postgres_registry_with_the_row_level_trigger_gets_the_statement_triggers(registry):
+    if registry.backend != "postgresql":
+        return  # SQLite has row-level triggers only
+    fs = files(4)
+    registry.register_files(fs, now=T0)
+    [unit] = registry.create_batches([fs], target_bytes=4000, now=T0)
+    ids = [inventory(registry, f, unit.key) for f in fs]
+    with registry.engine.begin() as c:  # the trigger of older registries (its body is not needed here)
+        for name in partition_versions._PG_TRIGGERS[:3]:
+            c.execute(text(f"DROP TRIGGER {name} ON episodes"))
+        c.execute(text("CREATE FUNCTION dyna_episodes_pv() RETURNS trigger LANGUAGE plpgsql AS "
+                       "$$ BEGIN RAISE EXCEPTION 'the old trigger ran'; END $$"))
+        c.execute(text("CREATE TRIGGER episodes_pv AFTER INSERT OR DELETE OR UPDATE ON episodes "
+                       "FOR EACH ROW EXECUTE FUNCTION dyna_episodes_pv()"))
+    reopened = Registry(registry.url.render_as_string(hide_password=False))
+    try:
+        with reopened.engine.begin() as c:
+            names = set(c.execute(text("SELECT tgname FROM pg_trigger WHERE NOT tgisinternal")).scalars())
+        assert names == set(partition_versions._PG_TRIGGERS)
+        for f, eid in zip(fs[:2], ids[:2], strict=True):
+            transcoded(reopened, f, unit.key, eid, "1.0")  # would raise under the old trigger
+        with reopened.engine.begin() as c:
+            c.execute(text("DELETE FROM episodes WHERE episode_id = :e"), {"e": ids[3]})
         assert summary(reopened) == truth(reopened)
     finally:
         reopened.close()

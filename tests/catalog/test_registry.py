@@ -25,7 +25,7 @@ from dyna_resources.catalog.registry import (
 
 T0 = float(calendar.timegm((2026, 11, 2, 8, 15, 0)))  # 2026-11-02 08:15:00 UTC
 HOUR = "20261102T08"
-TABLES = {"landed_files", "ingest_batches", "ingest_partitions", "episodes", "quality_results", "quarantine"}
+TABLES = {"landed_files", "ingest_batches", "ingest_partitions", "episodes", "gate_results", "quarantine"}
 EMPTY = {name: 0 for name in TABLES}
 
 
@@ -270,7 +270,7 @@ def test_values_one_backend_would_refuse_are_refused_on_both_naming_the_column(r
         record(episode=episode_row("ep-000001", operator="op\x00-3"))
     with pytest.raises(FieldValueError, match=r"^quarantine\.stream: 257 characters"):
         record(quarantine={"gate": "readable", "reason": "r", "stream": "/" * 257, "pipeline_version": "1.0"})
-    with pytest.raises(FieldValueError, match=r"^quality_results\.gate: 65 characters"):
+    with pytest.raises(FieldValueError, match=r"^gate_results\.gate: 65 characters"):
         record(gates=[gate("g" * 65)])
     assert registry.counts() == before  # nothing half-written: not even the gate results
 
@@ -294,8 +294,8 @@ def test_record_outcome_is_idempotent(registry):
     for _ in range(2):
         registry.record_outcome(source_path=f.path, batch_key=key, stage="pre", gates=gates, episode=episode,
                                 quarantine=q, now=T0 + 10)
-    assert registry.counts() == counts(landed_files=1, ingest_batches=1, episodes=1, quality_results=3,
-                                       quarantine=1)
+    assert registry.counts() == counts(landed_files=1, ingest_batches=1, episodes=1, gate_results=1,
+                                       quarantine=1)  # one row per file and stage
 
     results = registry.gate_results(key)
     assert [(r["gate"], r["stage"], r["passed"], r["action"], r["detail"], r["episode_id"]) for r in results] == [
@@ -317,7 +317,7 @@ def test_record_outcome_is_idempotent(registry):
     registry.record_outcome(source_path=f.path, batch_key=key, stage="pre", gates=fixed,
                             episode=episode_row("ep-000001", status=ACCEPTED, timestamps_ok=True), quarantine=None,
                             now=T0 + 20)
-    assert registry.counts() == counts(landed_files=1, ingest_batches=1, episodes=1, quality_results=3)
+    assert registry.counts() == counts(landed_files=1, ingest_batches=1, episodes=1, gate_results=1)
     assert [(r["gate"], r["passed"], r["detail"], r["checked_at"]) for r in registry.gate_results(key, "pre")] == [
         ("camera_drop", True, "", T0 + 20), ("readable", True, "", T0 + 20), ("timestamps", True, "", T0 + 20)]
     assert registry.gate_results(key, "post") == []
@@ -340,7 +340,7 @@ def test_post_stage_updates_the_episode_without_source_bytes(registry):
     row = registry.episode_by_id("ep-000001")
     assert {k: row[k] for k in (*update, "robot_id", "source_bytes", "duration_s", "updated_at")} == {
         **update, "robot_id": "arm-07", "source_bytes": 123_456, "duration_s": 4.0, "updated_at": T0 + 30}
-    assert registry.counts() == counts(landed_files=1, ingest_batches=1, episodes=1, quality_results=2)
+    assert registry.counts() == counts(landed_files=1, ingest_batches=1, episodes=1, gate_results=2)
     assert [(r["stage"], r["gate"], r["pipeline_version"]) for r in registry.gate_results(key)] == [
         ("post", "decodable", "2.0"), ("pre", "readable", "1.0")]
     assert (row["gates_checked"], row["gates_failed"], row["quality_score"]) == (2, 0, 1.0)  # both stages
@@ -530,7 +530,7 @@ def test_hostile_values_are_bound_parameters(registry):
         registry.batch("x' OR '1'='1")
 
     assert table_names(registry) == TABLES
-    assert registry.counts() == counts(landed_files=2, ingest_batches=1, episodes=1, quality_results=1,
+    assert registry.counts() == counts(landed_files=2, ingest_batches=1, episodes=1, gate_results=1,
                                        quarantine=1)
 
 
@@ -587,3 +587,46 @@ def test_an_older_registry_gains_new_columns_when_opened(tmp_path):
     assert row["episode_id"] == "ep-old" and row["n_steps"] is None and row["start_ns"] is None
     assert {"n_steps", "start_ns", "end_ns", "n_frames", "dropped_cameras", "ingested_at"} <= set(row)
     reg.close()
+
+
+# -- migration from one row a gate ------------------------------------------------------------------
+
+def test_a_registry_with_one_row_a_gate_is_folded_into_a_row_per_stage(registry, monkeypatch):
+    import dyna_resources.catalog.registry as reg_mod
+
+    files, key = _one_batch(registry, 3)
+    for i, f in enumerate(files):
+        registry.record_outcome(source_path=f.path, batch_key=key, stage="pre", gates=[gate("readable")],
+                                episode=episode_row(f"ep-{i:06d}"), now=T0)
+    # the old layout, as a registry written before gate_results holds it
+    with registry.engine.begin() as c:
+        c.exec_driver_sql("DELETE FROM gate_results")
+        c.exec_driver_sql("""CREATE TABLE quality_results (source_path VARCHAR(1024) NOT NULL,
+            stage VARCHAR(8) NOT NULL, gate VARCHAR(64) NOT NULL, batch_key VARCHAR(64) NOT NULL,
+            episode_id VARCHAR(128), passed BOOLEAN NOT NULL, action VARCHAR(16) NOT NULL, detail TEXT NOT NULL,
+            pipeline_version VARCHAR(16) NOT NULL, checked_at FLOAT NOT NULL,
+            PRIMARY KEY (source_path, stage, gate))""")
+        ins = ("INSERT INTO quality_results VALUES (%s)" % ", ".join(["?" if registry.backend == "sqlite" else "%s"] * 10))
+        legacy = [(f.path, stage, g, key, f"ep-{i:06d}", ok, "flag" if g == "frame_drops" else "quarantine",
+                   "" if ok else f"{g} failed", "1.0" if g != "zz_late" else "1.1", T0 + i)
+                  for i, f in enumerate(files) for stage, g, ok in
+                  (("pre", "readable", True), ("pre", "frame_drops", i != 1), ("pre", "zz_late", True),
+                   ("post", "decodable", i != 2))]
+        c.exec_driver_sql(ins, legacy)
+    monkeypatch.setattr(reg_mod, "LEGACY_PAGE", 5)  # a file's gates split across pages
+    reopened = Registry(registry.engine.url.render_as_string(hide_password=False))
+    try:
+        assert "quality_results" not in inspect(reopened.engine).get_table_names()
+        assert reopened.counts()["gate_results"] == 6  # 3 files x 2 stages
+        got = [(r["source_path"], r["stage"], r["gate"], r["passed"], r["action"], r["detail"], r["pipeline_version"],
+                r["checked_at"]) for r in reopened.gate_results(key)]
+        assert sorted(got) == sorted((p, s, g, ok, a, d, v, at) for p, s, g, _, _, ok, a, d, v, at in legacy)
+        with reopened.engine.begin() as c:
+            rows = c.exec_driver_sql("SELECT source_path, stage, checked, failed, failed_gates FROM gate_results "
+                                     "ORDER BY source_path, stage").all()
+        assert [tuple(r) for r in rows] == [
+            (files[0].path, "post", 1, 0, "[]"), (files[0].path, "pre", 3, 0, "[]"),
+            (files[1].path, "post", 1, 0, "[]"), (files[1].path, "pre", 3, 1, '["frame_drops"]'),
+            (files[2].path, "post", 1, 1, '["decodable"]'), (files[2].path, "pre", 3, 0, "[]")]
+    finally:
+        reopened.close()

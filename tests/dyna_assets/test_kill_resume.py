@@ -103,7 +103,8 @@ def test_sigkill_mid_batch_then_relaunch_completes_without_duplicates(episode_fa
         assert Path(next(e["mcap_path"] for e in eps if e["episode_id"] == eid)).stat().st_mtime_ns == mtime
     counts = registry.counts()
     assert counts["episodes"] == N and counts["landed_files"] == N and counts["quarantine"] == 0
-    assert counts["quality_results"] == N * len(PRE_GATES) + N * len(POST_GATES)  # one row per file, stage and gate
+    assert counts["gate_results"] == 2 * N  # one row per file and stage
+    assert all(e["gates_checked"] == len(PRE_GATES) + len(POST_GATES) for e in eps)  # every gate counted once
     mcap_dir = home / "mcap"
     assert sorted(p.name for p in mcap_dir.iterdir()) == [f"ep-kill-{i}.mcap" for i in range(N)]  # no temp left
     with DagsterInstance.get() as instance:
