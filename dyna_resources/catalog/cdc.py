@@ -13,13 +13,14 @@ duplicates nothing.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
-from . import changelog, pg_logical
+from . import arrow_reads, changelog, pg_logical
 from .registry import Registry
 from .warehouse import Warehouse, arrow_columns, rows_to_arrow
 
-SNAPSHOT_BATCH = 20_000  # rows per Arrow batch of a first sync: ~40 MB of row tuples at a time
+SNAPSHOT_BATCH = 100_000  # rows per Arrow batch of a first sync: ~60 MB of Arrow at a time
 
 
 @dataclass
@@ -64,20 +65,28 @@ def consumer_name(warehouse: Warehouse) -> str:
 def _snapshot(registry: Registry, warehouse: Warehouse, source: str, slot: str | None, batch: int) -> int:
     """First sync: stream the registry's episodes into the warehouse in Arrow batches of ``batch``
     rows (memory follows the batch, not the table) with the position the snapshot reflects, in one
-    warehouse transaction. Changes after that position are applied once, by the steps that follow."""
+    warehouse transaction. Changes after that position are applied once, by the steps that follow.
+    PostgreSQL's rows are read as Arrow by the driver (ADBC, ``arrow_reads.py``); SQLite's as row
+    tuples, made Arrow column by column."""
     columns = arrow_columns()
     names = [n for n, _ in columns]
     if slot is None:
         # registered first, at a position no later than the snapshot's: no one prunes what it still needs
         changelog.set_consumer(registry.engine, consumer_name(warehouse), changelog.head(registry.engine))
-        rows = changelog.snapshot(registry.engine, names)
+        rows = _tuples_as_arrow(changelog.snapshot(registry.engine, names), columns, batch)
     else:
-        rows = pg_logical.snapshot(registry.engine, slot, names, batch)
-    with rows as (position, cursor), warehouse.snapshot(source) as load:
-        while chunk := cursor.fetchmany(batch):
-            load.append(rows_to_arrow(chunk, columns))
+        rows = pg_logical.snapshot(registry.engine, slot, columns, batch)
+    with rows as (position, batches), warehouse.snapshot(source) as load:
+        for b in batches:
+            load.append(b)
         load.position = str(position)
     return load.rows
+
+
+@contextmanager
+def _tuples_as_arrow(snapshot, columns, batch: int):
+    with snapshot as (position, cursor):
+        yield position, (rows_to_arrow(chunk, columns) for chunk in iter(lambda: cursor.fetchmany(batch), []))
 
 
 def pending(registry: Registry) -> str | None:
@@ -92,9 +101,13 @@ def pending(registry: Registry) -> str | None:
 
 def _apply_keys(registry: Registry, warehouse: Warehouse, source: str, keys: set[str], position: str,
                 rep: SyncReport) -> None:
+    """Apply the current rows of ``keys`` (a key without a row is a delete) and the new position.
+    PostgreSQL's rows are read as Arrow by the driver (ADBC); SQLite's as tuples."""
     columns = arrow_columns()
-    rows = registry.episode_rows(sorted(keys), [n for n, _ in columns])  # tuples straight into Arrow: no dict a row
-    batch = rows_to_arrow(rows, columns)
+    if registry.backend == "postgresql":
+        batch = arrow_reads.postgres_changed_rows(registry.engine.url, columns, sorted(keys))
+    else:
+        batch = rows_to_arrow(registry.episode_rows(sorted(keys), [n for n, _ in columns]), columns)
     found = set(batch.column("episode_id").to_pylist())
     deletes = sorted(k for k in keys if k not in found)
     warehouse.apply(source=source, position=position, upserts=batch, deletes=deletes)

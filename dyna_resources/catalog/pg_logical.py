@@ -51,21 +51,23 @@ _SNAPSHOT_NAME = re.compile(r"^[0-9A-F]+-[0-9A-F]+(-[0-9]+)?$")
 
 
 @contextmanager
-def snapshot(engine: Engine, slot: str, columns: list[str], batch: int) -> Iterator[tuple[str, object]]:
+def snapshot(engine: Engine, slot: str, columns, batch: int) -> Iterator[tuple[str, Iterator]]:
     """Recreate the slot and read the episodes table as of exactly its starting point: (consistent
-    point LSN, a server-side cursor fetching ``batch`` rows a round trip). Every transaction that
-    committed before the point is in the rows; the slot delivers exactly the later ones. (The
-    replication protocol's CREATE_REPLICATION_SLOT ... EXPORT_SNAPSHOT, then SET TRANSACTION
-    SNAPSHOT in a REPEATABLE READ reader; a slot created by SQL exports no snapshot.) Only for a
-    consumer that has applied nothing yet: the slot's pending changes are dropped with it."""
+    point LSN, Arrow record batches of ``batch`` rows read by binary COPY through ADBC). Every
+    transaction that committed before the point is in the rows; the slot delivers exactly the
+    later ones. (The replication protocol's CREATE_REPLICATION_SLOT ... EXPORT_SNAPSHOT, then SET
+    TRANSACTION SNAPSHOT in a REPEATABLE READ reader; a slot created by SQL exports no snapshot.)
+    ``columns``: (name, Arrow type) pairs. Only for a consumer that has applied nothing yet: the
+    slot's pending changes are dropped with it."""
     import psycopg2
     import psycopg2.extras
+
+    from . import arrow_reads
 
     url = engine.url
     kw = {"host": url.host, "port": url.port, "user": url.username, "password": url.password,
           "dbname": url.database}
     repl = psycopg2.connect(connection_factory=psycopg2.extras.LogicalReplicationConnection, **kw)
-    reader = None
     try:
         rcur = repl.cursor()
         for attempt in range(3):  # a sensor's install() may recreate the slot between the drop and the create
@@ -79,21 +81,20 @@ def snapshot(engine: Engine, slot: str, columns: list[str], batch: int) -> Itera
         _name, point, snap, _plugin = rcur.fetchone()
         if not _SNAPSHOT_NAME.match(snap):
             raise RuntimeError(f"unexpected snapshot name from the server: {snap!r}")
-        reader = psycopg2.connect(**kw)
-        reader.set_session(isolation_level="REPEATABLE READ", readonly=True)
-        with reader.cursor() as c:
-            c.execute("SET TRANSACTION SNAPSHOT %s", (snap,))  # imported while the exporting session waits
-        repl.close()  # the export may end now: the reader holds the snapshot
-        named = reader.cursor(name="dyna_cdc_snapshot")
-        named.itersize = batch
-        named.execute(f"SELECT {', '.join(columns)} FROM episodes")  # column names from the schema, not input
-        yield point, named
+        with arrow_reads.postgres_reader(url) as reader:
+            cur = reader.cursor()
+            try:
+                cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                cur.execute(f"SET TRANSACTION SNAPSHOT '{snap}'")  # checked above: hex digits and dashes
+                repl.close()  # the export may end now: the reader holds the snapshot
+                names = ", ".join(n for n, _ in columns)  # column names from the schema, not input
+                yield point, arrow_reads.postgres_batches(cur, f"SELECT {names} FROM episodes", columns, batch)
+            finally:
+                cur.execute("ROLLBACK")
+                cur.close()
     finally:
         if not repl.closed:
             repl.close()
-        if reader is not None:
-            reader.rollback()
-            reader.close()
 
 
 def _drop_slot(engine: Engine, slot: str) -> None:
@@ -168,11 +169,16 @@ def decode(rows) -> list[Transaction]:
             pos = 5
             keys = current.keys.setdefault(table, set())
             while pos < len(buf):
+                # I: 'N' (new row); D: 'K' (key columns, others null) or 'O' (old row); U: an
+                # optional 'K'/'O' (the key changed) then 'N'. Only the key is read: the columns
+                # after it are skipped unless another tuple follows.
                 marker, pos = buf[pos:pos + 1], pos + 1
-                values, pos = _tuple(buf, pos)
-                if marker in (b"K", b"O", b"N"):
-                    # 'K' carries key columns only (other columns null); 'O'/'N' whole rows
-                    keys.add(values[key_idx[0]])
+                more = kind == b"U" and marker in (b"K", b"O")
+                value, pos = _key_of_tuple(buf, pos, key_idx[0], to_end=more)
+                if value is not None:
+                    keys.add(value)
+                if not more:
+                    break
         elif kind == b"T":
             (nrel,) = struct.unpack_from(">I", buf, 1)
             for j in range(nrel):
@@ -191,16 +197,19 @@ def _cstring(buf: bytes, pos: int) -> tuple[str, int]:
     return buf[pos:end].decode(), end + 1
 
 
-def _tuple(buf: bytes, pos: int) -> tuple[list[str | None], int]:
+def _key_of_tuple(buf: bytes, pos: int, key: int, *, to_end: bool) -> tuple[str | None, int]:
+    """The text of column ``key`` of the tuple at ``pos`` and where the tuple ends (``to_end``), or
+    -1 (not read that far)."""
     (n,) = struct.unpack_from(">h", buf, pos)
     pos += 2
-    values: list[str | None] = []
-    for _ in range(n):
-        kind, pos = buf[pos:pos + 1], pos + 1
-        if kind == b"t":
+    value = None
+    for i in range(n):
+        kind, pos = buf[pos], pos + 1
+        if kind == 0x74:  # 't': text, int32 length first; 'n' null and 'u' unchanged TOAST carry nothing
             (length,) = struct.unpack_from(">i", buf, pos)
-            values.append(buf[pos + 4:pos + 4 + length].decode())
+            if i == key:
+                value = buf[pos + 4:pos + 4 + length].decode()
             pos += 4 + length
-        else:  # 'n' null, 'u' unchanged TOAST value
-            values.append(None)
-    return values, pos
+        if i >= key and not to_end:
+            return value, -1
+    return value, pos
