@@ -47,6 +47,12 @@ def sync(registry: Registry, warehouse: Warehouse, *, batch: int = 50_000, max_b
         rep.upserts += _snapshot(registry, warehouse, source, slot, snapshot_batch)
         if slot is None and prune:  # what the snapshot holds is applied
             changelog.prune(registry.engine, consumer_name(warehouse), int(warehouse.position(source)))
+        if slot is not None:
+            # The changes after the snapshot's point come with the next sync: a new slot's first
+            # decode waits for the server's next running-transactions record (PostgreSQL writes
+            # one every 15 s; measured 7-13 s here), which the first sync need not wait for.
+            rep.position = warehouse.position(source)
+            return rep
     position = warehouse.position(source)
     rep.position = int(position) if slot is None else position
     step = _step_sqlite if slot is None else _step_postgres
