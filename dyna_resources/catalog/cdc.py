@@ -13,6 +13,7 @@ duplicates nothing.
 
 from __future__ import annotations
 
+import logging
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -21,6 +22,8 @@ from .registry import Registry
 from .warehouse import Warehouse, arrow_columns, rows_to_arrow
 
 SNAPSHOT_BATCH = 100_000  # rows per Arrow batch of a first sync: ~60 MB of Arrow at a time
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -72,21 +75,36 @@ def _snapshot(registry: Registry, warehouse: Warehouse, source: str, slot: str |
     """First sync: stream the registry's episodes into the warehouse in Arrow batches of ``batch``
     rows (memory follows the batch, not the table) with the position the snapshot reflects, in one
     warehouse transaction. Changes after that position are applied once, by the steps that follow.
-    PostgreSQL's rows are read as Arrow by the driver (ADBC, ``arrow_reads.py``); SQLite's as row
-    tuples, made Arrow column by column."""
+    Rows are read as Arrow by ADBC's drivers (``arrow_reads.py``; SQLite's in a child process);
+    a SQLite snapshot the child cannot read (values of another type than their column's, which
+    SQLite allows) is read again as row tuples through sqlite3, made Arrow column by column."""
     columns = arrow_columns()
-    names = [n for n, _ in columns]
-    if slot is None:
-        # registered first, at a position no later than the snapshot's: no one prunes what it still needs
-        changelog.set_consumer(registry.engine, consumer_name(warehouse), changelog.head(registry.engine))
-        rows = _tuples_as_arrow(changelog.snapshot(registry.engine, names), columns, batch)
-    else:
-        rows = pg_logical.snapshot(registry.engine, slot, columns, batch)
+    if slot is not None:
+        return _load(warehouse, source, _read_ahead(pg_logical.snapshot(registry.engine, slot, columns, batch)))
+    # registered first, at a position no later than the snapshot's: no one prunes what it still needs
+    changelog.set_consumer(registry.engine, consumer_name(warehouse), changelog.head(registry.engine))
+    path = registry.engine.url.database
+    if path and path != ":memory:":
+        try:
+            return _load(warehouse, source, arrow_reads.sqlite_snapshot(path, columns, batch))
+        except arrow_reads.SqliteSnapshotError as e:
+            log.warning("%s; reading it again through sqlite3", e)
+    return _load(warehouse, source, _tuples_as_arrow(changelog.snapshot(registry.engine, [n for n, _ in columns]),
+                                                     columns, batch))
+
+
+def _load(warehouse: Warehouse, source: str, rows) -> int:
     with rows as (position, batches), warehouse.snapshot(source) as load:
         for b in batches:
             load.append(b)
         load.position = str(position)
     return load.rows
+
+
+@contextmanager
+def _read_ahead(snapshot):
+    with snapshot as (position, batches), arrow_reads.read_ahead(batches) as ahead:
+        yield position, ahead
 
 
 @contextmanager

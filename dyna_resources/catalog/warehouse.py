@@ -27,6 +27,7 @@ _ARROW_TYPES = {"BIGINT": pa.int64(), "INTEGER": pa.int32(), "DOUBLE": pa.float6
                 "VARCHAR": pa.string()}
 
 
+_KEYS = {"episodes": "episode_id", "episode_steps": "episode_id, step_index"}
 _STAGING = "__snapshot"  # suffix of the tables a snapshot is loaded into before they replace the live ones
 
 # One row per step of every episode's ladder, unnested from the episodes' ``step_ladder`` JSON
@@ -69,12 +70,11 @@ class Warehouse:
                 if n not in have:
                     self.con.execute(f"ALTER TABLE episodes ADD COLUMN {n} {ty}")
 
-    def _create_tables(self, suffix: str) -> None:
-        cols = ", ".join(f"{n} {ty}" for n, ty in self.columns)
-        self.con.execute(f"CREATE TABLE IF NOT EXISTS episodes{suffix} ({cols}, PRIMARY KEY (episode_id))")
-        cols = ", ".join(f"{n} {ty}" for n, ty in STEP_COLUMNS)
-        self.con.execute(f"CREATE TABLE IF NOT EXISTS episode_steps{suffix} ({cols}, "
-                         "PRIMARY KEY (episode_id, step_index))")
+    def _create_tables(self, suffix: str, *, keys: bool = True) -> None:
+        for table, columns in (("episodes", self.columns), ("episode_steps", STEP_COLUMNS)):
+            cols = ", ".join(f"{n} {ty}" for n, ty in columns)
+            key = f", PRIMARY KEY ({_KEYS[table]})" if keys else ""
+            self.con.execute(f"CREATE TABLE IF NOT EXISTS {table}{suffix} ({cols}{key})")
 
     def close(self) -> None:
         self.con.close()
@@ -135,11 +135,15 @@ class Warehouse:
         warehouse as it was; the next one starts its staging tables afresh."""
         self.con.execute(f"DROP TABLE IF EXISTS episodes{_STAGING}")
         self.con.execute(f"DROP TABLE IF EXISTS episode_steps{_STAGING}")
-        self._create_tables(_STAGING)
+        # Keys are added once the rows are in: DuckDB builds a primary key's index in one pass over
+        # a loaded table much faster than it maintains it row by row (a duplicate still fails here).
+        self._create_tables(_STAGING, keys=False)
         load = SnapshotLoad(self)
         yield load
         if load.position is None:
             raise RuntimeError("a snapshot must say which change-log position it reflects")
+        for table, key in _KEYS.items():
+            self.con.execute(f"ALTER TABLE {table}{_STAGING} ADD PRIMARY KEY ({key})")
         self.con.execute("BEGIN TRANSACTION")
         try:
             for table in ("episodes", "episode_steps"):

@@ -253,3 +253,68 @@ def test_the_change_log_is_pruned_only_behind_every_consumer(tmp_path):
     a.close()
     b.close()
     reg.close()
+
+
+def _sqlite_registry_with_late_values(tmp_path, n: int = 300) -> Registry:
+    """``n`` episodes; only the last 10 carry a review (text and real columns NULL in every row before)."""
+    reg = Registry(f"sqlite:///{tmp_path / 'r.sqlite'}")
+    rng = random.Random(3)
+    with reg.engine.begin() as c:
+        c.execute(t.episodes.insert(), [row(i, rng) for i in range(n)])
+        c.execute(update(t.episodes).where(t.episodes.c.episode_id >= f"ep-{n - 10:05d}")
+                  .values(review_verdict="accept", reviewed_by="ana", reviewed_at=1.5e9, review_note="o'k"))
+    return reg
+
+
+def test_a_sqlite_first_sync_is_read_by_a_child_process_whatever_its_first_batch_holds(tmp_path, caplog):
+    """ADBC's SQLite driver types a column by the values of its first batch: columns that are NULL
+    for the first batches and hold values later are read all the same, by the child process."""
+    reg = _sqlite_registry_with_late_values(tmp_path)
+    with caplog.at_level("WARNING", logger="dyna_resources.catalog.cdc"), Warehouse(tmp_path / "w.duckdb") as wh:
+        sync(reg, wh, snapshot_batch=64)
+        assert wh.episodes() == source_rows(reg)
+    assert not caplog.records  # no fallback: the child read it
+    reg.close()
+
+
+def test_a_sqlite_snapshot_the_child_cannot_read_is_read_through_sqlite3_and_says_why(tmp_path, caplog,
+                                                                                       monkeypatch):
+    from dyna_resources.catalog import arrow_reads
+
+    reg = _sqlite_registry_with_late_values(tmp_path)
+    monkeypatch.setattr(arrow_reads.sys, "executable", "/bin/false")  # the child dies before its first byte
+    with caplog.at_level("WARNING", logger="dyna_resources.catalog.cdc"), Warehouse(tmp_path / "w.duckdb") as wh:
+        sync(reg, wh, snapshot_batch=64)
+        assert wh.episodes() == source_rows(reg)
+    (msg,) = [r.getMessage() for r in caplog.records]
+    assert f"reading a snapshot of {tmp_path / 'r.sqlite'} failed (exit 1)" in msg and "through sqlite3" in msg
+    reg.close()
+
+
+def test_a_sqlite_snapshot_whose_child_dies_mid_stream_fails_naming_the_file(tmp_path):
+    import os
+    import signal
+
+    from dyna_resources.catalog import arrow_reads
+    from dyna_resources.catalog.warehouse import arrow_columns
+
+    reg = _sqlite_registry_with_late_values(tmp_path, n=5000)  # ~2.5 MB of batches: the child waits on the pipe
+    path = tmp_path / "r.sqlite"
+    with arrow_reads.sqlite_snapshot(path, arrow_columns(), 64) as (position, batches):
+        assert position == changelog.head(reg.engine)
+        assert next(batches).num_rows == 64
+        (child,) = [int(p) for p in os.listdir("/proc") if p.isdigit() and _cmdline(p).startswith(
+            b"%s\0-m\0dyna_resources.catalog.arrow_reads\0%s\0" % (os.fsencode(arrow_reads.sys.executable),
+                                                                    os.fsencode(str(path))))]
+        os.kill(child, signal.SIGKILL)
+        with pytest.raises(arrow_reads.SqliteSnapshotError, match=f"reading a snapshot of {path} failed"):
+            sum(b.num_rows for b in batches)
+    reg.close()
+
+
+def _cmdline(pid: str) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
