@@ -13,6 +13,7 @@ warehouse's column types.
 
 from __future__ import annotations
 
+import json
 import queue
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from contextlib import ExitStack, closing, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pyarrow as pa
 
 if TYPE_CHECKING:
@@ -56,25 +58,75 @@ def rebatch(batches: Iterator[pa.RecordBatch], rows: int, schema: pa.Schema) -> 
         yield pa.Table.from_batches(held, schema=schema).combine_chunks().to_batches()[0]
 
 
+def strings(values: Sequence[str]) -> pa.Array:
+    """A string array built from its buffers: ``pa.array`` on a Python list imports pandas on first
+    use (0.3 s in every sync's fresh process)."""
+    encoded = [v.encode() for v in values]
+    offsets = np.zeros(len(encoded) + 1, np.int64)
+    np.cumsum([len(e) for e in encoded], out=offsets[1:])
+    return pa.LargeStringArray.from_buffers(len(encoded), pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))
+                                            ).cast(pa.string())
+
+
+class AdbcSession:
+    """One connection through ADBC's low-level API, its statements closed with it. (Its DB-API
+    module imports pyarrow.dataset and pandas: 0.3 s in every sync's fresh process.)"""
+
+    def __init__(self, database):
+        import adbc_driver_manager
+
+        self._lib = adbc_driver_manager
+        self._opened = ExitStack()
+        self.db = self._opened.enter_context(closing(database))
+        self.conn = self._opened.enter_context(closing(adbc_driver_manager.AdbcConnection(self.db)))
+
+    def _statement(self, sql: str | None = None, params: pa.RecordBatch | None = None, **options):
+        stmt = self._opened.enter_context(closing(self._lib.AdbcStatement(self.conn)))
+        if options:
+            stmt.set_options(**options)
+        if sql is not None:
+            stmt.set_sql_query(sql)
+        if params is not None:
+            stmt.bind(params)
+        return stmt
+
+    def execute(self, sql: str) -> None:
+        self._statement(sql).execute_update()
+
+    def query(self, sql: str, params: pa.RecordBatch | None = None, **options) -> pa.RecordBatchReader:
+        handle, _ = self._statement(sql, params, **options).execute_query()
+        return pa.RecordBatchReader._import_from_c(handle.address)
+
+    def ingest_temporary(self, table: str, data: pa.RecordBatch) -> None:
+        self._statement(None, data, **{"adbc.ingest.target_table": table, "adbc.ingest.mode": "adbc.ingest.mode.create",
+                                       "adbc.ingest.temporary": "true"}).execute_update()
+
+    def close(self) -> None:
+        self._opened.close()
+
+    def __enter__(self) -> AdbcSession:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def postgres_uri(url: URL) -> str:
     """libpq's URI of a SQLAlchemy URL (the password stays in it: never log it)."""
     return url.set(drivername="postgresql").render_as_string(hide_password=False)
 
 
-@contextmanager
-def postgres_reader(url: URL):
-    """An ADBC connection to the registry's PostgreSQL (autocommit: transactions are explicit)."""
-    import adbc_driver_postgresql.dbapi
+def postgres_reader(url: URL) -> AdbcSession:
+    """An ADBC session on the registry's PostgreSQL (autocommit: transactions are explicit)."""
+    import adbc_driver_postgresql
 
-    with closing(adbc_driver_postgresql.dbapi.connect(postgres_uri(url), autocommit=True)) as conn:
-        yield conn
+    return AdbcSession(adbc_driver_postgresql.connect(postgres_uri(url)))
 
 
-def postgres_batches(cur, sql: str, columns: Sequence[tuple[str, pa.DataType]],
+def postgres_batches(session: AdbcSession, sql: str, columns: Sequence[tuple[str, pa.DataType]],
                      batch_rows: int) -> Iterator[pa.RecordBatch]:
     schema = _schema(columns)
-    cur.execute(sql)
-    return rebatch((_cast(b, schema) for b in cur.fetch_record_batch()), batch_rows, schema)
+    return rebatch((_cast(b, schema) for b in session.query(sql)), batch_rows, schema)
 
 
 def postgres_changed_rows(url: URL, columns: Sequence[tuple[str, pa.DataType]], ids: Sequence[str]) -> pa.Table:
@@ -82,15 +134,14 @@ def postgres_changed_rows(url: URL, columns: Sequence[tuple[str, pa.DataType]], 
     the rows come back by binary COPY."""
     schema = _schema(columns)
     names = ", ".join(f"e.{n}" for n, _ in columns)
-    with postgres_reader(url) as conn, closing(conn.cursor()) as cur:
-        cur.execute("BEGIN")
+    with postgres_reader(url) as session:
+        session.execute("BEGIN")
         try:
-            cur.adbc_ingest("dyna_cdc_keys", pa.table({"episode_id": pa.array(list(ids), pa.string())}),
-                            mode="create", temporary=True)
-            cur.execute(f"SELECT {names} FROM episodes e JOIN dyna_cdc_keys k ON k.episode_id = e.episode_id")
-            return pa.Table.from_batches([_cast(b, schema) for b in cur.fetch_record_batch()], schema=schema)
+            session.ingest_temporary("dyna_cdc_keys", pa.record_batch([strings(ids)], names=["episode_id"]))
+            rows = session.query(f"SELECT {names} FROM episodes e JOIN dyna_cdc_keys k ON k.episode_id = e.episode_id")
+            return pa.Table.from_batches([_cast(b, schema) for b in rows], schema=schema)
         finally:
-            cur.execute("ROLLBACK")
+            session.execute("ROLLBACK")
 
 
 @contextmanager
@@ -138,9 +189,9 @@ def read_ahead(batches: Iterator[pa.RecordBatch]) -> Iterator[Iterator[pa.Record
         thread.join()
 
 
-# -- SQLite: a first sync read by a child process ----------------------------------------------------
-class SqliteSnapshotError(RuntimeError):
-    """The child reading a SQLite snapshot failed; its own error is in the message."""
+# -- SQLite: read by a child process ------------------------------------------------------------------
+class SqliteReadError(RuntimeError):
+    """The child reading the SQLite registry failed; its own error is in the message."""
 
 
 # The change-log position of a snapshot, read in the same transaction as its rows (changelog._HEAD).
@@ -154,18 +205,31 @@ def sqlite_snapshot(path: str | Path, columns: Sequence[tuple[str, pa.DataType]]
     position it reflects, Arrow batches of exactly ``batch_rows`` rows but the last), read by a
     child process in one read transaction. The child runs one batch ahead of the consumer; a
     consumer that stops early kills it."""
-    schema = _schema(columns)
+    with _child(path, "snapshot", columns, batch_rows, b"") as (reader, batches):
+        yield int(reader.schema.metadata[b"position"]), batches
+
+
+def sqlite_changed_rows(path: str | Path, columns: Sequence[tuple[str, pa.DataType]], ids: Sequence[str]) -> pa.Table:
+    """Current rows of these episode ids, read by a child process (the ids go to it as one JSON
+    array, bound as a parameter)."""
+    with _child(path, "rows", columns, 100_000, json.dumps(list(ids)).encode()) as (reader, batches):
+        return pa.Table.from_batches(list(batches), schema=reader.schema.remove_metadata())
+
+
+@contextmanager
+def _child(path, mode: str, columns, batch_rows: int, keys: bytes):
+    schema = _schema(columns).serialize().to_pybytes()
     with tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen([sys.executable, "-m", __name__, str(path), str(batch_rows)],
+        proc = subprocess.Popen([sys.executable, "-m", __name__, mode, str(path), str(batch_rows)],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
         try:
             try:
-                proc.stdin.write(schema.serialize().to_pybytes())
+                proc.stdin.write(len(schema).to_bytes(8, "little") + schema + keys)
                 proc.stdin.close()
                 reader = pa.ipc.open_stream(proc.stdout)
             except (OSError, pa.ArrowInvalid) as e:
                 raise _child_failed(proc, err, path) from e
-            yield int(reader.schema.metadata[b"position"]), _child_batches(reader, proc, err, path)
+            yield reader, _child_batches(reader, proc, err, path)
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -182,17 +246,17 @@ def _child_batches(reader, proc, err, path) -> Iterator[pa.RecordBatch]:
         raise _child_failed(proc, err, path)
 
 
-def _child_failed(proc, err, path) -> SqliteSnapshotError:
+def _child_failed(proc, err, path) -> SqliteReadError:
     proc.wait()
     err.seek(0)
     tail = err.read()[-2000:].decode(errors="replace").strip()
-    return SqliteSnapshotError(f"reading a snapshot of {path} failed (exit {proc.returncode}): {tail}")
+    return SqliteReadError(f"reading {path} failed (exit {proc.returncode}): {tail}")
 
 
 def _sentinel(field: pa.Field) -> str:
     """A literal of the field's type: ADBC's SQLite driver infers a column's type from the values of
     its first batch (SQLite's columns are typed by value), so an all-NULL stretch would become int64
-    and a later string an error. The snapshot's first row holds one value of every column's type
+    and a later string an error. The first row of every read holds one value of every column's type
     and is dropped."""
     if pa.types.is_string(field.type):
         return "''"
@@ -201,40 +265,37 @@ def _sentinel(field: pa.Field) -> str:
     return "0"
 
 
-def _read_sqlite_snapshot(path: str, batch_rows: int, schema: pa.Schema, out) -> None:
-    """The child's work: one read transaction, its position, then every row, as an IPC stream.
-    ADBC's low-level API: its DB-API module imports pyarrow.dataset and pandas (0.3 s a sync)."""
-    import adbc_driver_manager
+def _read_sqlite(mode: str, path: str, batch_rows: int, schema: pa.Schema, keys: bytes, out) -> None:
+    """The child's work, in one read transaction: "snapshot", the position then every row; "rows",
+    the rows of the keys (a JSON array). Written to ``out`` as one IPC stream."""
     import adbc_driver_sqlite
 
-    with ExitStack() as opened:
-        db = opened.enter_context(closing(adbc_driver_sqlite.connect(path)))
-        conn = opened.enter_context(closing(adbc_driver_manager.AdbcConnection(db)))
-
-        def query(sql: str, **options) -> pa.RecordBatchReader:
-            stmt = opened.enter_context(closing(adbc_driver_manager.AdbcStatement(conn)))
-            stmt.set_options(**options)
-            stmt.set_sql_query(sql)
-            handle, _ = stmt.execute_query()
-            return pa.RecordBatchReader._import_from_c(handle.address)
-
+    names = ", ".join(f.name for f in schema)  # column names from the schema, not input
+    first = ", ".join(_sentinel(f) for f in schema)
+    with AdbcSession(adbc_driver_sqlite.connect(path)) as session:
         # autocommit off: the driver begins a (deferred) transaction, so the snapshot is taken by the
-        # first read below and both statements see the same instant
-        conn.set_options(**{"adbc.connection.autocommit": "false"})
-        position = query(_SQLITE_HEAD).read_all().column(0)[0].as_py()
-        with pa.ipc.new_stream(out, schema.with_metadata({"position": str(position)})) as writer:
+        # first read below and every statement sees the same instant
+        session.conn.set_options(**{"adbc.connection.autocommit": "false"})
+        if mode == "snapshot":
+            meta = {"position": str(session.query(_SQLITE_HEAD).read_all().column(0)[0].as_py())}
+            sql, params = f"SELECT {names} FROM episodes", None
+        else:
+            meta = {}
+            sql = f"SELECT {names} FROM episodes WHERE episode_id IN (SELECT value FROM json_each(?))"
+            params = pa.record_batch([strings([keys.decode()])], names=["keys"])
+        with pa.ipc.new_stream(out, schema.with_metadata(meta)) as writer:
             out.flush()  # the position goes to the consumer before the first batch is read
-            names = ", ".join(f.name for f in schema)  # column names from the schema, not input
-            first = ", ".join(_sentinel(f) for f in schema)
-            batches = query(f"SELECT {first} UNION ALL SELECT * FROM (SELECT {names} FROM episodes)",
-                            **{"adbc.sqlite.query.batch_rows": str(batch_rows)})
+            batches = session.query(f"SELECT {first} UNION ALL SELECT * FROM ({sql})", params,
+                                    **{"adbc.sqlite.query.batch_rows": str(batch_rows)})
             for b in rebatch((_cast(x.slice(1) if i == 0 else x, schema) for i, x in enumerate(batches)),
                              batch_rows, schema):
                 writer.write_batch(b)
             batches.close()
-        conn.rollback()
+        session.conn.rollback()
 
 
-if __name__ == "__main__":  # the snapshot reader's child process: path, batch rows; the schema on stdin
-    _read_sqlite_snapshot(sys.argv[1], int(sys.argv[2]), pa.ipc.read_schema(pa.py_buffer(sys.stdin.buffer.read())),
-                          sys.stdout.buffer)
+if __name__ == "__main__":  # the SQLite reader's child process: mode, path, batch rows; the schema and keys on stdin
+    _data = sys.stdin.buffer.read()
+    _n = int.from_bytes(_data[:8], "little")
+    _read_sqlite(sys.argv[1], sys.argv[2], int(sys.argv[3]), pa.ipc.read_schema(pa.py_buffer(_data[8:8 + _n])),
+                 _data[8 + _n:], sys.stdout.buffer)

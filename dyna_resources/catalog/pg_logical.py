@@ -82,16 +82,14 @@ def snapshot(engine: Engine, slot: str, columns, batch: int) -> Iterator[tuple[s
         if not _SNAPSHOT_NAME.match(snap):
             raise RuntimeError(f"unexpected snapshot name from the server: {snap!r}")
         with arrow_reads.postgres_reader(url) as reader:
-            cur = reader.cursor()
             try:
-                cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-                cur.execute(f"SET TRANSACTION SNAPSHOT '{snap}'")  # checked above: hex digits and dashes
+                reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                reader.execute(f"SET TRANSACTION SNAPSHOT '{snap}'")  # checked above: hex digits and dashes
                 repl.close()  # the export may end now: the reader holds the snapshot
                 names = ", ".join(n for n, _ in columns)  # column names from the schema, not input
-                yield point, arrow_reads.postgres_batches(cur, f"SELECT {names} FROM episodes", columns, batch)
+                yield point, arrow_reads.postgres_batches(reader, f"SELECT {names} FROM episodes", columns, batch)
             finally:
-                cur.execute("ROLLBACK")
-                cur.close()
+                reader.execute("ROLLBACK")
     finally:
         if not repl.closed:
             repl.close()
