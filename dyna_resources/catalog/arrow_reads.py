@@ -20,7 +20,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, closing, contextmanager
+from contextlib import ExitStack, closing, contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -153,26 +153,23 @@ def read_ahead(batches: Iterator[pa.RecordBatch]) -> Iterator[Iterator[pa.Record
     stop = threading.Event()
     end = object()
 
+    def hand_over(item) -> bool:
+        """Put ``item`` for the consumer, waiting while the queue is full; False once told to stop."""
+        while not stop.is_set():
+            with suppress(queue.Full):  # full: the consumer is still on the last batch; wait again
+                ready.put(item, timeout=0.1)
+                return True
+        return False
+
     def produce() -> None:
         try:
             for b in batches:
-                while not stop.is_set():
-                    try:
-                        ready.put(b, timeout=0.1)
-                        break
-                    except queue.Full:
-                        pass
-                if stop.is_set():
+                if not hand_over(b):
                     return
             item = end
         except BaseException as e:  # handed to the consumer, raised there
             item = e
-        while not stop.is_set():
-            try:
-                ready.put(item, timeout=0.1)
-                return
-            except queue.Full:
-                pass
+        hand_over(item)
 
     def consume() -> Iterator[pa.RecordBatch]:
         while (item := ready.get()) is not end:
