@@ -15,8 +15,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 
+import orjson
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
+
+from . import bulk_marker
 
 TRACKED = {"episodes": "episode_id"}
 
@@ -28,14 +31,19 @@ _DDL = [
         pk TEXT NOT NULL,
         at REAL NOT NULL DEFAULT ((julianday('now') - 2440587.5) * 86400.0))""",
 ]
+# The triggers stand aside for the registry's bulk writes, which log their keys themselves in one
+# statement (bulk_marker.py).
+_DDL.append(bulk_marker.DDL)
+_TRIGGERS = []
 for _tbl, _pk in TRACKED.items():
+    _TRIGGERS += [f"{_tbl}_cdc_insert", f"{_tbl}_cdc_update", f"{_tbl}_cdc_delete"]
     _DDL += [
-        f"""CREATE TRIGGER IF NOT EXISTS {_tbl}_cdc_insert AFTER INSERT ON {_tbl} BEGIN
+        f"""CREATE TRIGGER IF NOT EXISTS {_tbl}_cdc_insert AFTER INSERT ON {_tbl} WHEN {bulk_marker.UNLESS_BULK} BEGIN
             INSERT INTO change_log (tbl, op, pk) VALUES ('{_tbl}', 'I', NEW.{_pk}); END""",
-        f"""CREATE TRIGGER IF NOT EXISTS {_tbl}_cdc_update AFTER UPDATE ON {_tbl} BEGIN
+        f"""CREATE TRIGGER IF NOT EXISTS {_tbl}_cdc_update AFTER UPDATE ON {_tbl} WHEN {bulk_marker.UNLESS_BULK} BEGIN
             INSERT INTO change_log (tbl, op, pk) SELECT '{_tbl}', 'D', OLD.{_pk} WHERE OLD.{_pk} <> NEW.{_pk};
             INSERT INTO change_log (tbl, op, pk) VALUES ('{_tbl}', 'U', NEW.{_pk}); END""",
-        f"""CREATE TRIGGER IF NOT EXISTS {_tbl}_cdc_delete AFTER DELETE ON {_tbl} BEGIN
+        f"""CREATE TRIGGER IF NOT EXISTS {_tbl}_cdc_delete AFTER DELETE ON {_tbl} WHEN {bulk_marker.UNLESS_BULK} BEGIN
             INSERT INTO change_log (tbl, op, pk) VALUES ('{_tbl}', 'D', OLD.{_pk}); END""",
     ]
 
@@ -56,10 +64,27 @@ class Change:
 
 
 def install(engine: Engine) -> None:
-    """Create the change log and its triggers (idempotent)."""
+    """Create the change log and its triggers (idempotent); triggers of older registries (without
+    the bulk writes' WHEN clause) are made again."""
+    names = ", ".join(f"'{n}'" for n in _TRIGGERS)
     with engine.begin() as c:
+        found = dict(c.execute(text(f"SELECT name, sql FROM sqlite_master WHERE type = 'trigger' "
+                                    f"AND name IN ({names})")).all())
+        if len(found) == len(_TRIGGERS) and all(bulk_marker.TABLE in sql for sql in found.values()):
+            return
+        for name in found:
+            c.execute(text(f"DROP TRIGGER {name}"))
         for stmt in _DDL:
             c.execute(text(stmt))
+
+
+def log_keys(conn, table: str, *, inserted: list[str], updated: list[str]) -> None:
+    """Within a bulk write (``bulk_marker.py``): the entries the row triggers would have written
+    for these keys of ``table``, one statement per kind."""
+    for op, keys in (("I", inserted), ("U", updated)):
+        if keys:
+            conn.exec_driver_sql("INSERT INTO change_log (tbl, op, pk) SELECT ?, ?, value FROM json_each(?)",
+                                 (table, op, orjson.dumps(keys).decode()))
 
 
 def read_changes(engine: Engine, after: int, limit: int) -> list[Change]:

@@ -18,8 +18,11 @@ back-filled once, from ``episodes``, when the table is created.
 
 from __future__ import annotations
 
+import orjson
 from sqlalchemy import BigInteger, Column, Index, MetaData, String, Table, inspect, text
 from sqlalchemy.engine import Engine
+
+from . import bulk_marker
 
 # Derived, not a table of record: outside schema.metadata, so registry.counts() and the
 # additive migration leave it alone.
@@ -66,11 +69,17 @@ def _sqlite_ddl() -> list[str]:
             f"GROUP BY 1, 2, 3, 4, 5 {_BUMP};")
     old_pk, new_pk = "COALESCE(OLD.partition_key, '')", "COALESCE(NEW.partition_key, '')"
     return [
-        f"""CREATE TRIGGER IF NOT EXISTS episodes_pv_insert AFTER INSERT ON episodes BEGIN
+        # the episode triggers stand aside for the registry's bulk writes, which fold the summary
+        # set-based themselves (bulk_marker.py)
+        bulk_marker.DDL,
+        f"""CREATE TRIGGER IF NOT EXISTS episodes_pv_insert AFTER INSERT ON episodes
+            WHEN {bulk_marker.UNLESS_BULK} BEGIN
             {bump("NEW", 1)} END""",
-        f"""CREATE TRIGGER IF NOT EXISTS episodes_pv_delete AFTER DELETE ON episodes BEGIN
+        f"""CREATE TRIGGER IF NOT EXISTS episodes_pv_delete AFTER DELETE ON episodes
+            WHEN {bulk_marker.UNLESS_BULK} BEGIN
             {bump("OLD", -1)} {drop_empty.format(pk=_unit_partition("OLD"))} END""",
-        f"""CREATE TRIGGER IF NOT EXISTS episodes_pv_update AFTER UPDATE ON episodes WHEN {changed} BEGIN
+        f"""CREATE TRIGGER IF NOT EXISTS episodes_pv_update AFTER UPDATE ON episodes
+            WHEN ({changed}) AND {bulk_marker.UNLESS_BULK} BEGIN
             {bump("OLD", -1)} {bump("NEW", 1)} {drop_empty.format(pk=_unit_partition("OLD"))} END""",
         f"""CREATE TRIGGER IF NOT EXISTS units_pv_insert AFTER INSERT ON ingest_batches
             WHEN NEW.partition_key IS NOT NULL BEGIN
@@ -157,6 +166,29 @@ _BACKFILL = (f"INSERT INTO partition_versions ({_KEY}, episodes) "
              "FROM episodes e LEFT JOIN ingest_batches b ON b.batch_key = e.batch_key GROUP BY 1, 2, 3, 4, 5")
 
 
+_FOLD = (f"INSERT INTO partition_versions ({_KEY}, episodes) "
+         "SELECT COALESCE(b.partition_key, ''), e.status, COALESCE(e.pipeline_version, ''), "
+         "COALESCE(e.schema_version, ''), COALESCE(e.ladder_version, ''), ? * count(*) "
+         "FROM episodes e LEFT JOIN ingest_batches b ON b.batch_key = e.batch_key "
+         f"WHERE e.episode_id IN (SELECT value FROM json_each(?)) GROUP BY 1, 2, 3, 4, 5 {_BUMP} "
+         "RETURNING partition_key")
+
+
+def fold(conn, episode_ids_json: str, sign: int) -> set[str]:
+    """SQLite, within a bulk write (``bulk_marker.py``): add (+1) or take away (-1) the current
+    rows of these episodes (a JSON array of ids) to or from the summary, in one statement.
+    Returns the partitions it touched."""
+    return {r[0] for r in conn.exec_driver_sql(_FOLD, (sign, episode_ids_json))}
+
+
+def drop_empty(conn, partition_keys: set[str]) -> None:
+    """Drop the summary rows of these partitions that a fold left at zero."""
+    if partition_keys:
+        conn.exec_driver_sql("DELETE FROM partition_versions WHERE partition_key IN "
+                             "(SELECT value FROM json_each(?)) AND episodes = 0",
+                             (orjson.dumps(sorted(partition_keys)).decode(),))
+
+
 def install(engine: Engine) -> None:
     """Create the summary and its triggers when missing; back-fill it when it is new. One
     transaction, so the back-fill and the triggers start from the same rows. A registry that has
@@ -170,6 +202,9 @@ def install(engine: Engine) -> None:
                 return
         new = not inspect(c).has_table(partition_versions.name)
         derived.create_all(c)
+        if c.dialect.name == "sqlite":  # triggers of older registries (no WHEN for bulk writes): made again
+            for name in _SQLITE_TRIGGERS:
+                c.execute(text(f"DROP TRIGGER IF EXISTS {name}"))
         for stmt in (_postgres_ddl() if c.dialect.name == "postgresql" else _sqlite_ddl()):
             c.execute(text(stmt))
         if new:
@@ -181,8 +216,10 @@ def _has_triggers(engine: Engine) -> bool:
         if c.dialect.name == "postgresql":
             return _pg_trigger_count(c) == len(_PG_TRIGGERS)
         names = ", ".join(f"'{n}'" for n in _SQLITE_TRIGGERS)
-        q = f"SELECT count(*) FROM sqlite_master WHERE type = 'trigger' AND name IN ({names})"
-        return c.execute(text(q)).scalar_one() == len(_SQLITE_TRIGGERS)
+        q = f"SELECT name, sql FROM sqlite_master WHERE type = 'trigger' AND name IN ({names})"
+        found = dict(c.execute(text(q)).all())
+        return len(found) == len(_SQLITE_TRIGGERS) and all(
+            bulk_marker.TABLE in found[n] for n in _SQLITE_TRIGGERS if n.startswith("episodes_"))
 
 
 _SQLITE_TRIGGERS = ("episodes_pv_insert", "episodes_pv_delete", "episodes_pv_update", "units_pv_insert",

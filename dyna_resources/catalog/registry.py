@@ -14,6 +14,7 @@ import json
 import os
 import time
 from collections.abc import Iterable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
 
-from . import bulk, changelog, partition_versions
+from . import bulk, bulk_marker, changelog, partition_versions
 from . import schema as t
 from .partition_versions import partition_versions as pv_summary
 
@@ -507,15 +508,24 @@ class Registry:
             self._score(c, scored, results, whole, partial)
             for rows in _same_columns(list(results.values())):
                 bulk.upsert(c, self.backend, t.gate_results, rows, ["source_path", "stage"])
-            for rows in _same_columns(list(whole.values())):
-                bulk.upsert(c, self.backend, t.episodes, rows, ["episode_id"])
-            for rows in _same_columns(list(partial.values())):
-                bulk.update_by_key(c, self.backend, t.episodes, rows, "episode_id")
+            with self._episode_writes(c, [*whole, *(k for k in partial if k not in whole)], list(whole)):
+                for rows in _same_columns(list(whole.values())):
+                    bulk.upsert(c, self.backend, t.episodes, rows, ["episode_id"])
+                for rows in _same_columns(list(partial.values())):
+                    bulk.update_by_key(c, self.backend, t.episodes, rows, "episode_id")
             for rows in _same_columns(list(held.values())):
                 bulk.upsert(c, self.backend, t.quarantine, rows, ["source_path"])
             paths = sorted(released)
             for k in range(0, len(paths), 5000):
                 c.execute(delete(t.quarantine).where(t.quarantine.c.source_path.in_(paths[k:k + 5000])))
+
+    def _episode_writes(self, c, episode_ids: list[str], inserted: list[str]):
+        """Around a bulk write of these episodes: on SQLite the row triggers stand aside and the
+        summary and change log are written set-based (bulk_marker.py); PostgreSQL's triggers are
+        statement-level already and its change log is the WAL."""
+        if self.backend == "sqlite" and episode_ids:
+            return bulk_marker.triggers_aside(c, episode_ids, inserted)
+        return nullcontext()
 
     def _score(self, c, scored: dict[str, str], results: dict, whole: dict, partial: dict) -> None:
         """Set each written episode's gates_checked, gates_failed and quality_score (1 - failed /

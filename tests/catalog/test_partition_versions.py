@@ -117,7 +117,9 @@ def test_a_registry_made_before_the_summary_is_back_filled(registry, tmp_path):
             for name in partition_versions._SQLITE_TRIGGERS:
                 c.execute(text(f"DROP TRIGGER {name}"))
         c.execute(text("DROP TABLE partition_versions"))
-    transcoded(registry, fs[1], unit.key, ids[1], "1.0")  # written while no trigger existed
+        # written while no trigger existed, as older code wrote it
+        c.execute(text("UPDATE episodes SET status = 'transcoded', pipeline_version = '1.0', schema_version = '1.0' "
+                       "WHERE episode_id = :e"), {"e": ids[1]})
 
     reopened = Registry(registry.url.render_as_string(hide_password=False))
     try:
@@ -155,3 +157,100 @@ def test_a_postgres_registry_with_the_row_level_trigger_gets_the_statement_trigg
         assert summary(reopened) == truth(reopened)
     finally:
         reopened.close()
+
+
+def test_sqlite_triggers_without_the_bulk_writes_clause_are_made_again(registry):
+    """An older SQLite registry's row triggers fire on every row of a bulk write too (and would
+    count it twice next to the bulk write's own fold): reopened, they are replaced."""
+    if registry.backend != "sqlite":
+        return
+    fs = files(6)
+    registry.register_files(fs, now=T0)
+    [unit] = registry.create_batches([fs], target_bytes=6000, now=T0)
+    registry.assign_partitions(target_bytes=6000, max_wait_s=0, now=T0)
+    ids = [inventory(registry, f, unit.key) for f in fs[:3]]
+    with registry.engine.begin() as c:  # as older registries had them: no WHEN clause
+        c.execute(text("DROP TRIGGER episodes_pv_insert"))
+        c.execute(text("CREATE TRIGGER episodes_pv_insert AFTER INSERT ON episodes BEGIN "
+                       "INSERT INTO partition_versions VALUES ('old', 'old', '', '', '', 1); END"))
+        c.execute(text("DROP TRIGGER episodes_cdc_insert"))
+        c.execute(text("CREATE TRIGGER episodes_cdc_insert AFTER INSERT ON episodes BEGIN "
+                       "INSERT INTO change_log (tbl, op, pk) VALUES ('episodes', 'I', 'old-' || NEW.episode_id); END"))
+    reopened = Registry(registry.url.render_as_string(hide_password=False))
+    try:
+        for f in fs[3:]:
+            inventory(reopened, f, unit.key)
+        transcoded(reopened, fs[0], unit.key, ids[0], "1.0")
+        assert summary(reopened) == truth(reopened)
+        with reopened.engine.begin() as c:
+            logged = [tuple(r) for r in c.execute(text("SELECT op, pk FROM change_log ORDER BY seq"))]
+        assert not [pk for _, pk in logged if pk.startswith("old-")]
+        assert logged[-4:] == [("I", "ep-00003"), ("I", "ep-00004"), ("I", "ep-00005"), ("U", "ep-00000")]
+    finally:
+        reopened.close()
+
+
+def test_a_bulk_write_folds_the_summary_and_logs_each_key_once(registry, monkeypatch):
+    """SQLite's bulk writes stand the row triggers aside and write the summary and the change log
+    themselves: new rows, replayed rows, updates, an update of an absent episode, one key twice.
+    (PostgreSQL: the same summary through its statement-level triggers.)"""
+    from dyna_resources.catalog import bulk
+    from dyna_resources.catalog.registry import Outcome
+
+    fs = files(6)
+    registry.register_files(fs, now=T0)
+    units = registry.create_batches([fs[:3], fs[3:]], target_bytes=3000, now=T0)
+    registry.assign_partitions(target_bytes=3000, max_wait_s=0, now=T0)
+    ids = [inventory(registry, f, units[0].key) for f in fs[:2]]
+
+    def whole(i, unit):
+        return Outcome(fs[i].path, unit, "pre", [], {"episode_id": f"ep-{i:05d}", "status": ACCEPTED,
+                                                     "source_bytes": 1000, "duration_s": 1.0})
+
+    def post(i, unit, pv, eid=None):
+        return Outcome(fs[i].path, unit, "post", [], {"episode_id": eid or f"ep-{i:05d}", "status": TRANSCODED,
+                                                      "pipeline_version": pv, "schema_version": "1.0"})
+    start = _log_head(registry) if registry.backend == "sqlite" else 0
+    registry.record_outcomes([whole(0, units[0].key), whole(3, units[1].key), whole(4, units[1].key)], now=T0)
+    registry.record_outcomes([post(0, units[0].key, "0.9"), post(1, units[0].key, "1.0"), post(3, units[1].key, "1.0"),
+                              post(3, units[1].key, "1.1"), post(5, units[1].key, "1.0", eid="ep-absent")], now=T0)
+    assert summary(registry) == truth(registry)
+    assert registry.outdated_partitions(schema_version="1.0", pipeline_version="1.0") == [
+        _partition_of(registry, u.key) for u in units]
+    assert registry.episode_by_id("ep-00003")["pipeline_version"] == "1.1"  # the later outcome of the call won
+    if registry.backend != "sqlite":
+        return  # PostgreSQL: statement-level triggers, and the change log is the WAL
+    assert sorted(_log_since(registry, start)) == sorted([("U", ids[0]), ("I", "ep-00003"), ("I", "ep-00004"),
+                                                         ("U", "ep-00000"), ("U", "ep-00001"), ("U", "ep-00003")])
+
+    # a bulk write that fails inside its transaction leaves no marker: the next hand-run write is counted
+    def boom(*a, **k):
+        raise RuntimeError("the disk is gone")
+    monkeypatch.setattr(bulk, "update_by_key", boom)
+    try:
+        registry.record_outcomes([whole(2, units[0].key), post(4, units[1].key, "1.0")], now=T0)
+    except RuntimeError:
+        pass
+    else:
+        raise AssertionError("the failing write did not raise")
+    assert registry.episode_by_id("ep-00002") is None  # rolled back with it
+    with registry.engine.begin() as c:
+        assert c.execute(text("SELECT count(*) FROM episode_bulk_writes")).scalar_one() == 0
+        c.execute(text("UPDATE episodes SET pipeline_version = '0.7' WHERE episode_id = 'ep-00004'"))
+    assert summary(registry) == truth(registry)
+    assert _log_since(registry, start)[-1] == ("U", "ep-00004")
+
+
+def _partition_of(registry, unit_key: str) -> str:
+    return registry.batch(unit_key).partition_key
+
+
+def _log_head(registry) -> int:
+    with registry.engine.begin() as c:
+        return c.execute(text("SELECT coalesce(max(seq), 0) FROM change_log")).scalar_one()
+
+
+def _log_since(registry, seq: int) -> list[tuple]:
+    with registry.engine.begin() as c:
+        return [tuple(r) for r in c.execute(text("SELECT op, pk FROM change_log WHERE seq > :s ORDER BY seq"),
+                                            {"s": seq})]

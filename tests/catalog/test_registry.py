@@ -31,13 +31,14 @@ EMPTY = {name: 0 for name in TABLES}
 
 def table_names(registry) -> set[str]:
     """The registry's tables of record; besides them the per-partition version summary (derived) and,
-    on SQLite, the CDC change log and its consumers' positions (PostgreSQL uses logical decoding)."""
+    on SQLite, the CDC change log, its consumers' positions (PostgreSQL uses logical decoding) and
+    the bulk writes' marker (empty outside a bulk write's transaction)."""
     names = set(inspect(registry.engine).get_table_names())
     assert "partition_versions" in names
     names.discard("partition_versions")
     if registry.backend == "sqlite":
-        assert {"change_log", "change_log_consumers"} <= names
-        names -= {"change_log", "change_log_consumers"}
+        assert {"change_log", "change_log_consumers", "episode_bulk_writes"} <= names
+        names -= {"change_log", "change_log_consumers", "episode_bulk_writes"}
     return names
 
 
