@@ -80,10 +80,11 @@ def _run(conn, backend: str, sql: str, table: Table, names: tuple[str, ...], row
         conn.exec_driver_sql(sql, rows)
 
 
-def _staged(conn, table: Table, names: tuple[str, ...], rows: list[tuple]) -> str:
+def _staged(conn, table: Table, names: tuple[str, ...], rows: list[tuple], *, joined: bool = False) -> str:
     """COPY ``rows`` into this transaction's staging table for ``table`` (its columns and types, no
     constraints; dropped at commit, so a column added to the table later is there next time);
-    returns the staging table's name."""
+    returns the staging table's name. ``joined``: the staging table is joined to ``table`` next (an
+    UPDATE ... FROM), so it is analyzed first; an upsert reads it in one pass and needs no stats."""
     staging = f"dyna_stage_{table.name}"
     cur = conn.connection.dbapi_connection.cursor()
     try:
@@ -91,7 +92,8 @@ def _staged(conn, table: Table, names: tuple[str, ...], rows: list[tuple]) -> st
                     f"SELECT * FROM {table.name} WITH NO DATA")
         cur.execute(f"TRUNCATE {staging}")
         cur.copy_expert(f"COPY {staging} ({', '.join(names)}) FROM STDIN", io.StringIO(_copy_text(rows)))
-        cur.execute(f"ANALYZE {staging}")  # its row count, so the join below takes the key's index
+        if joined:
+            cur.execute(f"ANALYZE {staging}")  # its row count, so the join takes the key's index
     finally:
         cur.close()
     return staging
@@ -196,10 +198,10 @@ def update_by_key(conn, backend: str, table: Table, rows: Sequence[dict], key: s
     if backend == "postgresql":
         values = _tuples(rows, names)
         if len(values) >= COPY_FROM:
-            conn.exec_driver_sql(_update_sql(backend, table, names, key, _staged(conn, table, names, values)))
+            conn.exec_driver_sql(_update_sql(backend, table, names, key,
+                                             _staged(conn, table, names, values, joined=True)))
         else:
             _run(conn, backend, _update_sql(backend, table, names, key), table, names, values)
     else:  # the key binds last
         sets = [n for n in names if n != key]
-        conn.exec_driver_sql(_update_sql(backend, table, names, key),
-                             [tuple(r[n] for n in sets) + (r[key],) for r in rows])
+        conn.exec_driver_sql(_update_sql(backend, table, names, key), list(map(itemgetter(*sets, key), rows)))
