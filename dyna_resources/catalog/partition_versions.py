@@ -105,14 +105,17 @@ def _delta(rows: str, sign: int) -> str:
             f"FROM {rows} r LEFT JOIN ingest_batches b ON b.batch_key = r.batch_key")
 
 
-def _apply(delta: str, drop_from: str | None = None) -> str:
-    """Add the delta's net count to each key it names; then drop the keys it emptied."""
-    out = (f"INSERT INTO partition_versions AS partition_versions ({_KEY}, episodes) "
-           f"SELECT pk, st, pv, sv, lv, sum(n) FROM ({delta}) d GROUP BY 1, 2, 3, 4, 5 HAVING sum(n) <> 0 {_BUMP};")
-    if drop_from:
-        out += (" DELETE FROM partition_versions WHERE episodes = 0 AND partition_key IN (SELECT DISTINCT "
-                f"COALESCE(b.partition_key, '') FROM {drop_from} r LEFT JOIN ingest_batches b ON b.batch_key = r.batch_key);")
-    return out
+def _apply(delta: str, drop_empty: bool = False) -> str:
+    """Add the delta's net count to each key it names; then drop the keys it emptied (found by the
+    upsert's RETURNING, not by a third pass over the transition table)."""
+    upsert = (f"INSERT INTO partition_versions AS partition_versions ({_KEY}, episodes) "
+              f"SELECT pk, st, pv, sv, lv, sum(n) FROM ({delta}) d GROUP BY 1, 2, 3, 4, 5 HAVING sum(n) <> 0 {_BUMP}")
+    if not drop_empty:
+        return upsert + ";"
+    return (f"WITH up AS ({upsert} RETURNING partition_key, episodes) "
+            "SELECT array_agg(DISTINCT partition_key) INTO emptied FROM up WHERE episodes = 0; "
+            "IF emptied IS NOT NULL THEN "
+            "DELETE FROM partition_versions WHERE partition_key = ANY(emptied) AND episodes = 0; END IF;")
 
 
 def _postgres_ddl() -> list[str]:
@@ -131,12 +134,14 @@ def _postgres_ddl() -> list[str]:
               {_apply(_delta("new_rows", 1))}
               RETURN NULL;
             END $$""",
-        f"""CREATE OR REPLACE FUNCTION dyna_episodes_pv_update() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
-              {_apply(_delta("old_rows", -1) + " UNION ALL " + _delta("new_rows", 1), drop_from="old_rows")}
+        f"""CREATE OR REPLACE FUNCTION dyna_episodes_pv_update() RETURNS trigger LANGUAGE plpgsql AS $$
+            DECLARE emptied text[]; BEGIN
+              {_apply(_delta("old_rows", -1) + " UNION ALL " + _delta("new_rows", 1), drop_empty=True)}
               RETURN NULL;
             END $$""",
-        f"""CREATE OR REPLACE FUNCTION dyna_episodes_pv_delete() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
-              {_apply(_delta("old_rows", -1), drop_from="old_rows")}
+        f"""CREATE OR REPLACE FUNCTION dyna_episodes_pv_delete() RETURNS trigger LANGUAGE plpgsql AS $$
+            DECLARE emptied text[]; BEGIN
+              {_apply(_delta("old_rows", -1), drop_empty=True)}
               RETURN NULL;
             END $$""",
         f"""CREATE OR REPLACE FUNCTION dyna_units_pv() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -198,7 +203,7 @@ def install(engine: Engine) -> None:
     with engine.begin() as c:
         if c.dialect.name == "postgresql":  # one installer at a time; the others find it done
             c.execute(text("SELECT pg_advisory_xact_lock(4215161)"))
-            if _pg_trigger_count(c) == len(_PG_TRIGGERS):
+            if _pg_current(c):
                 return
         new = not inspect(c).has_table(partition_versions.name)
         derived.create_all(c)
@@ -214,7 +219,7 @@ def install(engine: Engine) -> None:
 def _has_triggers(engine: Engine) -> bool:
     with engine.connect() as c:
         if c.dialect.name == "postgresql":
-            return _pg_trigger_count(c) == len(_PG_TRIGGERS)
+            return _pg_current(c)
         names = ", ".join(f"'{n}'" for n in _SQLITE_TRIGGERS)
         q = f"SELECT name, sql FROM sqlite_master WHERE type = 'trigger' AND name IN ({names})"
         found = dict(c.execute(text(q)).all())
@@ -224,6 +229,14 @@ def _has_triggers(engine: Engine) -> bool:
 
 _SQLITE_TRIGGERS = ("episodes_pv_insert", "episodes_pv_delete", "episodes_pv_update", "units_pv_insert",
                     "units_pv_update")
+
+
+def _pg_current(c) -> bool:
+    """Every trigger there, with this version's functions (an older update function made a third
+    pass over its rows to find emptied keys: it is replaced)."""
+    current = c.execute(text("SELECT count(*) FROM pg_proc WHERE proname = 'dyna_episodes_pv_update' "
+                             "AND prosrc LIKE '%emptied%'")).scalar_one()
+    return current == 1 and _pg_trigger_count(c) == len(_PG_TRIGGERS)
 
 
 def _pg_trigger_count(c) -> int:

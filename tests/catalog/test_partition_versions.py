@@ -254,3 +254,22 @@ def _log_since(registry, seq: int) -> list[tuple]:
     with registry.engine.begin() as c:
         return [tuple(r) for r in c.execute(text("SELECT op, pk FROM change_log WHERE seq > :s ORDER BY seq"),
                                             {"s": seq})]
+
+
+def test_a_postgres_registry_with_the_older_update_function_gets_this_one(registry):
+    if registry.backend != "postgresql":
+        return
+    fs = files(2)
+    registry.register_files(fs, now=T0)
+    [unit] = registry.create_batches([fs], target_bytes=2000, now=T0)
+    ids = [inventory(registry, f, unit.key) for f in fs]
+    with registry.engine.begin() as c:  # as older registries had it (its body is not needed here)
+        c.execute(text("CREATE OR REPLACE FUNCTION dyna_episodes_pv_update() RETURNS trigger LANGUAGE plpgsql AS "
+                       "$$ BEGIN RAISE EXCEPTION 'the old function ran'; END $$"))
+    reopened = Registry(registry.url.render_as_string(hide_password=False))
+    try:
+        for f, eid in zip(fs, ids, strict=True):
+            transcoded(reopened, f, unit.key, eid, "1.0")  # would raise under the old function
+        assert summary(reopened) == truth(reopened)
+    finally:
+        reopened.close()
