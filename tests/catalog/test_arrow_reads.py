@@ -45,3 +45,13 @@ def test_a_consumer_that_stops_early_leaves_no_thread_reading_the_source():
         next(ahead)
     assert not [t for t in threading.enumerate() if t.name == "arrow-read-ahead"]
     assert len(seen) <= 3  # one handed over, one queued, one the thread held when told to stop
+
+
+def test_strings_from_buffers_equal_pyarrows_own():
+    from dyna_resources.catalog.arrow_reads import strings
+
+    values = ["syn-000000001", "", "épisode-ü", "x" * 300, "日本"]
+    got = strings(values)
+    assert got.type == pa.string()
+    assert got.to_pylist() == values
+    assert strings([]).to_pylist() == []
