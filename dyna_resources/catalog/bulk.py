@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import io
 import math
-from contextlib import contextmanager
 from collections.abc import Sequence
+from contextlib import contextmanager
 from functools import lru_cache
 from operator import itemgetter
 

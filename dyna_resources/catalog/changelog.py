@@ -66,14 +66,11 @@ class Change:
 def install(engine: Engine) -> None:
     """Create the change log and its triggers (idempotent); triggers of older registries (without
     the bulk writes' WHEN clause) are made again."""
-    names = ", ".join(f"'{n}'" for n in _TRIGGERS)
     with engine.begin() as c:
-        found = dict(c.execute(text(f"SELECT name, sql FROM sqlite_master WHERE type = 'trigger' "
-                                    f"AND name IN ({names})")).all())
-        if len(found) == len(_TRIGGERS) and all(bulk_marker.TABLE in sql for sql in found.values()):
+        if bulk_marker.triggers_current(c, _TRIGGERS):
             return
-        for name in found:
-            c.execute(text(f"DROP TRIGGER {name}"))
+        for name in _TRIGGERS:
+            c.execute(text(f"DROP TRIGGER IF EXISTS {name}"))
         for stmt in _DDL:
             c.execute(text(stmt))
 

@@ -220,11 +220,11 @@ def _has_triggers(engine: Engine) -> bool:
     with engine.connect() as c:
         if c.dialect.name == "postgresql":
             return _pg_current(c)
-        names = ", ".join(f"'{n}'" for n in _SQLITE_TRIGGERS)
-        q = f"SELECT name, sql FROM sqlite_master WHERE type = 'trigger' AND name IN ({names})"
-        found = dict(c.execute(text(q)).all())
-        return len(found) == len(_SQLITE_TRIGGERS) and all(
-            bulk_marker.TABLE in found[n] for n in _SQLITE_TRIGGERS if n.startswith("episodes_"))
+        units = [n for n in _SQLITE_TRIGGERS if n.startswith("units_")]
+        listed = ", ".join(f"'{n}'" for n in units)
+        have_units = c.execute(text(f"SELECT count(*) FROM sqlite_master WHERE type = 'trigger' "
+                                    f"AND name IN ({listed})")).scalar_one() == len(units)
+        return have_units and bulk_marker.triggers_current(c, [n for n in _SQLITE_TRIGGERS if n.startswith("episodes_")])
 
 
 _SQLITE_TRIGGERS = ("episodes_pv_insert", "episodes_pv_delete", "episodes_pv_update", "units_pv_insert",
