@@ -21,7 +21,6 @@ from pathlib import Path
 
 import orjson
 from sqlalchemy import String, and_, bindparam, create_engine, event, func, not_, or_, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
 
@@ -266,7 +265,6 @@ class Registry:
         self.engine: Engine = create_engine(self.url, **kwargs)
         if self.url.get_backend_name() == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas)
-        self._insert = postgresql.insert if self.url.get_backend_name() == "postgresql" else sqlite.insert
         try:
             t.metadata.create_all(self.engine)
             _add_missing_columns(self.engine)
@@ -306,17 +304,6 @@ class Registry:
         with self._begin() as c:
             c.execute(select(1))
 
-    def _upsert(self, conn, table, rows: Sequence[dict], keys: Sequence[str], update_cols: Iterable[str] | None = None):
-        if not rows:
-            return
-        stmt = self._insert(table)
-        cols = list(update_cols) if update_cols is not None else [c for c in rows[0] if c not in keys]
-        if cols:
-            stmt = stmt.on_conflict_do_update(index_elements=list(keys), set_={c: stmt.excluded[c] for c in cols})
-        else:
-            stmt = stmt.on_conflict_do_nothing(index_elements=list(keys))
-        conn.execute(stmt, list(rows))
-
     # -- landing ---------------------------------------------------------------------
     def register_files(self, files: Sequence[LandedFile], *, now: float | None = None) -> int:
         """Record newly landed files; files already known are left as they are. Returns how many were new."""
@@ -330,9 +317,9 @@ class Registry:
                 known = set(c.execute(select(t.landed_files.c.path)
                                       .where(t.landed_files.c.path.in_([f.path for f in part]))).scalars())
                 fresh = [f for f in part if f.path not in known]
-                self._upsert(c, t.landed_files, [{"path": f.path, "bytes": f.bytes, "mtime_ns": f.mtime_ns,
-                                                  "registered_at": now, "batch_key": None} for f in fresh],
-                             ["path"], update_cols=[])
+                bulk.upsert(c, self.backend, t.landed_files, [{"path": f.path, "bytes": f.bytes, "mtime_ns": f.mtime_ns,
+                                                               "registered_at": now, "batch_key": None} for f in fresh],
+                            ["path"], update=())
                 new += len(fresh)
         return new
 
@@ -369,13 +356,12 @@ class Registry:
                 size = sum(f.bytes for f in group)
                 batches.append({"seq": seq, "batch_key": key, "created_at": now, "files": len(group), "bytes": size,
                                 "target_bytes": target_bytes})
-                members += [{"p": f.path, "k": key} for f in group]
+                members += [{"path": f.path, "batch_key": key} for f in group]
                 out.append(Batch(seq, key, len(group), size))
             # one statement each, executed for many rows: a tick of 50k files is two round trips, not 10^4
             if batches:
                 c.execute(t.ingest_batches.insert(), batches)
-                c.execute(update(t.landed_files).where(t.landed_files.c.path == bindparam("p"))
-                          .values(batch_key=bindparam("k")), members)
+                bulk.update_by_key(c, self.backend, t.landed_files, members, "path")
         return out
 
     def batches_after(self, seq: int, limit: int | None = None) -> list[Batch]:
