@@ -18,6 +18,7 @@ import io
 import math
 from collections.abc import Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import lru_cache
 from operator import itemgetter
 
@@ -25,6 +26,29 @@ from sqlalchemy import Table
 
 PAGE = 1000  # rows per PostgreSQL VALUES statement
 COPY_FROM = 200  # rows from which PostgreSQL writes go through COPY and a staging table
+
+
+@dataclass(frozen=True)
+class Derived:
+    """PostgreSQL: columns the server computes for every written row in the same statement, from
+    other tables, so the client neither reads them first nor writes the rows twice. ``source`` is a
+    subquery over the written row (alias ``v``) returning exactly one row (alias ``d``); ``columns``
+    pairs each derived column with an expression over ``d``. Neither may hold a ``%`` (the VALUES
+    path's text goes through psycopg2's parameter formatting)."""
+
+    source: str
+    columns: tuple[tuple[str, str], ...]
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(n for n, _ in self.columns)
+
+
+def _rows_from(names: tuple[str, ...], staging: str | None, derived: Derived) -> str:
+    """The written rows as a relation ``v`` (the staging table, else the VALUES list that
+    ``execute_values`` fills in), each joined to its derived values ``d``."""
+    rows = staging if staging is not None else "(VALUES %s)"
+    alias = "v" if staging is not None else f"v ({', '.join(names)})"
+    return f"FROM {rows} AS {alias} CROSS JOIN LATERAL ({derived.source}) AS d"
 
 
 def _columns(table: Table, names: Sequence[str]) -> tuple[str, ...]:
@@ -43,9 +67,15 @@ def _pg_types(table: Table, names: tuple[str, ...]) -> str:
 
 @lru_cache(maxsize=256)
 def _upsert_sql(backend: str, table: Table, names: tuple[str, ...], keys: tuple[str, ...],
-                update: tuple[str, ...] | None, staging: str | None = None) -> str:
+                update: tuple[str, ...] | None, staging: str | None = None, derived: Derived | None = None) -> str:
     """The upsert's text; from ``staging`` (a staging table of the same columns) when given. Rows
     must be unique by ``keys``."""
+    if derived is not None:
+        todo = [n for n in names if n not in keys] if update is None else list(update)
+        sets = ", ".join(f"{n} = excluded.{n}" for n in [*todo, *derived.names()])
+        return (f"INSERT INTO {table.name} ({', '.join([*names, *derived.names()])}) "
+                f"SELECT {', '.join([*(f'v.{n}' for n in names), *(e for _, e in derived.columns)])} "
+                f"{_rows_from(names, staging, derived)} ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {sets}")
     cols = ", ".join(names)
     if staging is not None:
         values = f"SELECT {cols} FROM {staging}"
@@ -57,8 +87,13 @@ def _upsert_sql(backend: str, table: Table, names: tuple[str, ...], keys: tuple[
 
 
 @lru_cache(maxsize=256)
-def _update_sql(backend: str, table: Table, names: tuple[str, ...], key: str, staging: str | None = None) -> str:
+def _update_sql(backend: str, table: Table, names: tuple[str, ...], key: str, staging: str | None = None,
+                derived: Derived | None = None) -> str:
     sets = [n for n in names if n != key]
+    if derived is not None:
+        assigned = [*(f"{n} = v.{n}" for n in sets), *(f"{n} = {e}" for n, e in derived.columns)]
+        return (f"UPDATE {table.name} AS t SET {', '.join(assigned)} {_rows_from(names, staging, derived)} "
+                f"WHERE t.{key} = v.{key}")
     if staging is not None:
         return (f"UPDATE {table.name} AS t SET {', '.join(f'{n} = v.{n}' for n in sets)} "
                 f"FROM {staging} AS v WHERE t.{key} = v.{key}")
@@ -174,11 +209,13 @@ def _tuples(rows: Sequence[dict], names: Sequence[str], extra: tuple = ()) -> li
 
 
 def upsert(conn, backend: str, table: Table, rows: Sequence[dict], keys: Sequence[str],
-           update: Sequence[str] | None = None) -> None:
+           update: Sequence[str] | None = None, derived: Derived | None = None) -> None:
     """Insert ``rows`` (all with the same columns), on a key conflict update ``update`` (default:
-    every column not in ``keys``; empty: leave the existing row)."""
+    every column not in ``keys``; empty: leave the existing row). ``derived`` (PostgreSQL only):
+    columns the server computes, set on insert and on conflict."""
     if not rows:
         return
+    _no_derived_on(backend, derived)
     own = _columns(table, list(rows[0]))
     fill = tuple((n, v) for n, v in _defaults(table) if n not in own)  # what SQLAlchemy's insert would add
     names = own + tuple(n for n, _ in fill)
@@ -187,9 +224,14 @@ def upsert(conn, backend: str, table: Table, rows: Sequence[dict], keys: Sequenc
     values = _tuples(rows, own, extra)
     if backend == "postgresql" and len(values) >= COPY_FROM:
         staging = _staged(conn, table, names, values)
-        conn.exec_driver_sql(_upsert_sql(backend, table, names, tuple(keys), todo, staging))
+        conn.exec_driver_sql(_upsert_sql(backend, table, names, tuple(keys), todo, staging, derived))
         return
-    _run(conn, backend, _upsert_sql(backend, table, names, tuple(keys), todo), table, names, values)
+    _run(conn, backend, _upsert_sql(backend, table, names, tuple(keys), todo, None, derived), table, names, values)
+
+
+def _no_derived_on(backend: str, derived: Derived | None) -> None:
+    if derived is not None and backend != "postgresql":
+        raise ValueError("derived columns are computed by PostgreSQL writes only")
 
 
 @lru_cache(maxsize=64)
@@ -204,11 +246,14 @@ def _defaults(table: Table) -> tuple[tuple[str, object], ...]:
     return tuple(out)
 
 
-def update_by_key(conn, backend: str, table: Table, rows: Sequence[dict], key: str) -> None:
+def update_by_key(conn, backend: str, table: Table, rows: Sequence[dict], key: str,
+                  derived: Derived | None = None) -> None:
     """``UPDATE table SET <the rows' other columns> WHERE key = <the row's key>`` for every row (all
-    with the same columns); a row whose key is absent changes nothing."""
+    with the same columns); a row whose key is absent changes nothing. ``derived`` (PostgreSQL
+    only): columns the server computes, set too."""
     if not rows:
         return
+    _no_derived_on(backend, derived)
     names = _columns(table, list(rows[0]))
     if key not in names:
         raise KeyError(f"rows to update by {key} must hold {key}")
@@ -217,9 +262,9 @@ def update_by_key(conn, backend: str, table: Table, rows: Sequence[dict], key: s
         if len(values) >= COPY_FROM:
             staging = _staged(conn, table, names, values)
             with _index_joins(conn):
-                conn.exec_driver_sql(_update_sql(backend, table, names, key, staging))
+                conn.exec_driver_sql(_update_sql(backend, table, names, key, staging, derived))
         else:
-            _run(conn, backend, _update_sql(backend, table, names, key), table, names, values)
+            _run(conn, backend, _update_sql(backend, table, names, key, None, derived), table, names, values)
     else:  # the key binds last
         sets = [n for n in names if n != key]
         conn.exec_driver_sql(_update_sql(backend, table, names, key), list(map(itemgetter(*sets, key), rows)))

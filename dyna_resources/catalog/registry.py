@@ -234,6 +234,17 @@ def _check_outcome_rows(results: list[dict], rows: list[dict], held: list[dict])
         check_rows(table, some)
 
 
+# PostgreSQL counts an episode's score in the statement that writes its row, from the gate results
+# this transaction has just written (the rule of Registry._score, which SQLite runs in Python: there
+# a read is a function call, here a round trip and a Python pass per row). 1 - failed/checked is
+# rounded to 6 places as Python's round does (no k/n with n < 128 lies on a half).
+_SCORED_BY_SERVER = bulk.Derived(
+    source="SELECT coalesce(sum(checked), 0) AS checked, coalesce(sum(failed), 0) AS failed "
+           "FROM gate_results WHERE gate_results.source_path = v.source_path",
+    columns=(("gates_checked", "d.checked"), ("gates_failed", "d.failed"),
+             ("quality_score", "CASE WHEN d.checked > 0 THEN round((1 - d.failed::float8 / d.checked)::numeric, 6)::float8 END")))
+
+
 def _same_columns(rows: list[dict]) -> list[list[dict]]:
     """Rows grouped by their set of columns: one executemany statement per group."""
     groups: dict[tuple, list[dict]] = {}
@@ -533,15 +544,17 @@ class Registry:
                 held.pop(o.source_path, None)
         # every row as written, before any is merged (a refused value names its column, writes nothing)
         _check_outcome_rows(list(results.values()), every_row, every_held)
+        score = _SCORED_BY_SERVER if self.backend == "postgresql" else None
         with self._begin() as c:
-            self._score(c, scored, results, whole, partial)
-            for rows in _same_columns(list(results.values())):
+            if score is None:
+                self._score(c, scored, results, whole, partial)
+            for rows in _same_columns(list(results.values())):  # before the episodes: the server's score reads them
                 bulk.upsert(c, self.backend, t.gate_results, rows, ["source_path", "stage"])
             with self._episode_writes(c, [*whole, *(k for k in partial if k not in whole)], list(whole)):
                 for rows in _same_columns(list(whole.values())):
-                    bulk.upsert(c, self.backend, t.episodes, rows, ["episode_id"])
+                    bulk.upsert(c, self.backend, t.episodes, rows, ["episode_id"], derived=score)
                 for rows in _same_columns(list(partial.values())):
-                    bulk.update_by_key(c, self.backend, t.episodes, rows, "episode_id")
+                    bulk.update_by_key(c, self.backend, t.episodes, rows, "episode_id", derived=score)
             for rows in _same_columns(list(held.values())):
                 bulk.upsert(c, self.backend, t.quarantine, rows, ["source_path"])
             self._release(c, sorted(released))

@@ -142,3 +142,29 @@ def test_copy_round_trips_every_kind_of_value(registry, monkeypatch):
             r["task"], r["operator"], r["mcap_uri"], TRICKY[::-1][i % len(TRICKY)])
         assert (g["source_bytes"], g["success"], g["sim"], g["duration_s"]) == (
             r["source_bytes"], r["success"], r["sim"], r["duration_s"])
+
+
+@pytest.mark.parametrize("copy_from", [bulk.COPY_FROM, 2])
+def test_scores_follow_the_rule_exactly_on_either_backend(registry, copy_from, monkeypatch):
+    """gates_checked/gates_failed are the latest results of both stages, quality_score is
+    round(1 - failed/checked, 6) as Python rounds it (PostgreSQL computes it in the writing
+    statement, SQLite in Python: the two must agree to the last bit), NULL when nothing was checked."""
+    monkeypatch.setattr(bulk, "COPY_FROM", copy_from)
+    pairs = [(n, f) for n in range(0, 31) for f in range(0, n + 1)]
+    pre, post = [], []
+    for i, (n, f) in enumerate(pairs):
+        path, unit, eid = f"site-a/s-{i:04d}.h5", "20261201T10-000000", f"s-{i:04d}"
+        pre_n = n // 2
+        gates = [{"gate": f"g{k}", "passed": k >= f, "action": "flag", "detail": "", "pipeline_version": "1.5"}
+                 for k in range(n)]
+        episode = {"episode_id": eid, "status": ACCEPTED, "source_bytes": 1, "duration_s": 1.0}
+        pre.append(Outcome(path, unit, "pre", gates[:pre_n], episode, None, True))
+        post.append(Outcome(path, unit, "post", gates[pre_n:], {"episode_id": eid, "status": TRANSCODED}, None, True))
+    registry.record_outcomes(pre, now=NOW)
+    registry.record_outcomes(post, now=NOW)
+    registry.record_outcomes(post, now=NOW)  # a replay of a stage replaces its results, never adds to them
+    rows = registry.episodes_by_ids([f"s-{i:04d}" for i in range(len(pairs))])
+    for i, (n, f) in enumerate(pairs):
+        r = rows[f"s-{i:04d}"]
+        assert (r["gates_checked"], r["gates_failed"]) == (n, f), (n, f)
+        assert r["quality_score"] == (round(1.0 - f / n, 6) if n else None), (n, f, r["quality_score"])
