@@ -13,7 +13,12 @@ partitions, each unit's inventory and transcode outcomes. At each size:
 1. **Outcome writes/s**: every ``record_outcomes`` call of the growth so far (256 units' outcomes a
    call, the transcode's group commit), outcomes / seconds in the calls; then 200 calls of one unit
    each (quick 100, tiny 10; 12 outcomes, the smallest commit ingest makes) on top. Each outcome is one file's stage:
-   its gates' results, its episode row (whole or the transcode's columns), its score.
+   its gates' results, its episode row (whole or the transcode's columns), its score. Then two
+   writers at once (``outcome_writes_per_s_2_writers``), each a process with its own connection
+   recording its share of 10 % of the size more (at most 10^5 episodes), 256 units a call: a
+   cluster runs one transcode step per node, each committing its own units. Aggregate
+   outcomes / seconds from the first writer's start to the last one's end. SQLite takes one
+   writer at a time; PostgreSQL's writers run side by side.
 2. **Drift sensor**, through Dagster's own evaluation (``evaluate_tick`` on a real instance that
    holds every sealed partition as a dynamic partition): 1 % stale (every 100th partition was
    written by pipeline 1.4), then 100 % stale (the current version patched to a newer one). The
@@ -55,6 +60,8 @@ STALE_EVERY = 100  # every 100th partition was written by an older pipeline: 1 %
 OLD_VERSION, NEWER_VERSION = "1.4", "9.9"
 UNIT_CALLS = {"full": 200, "quick": 100, "tiny": 10}  # commits of one work unit each, on top of each size ...
 UNIT_CALL_EPISODES_FROM = 900_000_000  # ... on episodes numbered apart from the corpus's
+WRITERS = 2  # writers committing at once: a cluster runs one transcode step per node, each commits its own units
+WRITERS_EPISODES_FROM = 950_000_000
 TARGETS = {"outcome_writes_per_s": 20_000, "drift_eval_s_1e7": 5.0, "first_sync_peak_gb_1e7": 2.0,
            "first_sync_rows_per_s": 100_000, "incremental_changes_per_s": 20_000, "warehouse_asset_peak_gb_1e7": 1.0}
 
@@ -155,6 +162,45 @@ class TimedOutcomes:
         return self.outcomes / self.s if self.s else 0.0
 
 
+def _writer(url: str, units: list, barrier, results) -> None:
+    """One of the concurrent writers: its units' outcomes built first, then, once every writer is
+    ready, recorded 256 units a call, inventory then transcode outcomes."""
+    from dyna_resources.catalog import synthetic
+    from dyna_resources.catalog.registry import Registry
+
+    registry = Registry(url)
+    calls = [synthetic.unit_outcomes(units[k:k + 256]) for k in range(0, len(units), 256)]
+    barrier.wait()
+    t, n = time.monotonic(), 0  # CLOCK_MONOTONIC: one clock for every process of the machine
+    for pre, post in calls:
+        registry.record_outcomes(pre, now=synthetic.EPOCH)
+        registry.record_outcomes(post, now=synthetic.EPOCH)
+        n += len(pre) + len(post)
+    results.put((n, t, time.monotonic()))
+    registry.close()
+
+
+def _concurrent_writes(url: str, registry, start: int, k: int, writers: int) -> float:
+    """Episodes [start, start + k) landed, then their outcomes recorded by ``writers`` processes at
+    once, each its share of the units on its own connection: aggregate outcomes/s."""
+    from dyna_resources.catalog import synthetic
+
+    units = []
+    for lo in range(start, start + k, synthetic.CorpusShape().episodes_per_unit * 256):
+        units += synthetic.land(registry, lo, min(start + k, lo + synthetic.CorpusShape().episodes_per_unit * 256) - lo)[0]
+    ctx = mp.get_context("spawn")
+    barrier, results = ctx.Barrier(writers), ctx.Queue()
+    procs = [ctx.Process(target=_writer, args=(url, units[w::writers], barrier, results)) for w in range(writers)]
+    for p in procs:
+        p.start()
+    done = [results.get() for _ in procs]
+    for p in procs:
+        p.join()
+        if p.exitcode:
+            raise RuntimeError(f"a concurrent writer failed (exit {p.exitcode})")
+    return sum(n for n, _, _ in done) / (max(e for _, _, e in done) - min(b for _, b, _ in done))
+
+
 def _stale_version(shape):
     per_partition = shape.episodes_per_unit * shape.units_per_partition
 
@@ -222,7 +268,7 @@ def run_backend(backend: str, url: str, sizes: list[int], tmp: Path, log, unit_c
     registry = Registry(url)
     record = registry.record_outcomes
     shape = synthetic.CorpusShape()
-    done, rows, extra = 0, [], UNIT_CALL_EPISODES_FROM
+    done, rows, extra, concurrent = 0, [], UNIT_CALL_EPISODES_FROM, 0
     for n in sizes:
         registry.record_outcomes = timed = TimedOutcomes(record)
         t = time.perf_counter()
@@ -233,6 +279,9 @@ def run_backend(backend: str, url: str, sizes: list[int], tmp: Path, log, unit_c
         registry.record_outcomes = unit = TimedOutcomes(record)
         synthetic.populate(registry, unit_calls * shape.episodes_per_unit, start=extra, shape=shape, units_per_call=1)
         extra += unit_calls * shape.episodes_per_unit
+        k_writers = min(max(n // 10, 4 * shape.episodes_per_unit), 100_000)
+        together = _concurrent_writes(url, registry, WRITERS_EPISODES_FROM + concurrent, k_writers, WRITERS)
+        concurrent += k_writers
         done = n
         registry.record_outcomes = record
         drift = _drift(url, tmp / "home", registry)
@@ -246,8 +295,9 @@ def run_backend(backend: str, url: str, sizes: list[int], tmp: Path, log, unit_c
         _rewrite_changes(registry, record, k, shape)
         inc = _in_fresh_process(_incremental_sync, url, str(wh))
         asset = _in_fresh_process(_warehouse_asset, url, str(wh), str(tmp / "home"))
-        row = {"backend": backend, "episodes": n + extra - UNIT_CALL_EPISODES_FROM, "size": n, "grow_s": grow_s,
-               "outcome_writes_per_s": bulk, "outcome_writes_per_s_unit_txn": unit.rate(),
+        row = {"backend": backend, "episodes": n + extra - UNIT_CALL_EPISODES_FROM + concurrent, "size": n,
+               "grow_s": grow_s, "outcome_writes_per_s": bulk, "outcome_writes_per_s_unit_txn": unit.rate(),
+               f"outcome_writes_per_s_{WRITERS}_writers": together,
                "drift_partitions": drift["partitions"],
                "drift_1pct_s": drift["1pct"]["s"], "drift_1pct_stale": drift["1pct"]["stale_partitions"],
                "drift_100pct_s": drift["100pct"]["s"], "drift_100pct_stale": drift["100pct"]["stale_partitions"],
@@ -309,13 +359,14 @@ def main(argv: list[str]) -> int:
 
 def report(rows: list[dict], size: str, skipped: dict) -> int:
     print(f"\ncatalog benchmark ({size}); {os.cpu_count()} cores; * = extrapolated from the fit")
-    cols = [("episodes", "{:>11,}"), ("outcome_writes_per_s", "{:>10,.0f}"), ("outcome_writes_per_s_unit_txn", "{:>9,.0f}"),
+    cols = [("episodes", "{:>11,}"), ("outcome_writes_per_s", "{:>10,.0f}"),
+            (f"outcome_writes_per_s_{WRITERS}_writers", "{:>10,.0f}"), ("outcome_writes_per_s_unit_txn", "{:>9,.0f}"),
             ("drift_1pct_s", "{:>8.2f}"), ("drift_100pct_s", "{:>8.2f}"), ("first_sync_s", "{:>8.1f}"),
             ("first_sync_rows_per_s", "{:>9,.0f}"), ("first_sync_peak_gb", "{:>7.2f}"),
             ("sync_after_first_s", "{:>7.1f}"), ("incremental_changes_per_s", "{:>9,.0f}"),
             ("warehouse_asset_s", "{:>7.1f}"),
             ("warehouse_asset_peak_gb", "{:>7.2f}")]
-    heads = ["episodes", "outc/s", "unit/s", "drift1%", "drift100", "sync s", "rows/s", "peakGB", "settle", "chg/s", "wh s",
+    heads = ["episodes", "outc/s", f"{WRITERS}wr/s", "unit/s", "drift1%", "drift100", "sync s", "rows/s", "peakGB", "settle", "chg/s", "wh s",
              "whGB"]
     out: dict = {"size": size, "rows": rows, "skipped": skipped, "fits": {}}
     for backend in sorted({r["backend"] for r in rows}):
@@ -327,7 +378,8 @@ def report(rows: list[dict], size: str, skipped: dict) -> int:
         xs = [r["size"] for r in rs]
         fig = {}
         for key in ("drift_1pct_s", "drift_100pct_s", "first_sync_peak_gb", "warehouse_asset_peak_gb", "first_sync_s",
-                    "outcome_writes_per_s", "outcome_writes_per_s_unit_txn", "first_sync_rows_per_s",
+                    "outcome_writes_per_s", f"outcome_writes_per_s_{WRITERS}_writers", "outcome_writes_per_s_unit_txn",
+                    "first_sync_rows_per_s",
                     "incremental_changes_per_s"):
             ys = [r[key] for r in rs]
             a, b = _fit(xs, ys)
@@ -345,6 +397,7 @@ def report(rows: list[dict], size: str, skipped: dict) -> int:
             return min(vals) if low else max(vals)
         out.update({
             "outcome_writes_per_s": worst("outcome_writes_per_s", False, True),
+            f"outcome_writes_per_s_{WRITERS}_writers": worst(f"outcome_writes_per_s_{WRITERS}_writers", False, True),
             "outcome_writes_per_s_unit_txn": min(r["outcome_writes_per_s_unit_txn"] for r in rows
                                                  if r["size"] == max(x["size"] for x in rows)),
             "drift_eval_s_1e7": worst("drift_1pct_s", True, False),

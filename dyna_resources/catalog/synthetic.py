@@ -16,7 +16,7 @@ benchmarks; :func:`populate` writes in chunks of one work unit's size, each chun
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -143,34 +143,62 @@ def outcomes(start: int, n: int, batch_key: str, *, seed: int = 0, shape: Corpus
     return pre, post
 
 
+@dataclass(frozen=True)
+class LandedUnit:
+    """A work unit of the synthetic corpus as the landing sensor made it: episodes [first, first + n)."""
+
+    first: int
+    n: int
+    key: str
+
+
+def land(registry: Registry, start: int, n: int, *, seed: int = 0, shape: CorpusShape = CorpusShape(),
+         seal_open: bool = True, now: float = EPOCH) -> tuple[list[LandedUnit], int]:
+    """What the landing sensor does for episodes [start, start + n): register their files, pack
+    them into units, put the units into partitions (the open one sealed with ``seal_open``).
+    Returns the units and how many partitions their assignment touched."""
+    files = landed_files(start, n, seed)
+    registry.register_files(files, now=now)
+    groups = [files[k:k + shape.episodes_per_unit] for k in range(0, len(files), shape.episodes_per_unit)]
+    made = registry.create_batches(groups, target_bytes=UNIT_BYTES, now=now)
+    touched = registry.assign_partitions(target_bytes=UNIT_BYTES * shape.units_per_partition, max_wait_s=1e9,
+                                         seal_open=seal_open, now=now)
+    return [LandedUnit(start + u * shape.episodes_per_unit, len(group), unit.key)
+            for u, (unit, group) in enumerate(zip(made, groups, strict=True))], len(touched)
+
+
+def unit_outcomes(units: Sequence[LandedUnit], *, seed: int = 0, shape: CorpusShape = CorpusShape(),
+                  pipeline_version: str = "1.5", schema_version: str = "1.0") -> tuple[list[Outcome], list[Outcome]]:
+    """The inventory and the transcode outcomes of these units, each stage's in one list."""
+    pre, post = [], []
+    for unit in units:
+        a, b = outcomes(unit.first, unit.n, unit.key, seed=seed, shape=shape, pipeline_version=pipeline_version,
+                        schema_version=schema_version)
+        pre += a
+        post += b
+    return pre, post
+
+
 def populate(registry: Registry, n: int, *, seed: int = 0, shape: CorpusShape = CorpusShape(), start: int = 0,
              units_per_call: int = 256, pipeline_version: str | Callable[[int], str] = "1.5",
              schema_version: str = "1.0",
              now: float | None = None, progress: Callable[[int], None] | None = None) -> dict:
     """Write episodes [start, start + n) through the registry's API, ``units_per_call`` work units
-    at a time (the transcode's group commit holds up to 256 units' outcomes): register their files,
-    pack them into units, put the units into partitions, record their inventory outcomes, then their
-    transcode outcomes (one transaction each). ``pipeline_version``: the version that wrote them, or a
-    function of each call's first episode index giving it (e.g. older partitions). Returns counts."""
+    at a time (the transcode's group commit holds up to 256 units' outcomes): land their files
+    (:func:`land`), record their inventory outcomes, then their transcode outcomes (one
+    transaction each). ``pipeline_version``: the version that wrote them, or a function of each
+    call's first episode index giving it (e.g. older partitions). Returns counts."""
     now = EPOCH if now is None else now
     units = partitions = 0
     per_call = shape.episodes_per_unit * units_per_call
     for lo in range(start, start + n, per_call):
         hi = min(lo + per_call, start + n)
         version = pipeline_version(lo) if callable(pipeline_version) else pipeline_version
-        files = landed_files(lo, hi - lo, seed)
-        registry.register_files(files, now=now)
-        groups = [files[k:k + shape.episodes_per_unit] for k in range(0, len(files), shape.episodes_per_unit)]
-        made = registry.create_batches(groups, target_bytes=UNIT_BYTES, now=now)
+        made, touched = land(registry, lo, hi - lo, seed=seed, shape=shape, seal_open=hi >= start + n, now=now)
         units += len(made)
-        partitions += len(registry.assign_partitions(target_bytes=UNIT_BYTES * shape.units_per_partition,
-                                                     max_wait_s=1e9, seal_open=hi >= start + n, now=now))
-        pre, post = [], []
-        for u, (unit, group) in enumerate(zip(made, groups, strict=True)):
-            a, b = outcomes(lo + u * shape.episodes_per_unit, len(group), unit.key, seed=seed, shape=shape,
-                            pipeline_version=version, schema_version=schema_version)
-            pre += a
-            post += b
+        partitions += touched
+        pre, post = unit_outcomes(made, seed=seed, shape=shape, pipeline_version=version,
+                                  schema_version=schema_version)
         registry.record_outcomes(pre, now=now)
         registry.record_outcomes(post, now=now)
         if progress is not None:
