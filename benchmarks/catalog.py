@@ -61,7 +61,7 @@ OLD_VERSION, NEWER_VERSION = "1.4", "9.9"
 UNIT_CALLS = {"full": 200, "quick": 100, "tiny": 10}  # commits of one work unit each, on top of each size ...
 UNIT_CALL_EPISODES_FROM = 900_000_000  # ... on episodes numbered apart from the corpus's
 WRITERS = 2  # writers committing at once: a cluster runs one transcode step per node, each commits its own units
-WRITERS_EPISODES_FROM = 950_000_000
+WRITERS_EPISODES_FROM = 950_000_000  # their episodes, numbered apart from the corpus's and the unit calls'
 TARGETS = {"outcome_writes_per_s": 20_000, "drift_eval_s_1e7": 5.0, "first_sync_peak_gb_1e7": 2.0,
            "first_sync_rows_per_s": 100_000, "incremental_changes_per_s": 20_000, "warehouse_asset_peak_gb_1e7": 1.0}
 
@@ -185,9 +185,9 @@ def _concurrent_writes(url: str, registry, start: int, k: int, writers: int) -> 
     once, each its share of the units on its own connection: aggregate outcomes/s."""
     from dyna_resources.catalog import synthetic
 
-    units = []
-    for lo in range(start, start + k, synthetic.CorpusShape().episodes_per_unit * 256):
-        units += synthetic.land(registry, lo, min(start + k, lo + synthetic.CorpusShape().episodes_per_unit * 256) - lo)[0]
+    units, per_call = [], synthetic.CorpusShape().episodes_per_unit * 256
+    for lo in range(start, start + k, per_call):
+        units += synthetic.land(registry, lo, min(start + k, lo + per_call) - lo)[0]
     ctx = mp.get_context("spawn")
     barrier, results = ctx.Barrier(writers), ctx.Queue()
     procs = [ctx.Process(target=_writer, args=(url, units[w::writers], barrier, results)) for w in range(writers)]

@@ -33,8 +33,9 @@ class Derived:
     """PostgreSQL: columns the server computes for every written row in the same statement, from
     other tables, so the client neither reads them first nor writes the rows twice. ``source`` is a
     subquery over the written row (alias ``v``) returning exactly one row (alias ``d``); ``columns``
-    pairs each derived column with an expression over ``d``. Neither may hold a ``%`` (the VALUES
-    path's text goes through psycopg2's parameter formatting)."""
+    pairs each derived column with an expression over ``d``; they are set on insert and on every
+    key conflict, and the rows must not hold them. Neither may hold a ``%`` (the VALUES path's
+    text goes through psycopg2's parameter formatting)."""
 
     source: str
     columns: tuple[tuple[str, str], ...]
