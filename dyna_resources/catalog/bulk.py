@@ -1,7 +1,9 @@
 """Set-based writes of many rows through the DBAPI cursor: one statement text per (table, columns),
 rows as tuples. SQLite: ``executemany``. PostgreSQL: a few rows through psycopg2's
 ``execute_values``; many through ``COPY`` into a temporary staging table, then one
-``INSERT ... SELECT ... ON CONFLICT`` or ``UPDATE ... FROM`` for all of them.
+``INSERT ... SELECT ... ON CONFLICT`` or ``UPDATE ... FROM`` for all of them. Each write is
+built first (:func:`prepare_upsert`, :func:`prepare_update`: statement text, rows encoded, no
+connection needed) and then run (:func:`run`), so a caller can build one while another runs.
 
 SQLAlchemy Core's ``executemany`` converts and binds every row in Python (~25 µs a row of the
 episodes table): at a million outcomes a stage that is most of the registry's write time, and
@@ -104,33 +106,61 @@ def _update_sql(backend: str, table: Table, names: tuple[str, ...], key: str, st
     return f"UPDATE {table.name} SET {', '.join(f'{n} = ?' for n in sets)} WHERE {key} = ?"
 
 
-def _run(conn, backend: str, sql: str, table: Table, names: tuple[str, ...], rows: list[tuple]) -> None:
-    if backend == "postgresql":
+@dataclass(frozen=True)
+class Write:
+    """One set-based write, built and ready: the statement text and the rows, encoded (as COPY
+    text where they go through a staging table). Building one needs no connection, so a writer
+    can build the next while the server runs this one (:func:`run`)."""
+
+    backend: str
+    table: Table
+    names: tuple[str, ...]
+    sql: str
+    rows: list[tuple] | None = None  # bound by executemany / execute_values
+    copy_text: str | None = None  # COPY data for the staging table the statement reads
+    index_joins: bool = False  # PostgreSQL: join the staging rows to the table by its key index
+
+
+def run(conn, write: Write) -> None:
+    """Run a prepared write in ``conn``'s transaction."""
+    if write.copy_text is not None:
+        _staged(conn, write.table, write.names, write.copy_text)
+        if write.index_joins:
+            with _index_joins(conn):
+                conn.exec_driver_sql(write.sql)
+        else:
+            conn.exec_driver_sql(write.sql)
+    elif write.backend == "postgresql":
         from psycopg2.extras import execute_values
 
         cur = conn.connection.dbapi_connection.cursor()  # the SQLAlchemy connection's transaction
         try:
-            execute_values(cur, sql, rows, template=f"({_pg_types(table, names)})", page_size=PAGE)
+            execute_values(cur, write.sql, write.rows, template=f"({_pg_types(write.table, write.names)})",
+                           page_size=PAGE)
         finally:
             cur.close()
     else:
-        conn.exec_driver_sql(sql, rows)
+        conn.exec_driver_sql(write.sql, write.rows)
 
 
-def _staged(conn, table: Table, names: tuple[str, ...], rows: list[tuple]) -> str:
-    """COPY ``rows`` into this transaction's staging table for ``table`` (its columns and types, no
-    constraints; dropped at commit, so a column added to the table later is there next time);
-    returns the staging table's name."""
-    staging = f"dyna_stage_{table.name}"
+def _staging(table: Table) -> str:
+    return f"dyna_stage_{table.name}"
+
+
+def _staged(conn, table: Table, names: tuple[str, ...], copy_text: str) -> None:
+    """COPY rows into this transaction's staging table for ``table`` (its columns and types, no
+    constraints; dropped at commit, so a column added to the table later is there next time)."""
+    staging = _staging(table)
     cur = conn.connection.dbapi_connection.cursor()
     try:
         cur.execute(f"CREATE TEMP TABLE IF NOT EXISTS {staging} ON COMMIT DROP AS "
                     f"SELECT * FROM {table.name} WITH NO DATA")
         cur.execute(f"TRUNCATE {staging}")
-        cur.copy_expert(f"COPY {staging} ({', '.join(names)}) FROM STDIN", io.StringIO(_copy_text(rows)))
+        # one read of the whole text: psycopg2 takes the GIL back for every read (8 KiB by default)
+        cur.copy_expert(f"COPY {staging} ({', '.join(names)}) FROM STDIN", io.StringIO(copy_text),
+                        size=max(len(copy_text), 8192))
     finally:
         cur.close()
-    return staging
 
 
 @contextmanager
@@ -214,20 +244,23 @@ def upsert(conn, backend: str, table: Table, rows: Sequence[dict], keys: Sequenc
     """Insert ``rows`` (all with the same columns), on a key conflict update ``update`` (default:
     every column not in ``keys``; empty: leave the existing row). ``derived`` (PostgreSQL only):
     columns the server computes, set on insert and on conflict."""
-    if not rows:
-        return
+    if rows:
+        run(conn, prepare_upsert(backend, table, rows, keys, update, derived))
+
+
+def prepare_upsert(backend: str, table: Table, rows: Sequence[dict], keys: Sequence[str],
+                   update: Sequence[str] | None = None, derived: Derived | None = None) -> Write:
+    """:func:`upsert`'s write, built (``rows`` not empty)."""
     _no_derived_on(backend, derived)
     own = _columns(table, list(rows[0]))
     fill = tuple((n, v) for n, v in _defaults(table) if n not in own)  # what SQLAlchemy's insert would add
     names = own + tuple(n for n, _ in fill)
     todo = tuple(n for n in own if n not in keys) if update is None else tuple(update)
-    extra = tuple(v for _, v in fill)
-    values = _tuples(rows, own, extra)
+    values = _tuples(rows, own, tuple(v for _, v in fill))
     if backend == "postgresql" and len(values) >= COPY_FROM:
-        staging = _staged(conn, table, names, values)
-        conn.exec_driver_sql(_upsert_sql(backend, table, names, tuple(keys), todo, staging, derived))
-        return
-    _run(conn, backend, _upsert_sql(backend, table, names, tuple(keys), todo, None, derived), table, names, values)
+        return Write(backend, table, names, _upsert_sql(backend, table, names, tuple(keys), todo, _staging(table), derived),
+                     copy_text=_copy_text(values))
+    return Write(backend, table, names, _upsert_sql(backend, table, names, tuple(keys), todo, None, derived), values)
 
 
 def _no_derived_on(backend: str, derived: Derived | None) -> None:
@@ -252,8 +285,13 @@ def update_by_key(conn, backend: str, table: Table, rows: Sequence[dict], key: s
     """``UPDATE table SET <the rows' other columns> WHERE key = <the row's key>`` for every row (all
     with the same columns); a row whose key is absent changes nothing. ``derived`` (PostgreSQL
     only): columns the server computes, set too."""
-    if not rows:
-        return
+    if rows:
+        run(conn, prepare_update(backend, table, rows, key, derived))
+
+
+def prepare_update(backend: str, table: Table, rows: Sequence[dict], key: str,
+                   derived: Derived | None = None) -> Write:
+    """:func:`update_by_key`'s write, built (``rows`` not empty)."""
     _no_derived_on(backend, derived)
     names = _columns(table, list(rows[0]))
     if key not in names:
@@ -261,11 +299,8 @@ def update_by_key(conn, backend: str, table: Table, rows: Sequence[dict], key: s
     if backend == "postgresql":
         values = _tuples(rows, names)
         if len(values) >= COPY_FROM:
-            staging = _staged(conn, table, names, values)
-            with _index_joins(conn):
-                conn.exec_driver_sql(_update_sql(backend, table, names, key, staging, derived))
-        else:
-            _run(conn, backend, _update_sql(backend, table, names, key, None, derived), table, names, values)
-    else:  # the key binds last
-        sets = [n for n in names if n != key]
-        conn.exec_driver_sql(_update_sql(backend, table, names, key), list(map(itemgetter(*sets, key), rows)))
+            return Write(backend, table, names, _update_sql(backend, table, names, key, _staging(table), derived),
+                         copy_text=_copy_text(values), index_joins=True)
+        return Write(backend, table, names, _update_sql(backend, table, names, key, None, derived), values)
+    sets = [n for n in names if n != key]  # the key binds last
+    return Write(backend, table, names, _update_sql(backend, table, names, key), list(map(itemgetter(*sets, key), rows)))

@@ -24,7 +24,7 @@ from sqlalchemy import String, and_, bindparam, create_engine, event, func, not_
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
 
-from . import bulk, bulk_marker, changelog, partition_versions
+from . import bulk, bulk_marker, changelog, partition_versions, pipelined
 from . import schema as t
 from .partition_versions import partition_versions as pv_summary
 
@@ -243,6 +243,27 @@ _SCORED_BY_SERVER = bulk.Derived(
            "FROM gate_results WHERE gate_results.source_path = v.source_path",
     columns=(("gates_checked", "d.checked"), ("gates_failed", "d.failed"),
              ("quality_score", "CASE WHEN d.checked > 0 THEN round((1 - d.failed::float8 / d.checked)::numeric, 6)::float8 END")))
+
+
+OUTCOME_PART = 1024  # outcomes a part of a PostgreSQL call, written while the next is built
+
+
+def _outcome_keys(o: Outcome) -> tuple:
+    """What an outcome's writes are keyed by: its file, and its episode."""
+    eid = (o.episode or {}).get("episode_id") or (o.quarantine or {}).get("episode_id")
+    return (("file", o.source_path), ("episode", eid)) if eid else (("file", o.source_path),)
+
+
+@dataclass(frozen=True)
+class _OutcomeWrites:
+    """The statements of :meth:`Registry.record_outcomes` for some outcomes, built."""
+
+    gate_results: list[bulk.Write]
+    episodes: list[bulk.Write]
+    quarantine: list[bulk.Write]
+    episode_ids: list[str]  # every episode row written
+    inserted: list[str]  # of them, the whole rows (inventory)
+    released: list[str]  # files whose quarantine record goes
 
 
 def _same_columns(rows: list[dict]) -> list[list[dict]]:
@@ -511,10 +532,26 @@ class Registry:
         :meth:`record_outcome`; later outcomes of the same file win, except that whole episode rows
         (inventory) are written before partial ones (transcode outcomes): a stage's outcomes come in
         one call, and one episode's two stages in separate calls. A value either backend would
-        refuse raises :class:`FieldValueError` before anything is written."""
+        refuse raises :class:`FieldValueError` and nothing is written.
+
+        PostgreSQL: a large call is written in parts (every file's and episode's outcomes in one
+        part, ``OUTCOME_PART`` files about), the next part's rows built while the server runs this
+        part's statements (``pipelined.py``); one transaction all the same."""
         if not outcomes:
             return
         now = time.time() if now is None else now
+        with self._begin() as c:
+            if self.backend == "postgresql":
+                cut = pipelined.parts(outcomes, _outcome_keys, OUTCOME_PART)
+                for writes in pipelined.built_ahead(cut, lambda part: self._outcome_writes(part, now)):
+                    self._run_outcome_writes(c, writes)
+            else:  # SQLite: the score is read in the transaction, and executemany takes the GIL back
+                # at every row (a builder thread would hold it up to a switch interval each time)
+                self._run_outcome_writes(c, self._outcome_writes(outcomes, now, c))
+
+    def _outcome_writes(self, outcomes: Sequence[Outcome], now: float, c=None) -> _OutcomeWrites:
+        """The statements that record these outcomes, built and checked: no connection needed on
+        PostgreSQL (the server scores the episodes); SQLite's score is read through ``c``."""
         results, whole, partial, held, released, scored = {}, {}, {}, {}, set(), {}
         every_row, every_held, encoded = [], [], {}
         for o in outcomes:  # later outcomes of a file replace earlier ones, as separate calls would
@@ -545,19 +582,30 @@ class Registry:
         # every row as written, before any is merged (a refused value names its column, writes nothing)
         _check_outcome_rows(list(results.values()), every_row, every_held)
         score = _SCORED_BY_SERVER if self.backend == "postgresql" else None
-        with self._begin() as c:
-            if score is None:
-                self._score(c, scored, results, whole, partial)
-            for rows in _same_columns(list(results.values())):  # before the episodes: the server's score reads them
-                bulk.upsert(c, self.backend, t.gate_results, rows, ["source_path", "stage"])
-            with self._episode_writes(c, [*whole, *(k for k in partial if k not in whole)], list(whole)):
-                for rows in _same_columns(list(whole.values())):
-                    bulk.upsert(c, self.backend, t.episodes, rows, ["episode_id"], derived=score)
-                for rows in _same_columns(list(partial.values())):
-                    bulk.update_by_key(c, self.backend, t.episodes, rows, "episode_id", derived=score)
-            for rows in _same_columns(list(held.values())):
-                bulk.upsert(c, self.backend, t.quarantine, rows, ["source_path"])
-            self._release(c, sorted(released))
+        if score is None:
+            self._score(c, scored, results, whole, partial)
+        b = self.backend
+        return _OutcomeWrites(
+            gate_results=[bulk.prepare_upsert(b, t.gate_results, rows, ["source_path", "stage"])
+                          for rows in _same_columns(list(results.values()))],
+            episodes=[*(bulk.prepare_upsert(b, t.episodes, rows, ["episode_id"], derived=score)
+                        for rows in _same_columns(list(whole.values()))),
+                      *(bulk.prepare_update(b, t.episodes, rows, "episode_id", derived=score)
+                        for rows in _same_columns(list(partial.values())))],
+            quarantine=[bulk.prepare_upsert(b, t.quarantine, rows, ["source_path"])
+                        for rows in _same_columns(list(held.values()))],
+            episode_ids=[*whole, *(k for k in partial if k not in whole)], inserted=list(whole),
+            released=sorted(released))
+
+    def _run_outcome_writes(self, c, w: _OutcomeWrites) -> None:
+        for write in w.gate_results:  # before the episodes: the server's score reads them
+            bulk.run(c, write)
+        with self._episode_writes(c, w.episode_ids, w.inserted):
+            for write in w.episodes:
+                bulk.run(c, write)
+        for write in w.quarantine:
+            bulk.run(c, write)
+        self._release(c, w.released)
 
     def _release(self, c, paths: list[str]) -> None:
         """Delete the quarantine records of these files (released: their stage passed)."""

@@ -4,11 +4,13 @@ outcomes written one at a time, on SQLite and PostgreSQL; a refused value writes
 from __future__ import annotations
 
 import random
+import sys
 
 import pytest
 from sqlalchemy import delete, select, text
 
-from dyna_resources.catalog import bulk
+from dyna_resources.catalog import bulk, pipelined
+from dyna_resources.catalog import registry as registry_module
 from dyna_resources.catalog import schema as t
 from dyna_resources.catalog.registry import ACCEPTED, QUARANTINED, TRANSCODED, FieldValueError, Outcome
 from dyna_resources.ingest.outcomes import OutcomeBuffer
@@ -168,3 +170,61 @@ def test_scores_follow_the_rule_exactly_on_either_backend(registry, copy_from, m
         r = rows[f"s-{i:04d}"]
         assert (r["gates_checked"], r["gates_failed"]) == (n, f), (n, f)
         assert r["quality_score"] == (round(1.0 - f / n, 6) if n else None), (n, f, r["quality_score"])
+
+
+def test_a_call_written_in_parts_leaves_what_one_part_leaves(registry, monkeypatch):
+    """PostgreSQL writes a large call part by part, the next part built while the server runs the
+    one before: with a file's inventory and transcode outcomes, its repeats and its quarantine
+    spread over the call, the registry ends as if the call had been one part."""
+    todo = outcomes(5, n_files=60)
+    mixed = todo[::2] + todo[1::2]  # a file's whole row and its partial rows far apart in one call
+    registry.record_outcomes(mixed, now=NOW)
+    whole_call = dump(registry)
+    wipe(registry)
+    cuts = []
+    real_parts = pipelined.parts
+    monkeypatch.setattr(pipelined, "parts", lambda *a: cuts.append(real_parts(*a)) or cuts[-1])
+    monkeypatch.setattr(registry_module, "OUTCOME_PART", 8)
+    registry.record_outcomes(mixed, now=NOW)
+    assert dump(registry) == whole_call
+    if registry.backend == "postgresql":
+        assert len(cuts) == 1 and len(cuts[0]) > 3  # it was written in parts
+        assert sorted(map(id, sum(cuts[0], []))) == sorted(map(id, mixed))
+
+
+def test_a_refused_value_in_a_later_part_writes_nothing(registry, monkeypatch):
+    monkeypatch.setattr(registry_module, "OUTCOME_PART", 4)
+    todo = outcomes(3, n_files=20)
+    bad = Outcome("site-a/ok.h5", "u", "pre", [], {"episode_id": "e" * 129, "status": ACCEPTED,
+                                                   "source_bytes": 1, "duration_s": 1.0})
+    with pytest.raises(FieldValueError, match="episodes.episode_id"):
+        registry.record_outcomes(todo + [bad], now=NOW)  # the earlier parts ran before the last was built
+    assert registry.counts()["episodes"] == registry.counts()["gate_results"] == 0
+
+
+def test_parts_keep_what_shares_a_key_together():
+    def keys(item):
+        return item[1:]
+
+    items = [(k, f"f{k % 5}") for k in range(12)]  # five files, each in several items
+    cut = pipelined.parts(items, keys, 2)
+    assert [sorted(k for k, _ in p) for p in cut] == [[0, 1, 5, 6, 10, 11], [2, 3, 7, 8], [4, 9]]
+    assert pipelined.parts(items[:3], keys, 2) == [items[:3]]  # fewer than two parts: one
+    joining = [(0, "a"), (1, "b"), (2, "c"), (3, "a", "c")]  # joins the parts of a and c
+    assert pipelined.parts(joining, keys, 1) == [joining]
+
+
+def test_built_ahead_builds_in_order_and_raises_a_build_error_where_taken():
+    interval = sys.getswitchinterval()
+    assert list(pipelined.built_ahead([1, 2, 3], lambda x: x * 10)) == [10, 20, 30]
+
+    def build(x):
+        if x == 3:
+            raise ValueError("part 3 is bad")
+        return x
+
+    got = []
+    with pytest.raises(ValueError, match="part 3 is bad"):
+        for b in pipelined.built_ahead([1, 2, 3, 4], build):
+            got.append(b)
+    assert got == [1, 2] and sys.getswitchinterval() == interval

@@ -195,6 +195,7 @@ def test_a_bulk_write_folds_the_summary_and_logs_each_key_once(registry, monkeyp
     themselves: new rows, replayed rows, updates, an update of an absent episode, one key twice.
     (PostgreSQL: the same summary through its statement-level triggers.)"""
     from dyna_resources.catalog import bulk
+    from dyna_resources.catalog import schema as t
     from dyna_resources.catalog.registry import Outcome
 
     fs = files(6)
@@ -224,9 +225,13 @@ def test_a_bulk_write_folds_the_summary_and_logs_each_key_once(registry, monkeyp
                                                          ("U", "ep-00000"), ("U", "ep-00001"), ("U", "ep-00003")])
 
     # a bulk write that fails inside its transaction leaves no marker: the next hand-run write is counted
-    def boom(*a, **k):
-        raise RuntimeError("the disk is gone")
-    monkeypatch.setattr(bulk, "update_by_key", boom)
+    run = bulk.run
+
+    def boom(conn, write):
+        if write.table is t.episodes and "UPDATE" in write.sql:  # the transcode outcome's update
+            raise RuntimeError("the disk is gone")
+        run(conn, write)
+    monkeypatch.setattr(bulk, "run", boom)
     try:
         registry.record_outcomes([whole(2, units[0].key), post(4, units[1].key, "1.0")], now=T0)
     except RuntimeError:
