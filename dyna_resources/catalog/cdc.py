@@ -21,7 +21,13 @@ from . import arrow_reads, changelog, pg_logical
 from .registry import Registry
 from .warehouse import Warehouse, arrow_columns, rows_to_arrow
 
-SNAPSHOT_BATCH = 100_000  # rows per Arrow batch of a first sync: ~60 MB of Arrow at a time
+# Rows per warehouse commit (~70 MB of Arrow): a first sync's batches and an incremental sync's
+# steps are DuckDB's row-group size, so each commit writes whole row groups straight to the file.
+# Smaller commits cost more than their rows (measured on 10^6 rows): a snapshot in batches of 100,000
+# loaded in 4.70 s against 3.21 s; 99,786 changes in two steps of 50,000 committed in 2 x 1.2 s
+# against 0.42 s in one.
+WAREHOUSE_BATCH = 122_880
+SNAPSHOT_BATCH = WAREHOUSE_BATCH
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +45,7 @@ def source_name(registry: Registry) -> str:
     return f"registry:{registry.describe()}"
 
 
-def sync(registry: Registry, warehouse: Warehouse, *, batch: int = 50_000, max_batches: int | None = None,
+def sync(registry: Registry, warehouse: Warehouse, *, batch: int = WAREHOUSE_BATCH, max_batches: int | None = None,
          prune: bool = True, snapshot_batch: int = SNAPSHOT_BATCH) -> SyncReport:
     """Apply what changed in the registry since the warehouse's position; returns what was done.
     A warehouse that has never synced this source first takes a full snapshot."""
