@@ -330,6 +330,8 @@ def main(argv: list[str]) -> int:
 
     from dyna_resources.catalog import pg_server
 
+    if args.dir:
+        Path(args.dir).mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="dyna-catalog-bench-", dir=args.dir))
     (tmp / "home").mkdir()
     os.environ["DYNA_HOME"] = str(tmp / "home")
