@@ -105,11 +105,19 @@ def _delta(rows: str, sign: int) -> str:
             f"FROM {rows} r LEFT JOIN ingest_batches b ON b.batch_key = r.batch_key")
 
 
+# A statement's upserts lock their summary rows in key order: two writers' statements that bump the
+# same rows then wait for each other instead of deadlocking (the registry runs again a transaction
+# that deadlocks anyway, across its statements).
+_ORDERED = "ORDER BY 1, 2, 3, 4, 5"
+_PG_EPISODE_FUNCTIONS = ", ".join(f"'dyna_{name}'" for name, _, _ in _PG_EPISODE_TRIGGERS)
+
+
 def _apply(delta: str, drop_empty: bool = False) -> str:
     """Add the delta's net count to each key it names; then drop the keys it emptied (found by the
     upsert's RETURNING, not by a third pass over the transition table)."""
     upsert = (f"INSERT INTO partition_versions AS partition_versions ({_KEY}, episodes) "
-              f"SELECT pk, st, pv, sv, lv, sum(n) FROM ({delta}) d GROUP BY 1, 2, 3, 4, 5 HAVING sum(n) <> 0 {_BUMP}")
+              f"SELECT pk, st, pv, sv, lv, sum(n) FROM ({delta}) d GROUP BY 1, 2, 3, 4, 5 HAVING sum(n) <> 0 "
+              f"{_ORDERED} {_BUMP}")
     if not drop_empty:
         return upsert + ";"
     return (f"WITH up AS ({upsert} RETURNING partition_key, episodes) "
@@ -123,7 +131,7 @@ def _postgres_ddl() -> list[str]:
     move = (f"INSERT INTO partition_versions AS partition_versions ({_KEY}, episodes) "
             "SELECT {pk}, status, COALESCE(pipeline_version, ''), COALESCE(schema_version, ''), "
             "COALESCE(ladder_version, ''), {sign} count(*) FROM episodes WHERE batch_key = NEW.batch_key "
-            f"GROUP BY 1, 2, 3, 4, 5 {_BUMP};")
+            f"GROUP BY 1, 2, 3, 4, 5 {_ORDERED} {_BUMP};")
     return [
         # Episodes: statement-level triggers over the statement's transition tables, one upsert a
         # (partition, versions) key per statement. A row-level trigger bumps the same summary row
@@ -232,11 +240,13 @@ _SQLITE_TRIGGERS = ("episodes_pv_insert", "episodes_pv_delete", "episodes_pv_upd
 
 
 def _pg_current(c) -> bool:
-    """Every trigger there, with this version's functions (an older update function made a third
-    pass over its rows to find emptied keys: it is replaced)."""
-    current = c.execute(text("SELECT count(*) FROM pg_proc WHERE proname = 'dyna_episodes_pv_update' "
+    """Every trigger there, with this version's functions (older ones are replaced: an update
+    function that made a third pass over its rows to find emptied keys, and upserts in no order)."""
+    current = c.execute(text(f"SELECT count(*) FROM pg_proc WHERE proname IN ({_PG_EPISODE_FUNCTIONS}) "
+                             f"AND prosrc LIKE '%{_ORDERED}%'")).scalar_one()
+    emptied = c.execute(text("SELECT count(*) FROM pg_proc WHERE proname = 'dyna_episodes_pv_update' "
                              "AND prosrc LIKE '%emptied%'")).scalar_one()
-    return current == 1 and _pg_trigger_count(c) == len(_PG_TRIGGERS)
+    return current == len(_PG_EPISODE_TRIGGERS) and emptied == 1 and _pg_trigger_count(c) == len(_PG_TRIGGERS)
 
 
 def _pg_trigger_count(c) -> int:

@@ -11,7 +11,9 @@ Values from input files only ever reach SQL as bound parameters.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import random
 import time
 from collections.abc import Sequence
 from contextlib import nullcontext
@@ -22,7 +24,7 @@ from pathlib import Path
 import orjson
 from sqlalchemy import String, and_, bindparam, create_engine, event, func, not_, or_, select, update
 from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import ArgumentError, OperationalError
+from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 
 from . import bulk, bulk_marker, changelog, partition_versions, pipelined
 from . import schema as t
@@ -246,6 +248,16 @@ _SCORED_BY_SERVER = bulk.Derived(
 
 
 OUTCOME_PART = 1024  # outcomes a part of a PostgreSQL call, written while the next is built
+
+# PostgreSQL aborts one of two transactions that wait on each other's locks (deadlock_detected), or
+# that conflict under stricter isolation (serialization_failure), and the application is to run it
+# again (PostgreSQL manual, 13.6). Two transcode steps committing units of one partition at once
+# bump the same summary rows (partition_versions.py) in their own orders. Outcome writes are
+# idempotent, so the whole call is run again, up to OUTCOME_ATTEMPTS times.
+_RUN_AGAIN = {"40P01": "deadlock detected", "40001": "serialization failure"}
+OUTCOME_ATTEMPTS = 5
+
+log = logging.getLogger(__name__)
 
 
 def _outcome_keys(o: Outcome) -> tuple:
@@ -540,6 +552,18 @@ class Registry:
         if not outcomes:
             return
         now = time.time() if now is None else now
+        for attempt in range(1, OUTCOME_ATTEMPTS + 1):
+            try:
+                return self._record_outcomes_once(outcomes, now)
+            except Exception as e:  # SQLAlchemy's wrapper, or psycopg2's own error from a raw cursor (bulk.py)
+                reason = _RUN_AGAIN.get(getattr(e.orig if isinstance(e, DBAPIError) else e, "pgcode", None))
+                if reason is None or attempt == OUTCOME_ATTEMPTS:
+                    raise
+                log.warning("registry %s: %d outcomes rolled back (%s), written again: attempt %d of %d",
+                            self.describe(), len(outcomes), reason, attempt + 1, OUTCOME_ATTEMPTS)
+                time.sleep(random.uniform(0, 0.02 * 2**attempt))  # apart, so the two do not meet again
+
+    def _record_outcomes_once(self, outcomes: Sequence[Outcome], now: float) -> None:
         with self._begin() as c:
             if self.backend == "postgresql":
                 cut = pipelined.parts(outcomes, _outcome_keys, OUTCOME_PART)

@@ -4,10 +4,11 @@ queries read it."""
 
 from __future__ import annotations
 
+import pytest
 from sqlalchemy import text
 
 from dyna_resources.catalog import partition_versions
-from dyna_resources.catalog.registry import ACCEPTED, QUARANTINED, TRANSCODED, LandedFile, Registry
+from dyna_resources.catalog.registry import ACCEPTED, QUARANTINED, TRANSCODED, LandedFile, Outcome, Registry
 
 T0 = 1_793_000_000.0
 
@@ -278,3 +279,79 @@ def test_a_postgres_registry_with_the_older_update_function_gets_this_one(regist
         assert summary(reopened) == truth(reopened)
     finally:
         reopened.close()
+
+
+def test_an_outcome_write_that_deadlocks_is_written_again(registry, monkeypatch, caplog):
+    """A real deadlock on PostgreSQL: another transaction holds partition p2's summary row, the
+    outcome write (in two parts: p1's episode, then p2's) takes p1's row and waits for p2's, then
+    the other asks for p1's. The server aborts the outcome write (it waited first); the registry
+    writes it again once the other has committed, and the summary is what the rows say."""
+    import threading
+
+    from dyna_resources.catalog import registry as registry_module
+
+    if registry.backend != "postgresql":
+        pytest.skip("SQLite runs one writer at a time: no lock waits on rows, no deadlocks")
+    fs = files(4)
+    registry.register_files(fs, now=T0)
+    units = registry.create_batches([fs[0:2], fs[2:4]], target_bytes=2000, now=T0)
+    p1, p2 = registry.assign_partitions(target_bytes=2000, max_wait_s=0, now=T0)
+    inventory(registry, fs[0], units[0].key)  # each partition's summary row exists
+    inventory(registry, fs[2], units[1].key)
+    monkeypatch.setattr(registry_module, "OUTCOME_PART", 1)  # one outcome a part: one statement a partition
+
+    def episode(f, unit):
+        return Outcome(f.path, unit, "pre", [], {"episode_id": "ep-" + f.path[-8:-3], "status": ACCEPTED,
+                                                "source_bytes": f.bytes, "duration_s": 1.0})
+
+    failed = []
+
+    def write():
+        try:
+            registry.record_outcomes([episode(fs[1], units[0].key), episode(fs[3], units[1].key)], now=T0)
+        except Exception as e:  # handed to the test's thread
+            failed.append(e)
+
+    other = registry.engine.connect()
+    try:
+        other.exec_driver_sql("SET deadlock_timeout = '60s'")  # the server's detector runs in the writer
+        bump = text("UPDATE partition_versions SET episodes = episodes WHERE partition_key = :p")
+        other.execute(bump, {"p": p2.key})
+        writer = threading.Thread(target=write)
+        writer.start()
+        waiting = text("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                       "AND wait_event_type = 'Lock'")
+        with registry.engine.connect() as watch:
+            while writer.is_alive() and not watch.execute(waiting).scalar_one():
+                watch.rollback()  # a fresh snapshot of pg_stat_activity each time
+        other.execute(bump, {"p": p1.key})  # the cycle: returns once the writer is aborted
+        other.commit()
+        writer.join()
+    finally:
+        other.close()
+    assert failed == []
+    assert "deadlock detected" in caplog.text and "attempt 2 of" in caplog.text
+    assert {r["partition_key"]: r["episodes"] for r in summary(registry)} == {p1.key: 2, p2.key: 2}
+    assert summary(registry) == truth(registry)
+
+
+def test_an_outcome_write_that_keeps_deadlocking_raises_after_its_attempts(registry, monkeypatch):
+    from sqlalchemy.exc import OperationalError
+
+    from dyna_resources.catalog import registry as registry_module
+
+    if registry.backend != "postgresql":
+        pytest.skip("SQLite runs one writer at a time: no deadlocks")
+    calls = []
+
+    class Deadlock(Exception):  # what psycopg2 raises, as far as the registry looks: its SQLSTATE
+        pgcode = "40P01"
+
+    def deadlocks(*_):
+        calls.append(1)
+        raise OperationalError("INSERT ...", {}, Deadlock("deadlock detected"))
+
+    monkeypatch.setattr(registry, "_record_outcomes_once", deadlocks)
+    with pytest.raises(OperationalError, match="deadlock detected"):
+        registry.record_outcomes([Outcome("site-a/x.h5", "u", "pre", [], None)], now=T0)
+    assert len(calls) == registry_module.OUTCOME_ATTEMPTS
