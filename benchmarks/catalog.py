@@ -165,8 +165,9 @@ class TimedOutcomes:
 def _writer(url: str, units: list, barrier, results) -> None:
     """One of the concurrent writers: its units' outcomes built first, then, once every writer is
     ready, recorded 256 units a call, inventory then transcode outcomes."""
-    from dyna_resources.catalog import synthetic
+    from dyna_resources.catalog import cdc, synthetic
     from dyna_resources.catalog.registry import Registry
+    from dyna_resources.catalog.warehouse import Warehouse
 
     registry = Registry(url)
     calls = [synthetic.unit_outcomes(units[k:k + 256]) for k in range(0, len(units), 256)]
@@ -295,6 +296,10 @@ def run_backend(backend: str, url: str, sizes: list[int], tmp: Path, log, unit_c
         _rewrite_changes(registry, record, k, shape)
         inc = _in_fresh_process(_incremental_sync, url, str(wh))
         asset = _in_fresh_process(_warehouse_asset, url, str(wh), str(tmp / "home"))
+        # This size's warehouse is done with: unread, PostgreSQL's slot would keep all the next
+        # growth's WAL (17 GB by 3x10^6 episodes)
+        with Warehouse(wh) as done_with:
+            cdc.drop_consumer(registry, done_with)
         row = {"backend": backend, "episodes": n + extra - UNIT_CALL_EPISODES_FROM + concurrent, "size": n,
                "grow_s": grow_s, "outcome_writes_per_s": bulk, "outcome_writes_per_s_unit_txn": unit.rate(),
                f"outcome_writes_per_s_{WRITERS}_writers": together,

@@ -77,6 +77,15 @@ def consumer_name(warehouse: Warehouse) -> str:
     return f"warehouse:{warehouse.path.resolve()}"
 
 
+def drop_consumer(registry: Registry, warehouse: Warehouse) -> None:
+    """Stop keeping changes for this warehouse (it is gone): SQLite's log is pruned without it;
+    PostgreSQL's slot is dropped (one slot a registry: its one warehouse consumer)."""
+    if registry.backend == "postgresql":
+        pg_logical.drop(registry.engine)
+    else:
+        changelog.drop_consumer(registry.engine, consumer_name(warehouse))
+
+
 def _snapshot(registry: Registry, warehouse: Warehouse, source: str, slot: str | None, batch: int) -> int:
     """First sync: stream the registry's episodes into the warehouse in Arrow batches of ``batch``
     rows (memory follows the batch, not the table) with the position the snapshot reflects, in one

@@ -95,6 +95,14 @@ def snapshot(engine: Engine, slot: str, columns, batch: int) -> Iterator[tuple[s
             repl.close()
 
 
+def drop(engine: Engine) -> None:
+    """Drop the registry's slot (its warehouse is gone): PostgreSQL keeps every WAL segment a slot
+    has not confirmed, so a slot nobody reads grows the server's disk without bound."""
+    with engine.connect() as c:
+        db = c.execute(text("SELECT current_database()")).scalar_one()
+    _drop_slot(engine, slot_name(db))
+
+
 def _drop_slot(engine: Engine, slot: str) -> None:
     with engine.connect() as c:
         c.execution_options(isolation_level="AUTOCOMMIT").execute(

@@ -7,7 +7,7 @@ import pytest
 from sqlalchemy import delete, select, update
 
 from dyna_resources.catalog import changelog, pg_logical, schema as t
-from dyna_resources.catalog.cdc import sync
+from dyna_resources.catalog.cdc import consumer_name, drop_consumer, sync
 from dyna_resources.catalog.registry import Registry
 from dyna_resources.catalog.warehouse import Warehouse
 
@@ -121,6 +121,31 @@ def test_a_row_updated_and_deleted_between_syncs_is_deleted_once(registry, tmp_p
         rep = sync(reg, wh)
         assert (rep.upserts, rep.deletes) == (1, 2)
         assert [e["episode_id"] for e in wh.episodes()] == ["ep-00003"]
+
+
+def test_a_dropped_consumer_keeps_no_changes_and_a_new_sync_starts_afresh(registry, tmp_path):
+    """A warehouse that is gone: SQLite's log is pruned without it, PostgreSQL's slot (which would
+    keep every WAL segment after it) is dropped; a later sync of it takes a snapshot again."""
+    rng = random.Random(1)
+    with registry.engine.begin() as c:
+        c.execute(t.episodes.insert().values(**row(1, rng)))
+    with Warehouse(tmp_path / "gone.duckdb") as gone, Warehouse(tmp_path / "kept.duckdb") as kept:
+        sync(registry, gone)
+        sync(registry, kept)
+        drop_consumer(registry, gone)
+        with registry.engine.begin() as c:
+            c.execute(t.episodes.insert().values(**row(2, rng)))
+        if registry.backend == "postgresql":
+            with registry.engine.connect() as c:
+                assert c.exec_driver_sql("SELECT count(*) FROM pg_replication_slots "
+                                         "WHERE database = current_database()").scalar_one() == 0
+        else:
+            assert consumer_name(gone) not in changelog.consumers(registry.engine)
+            sync(registry, kept)  # the only consumer left: the log is pruned behind it
+            assert changelog.read_changes(registry.engine, 0, 10) == []
+        gone.con.execute("DELETE FROM cdc_position")  # as a new warehouse in its place
+        sync(registry, gone)
+        assert [e["episode_id"] for e in gone.episodes()] == ["ep-00001", "ep-00002"]
 
 
 def test_sync_killed_with_sigkill_resumes_from_its_last_applied_position(tmp_path):
