@@ -165,9 +165,8 @@ class TimedOutcomes:
 def _writer(url: str, units: list, barrier, results) -> None:
     """One of the concurrent writers: its units' outcomes built first, then, once every writer is
     ready, recorded 256 units a call, inventory then transcode outcomes."""
-    from dyna_resources.catalog import cdc, synthetic
+    from dyna_resources.catalog import synthetic
     from dyna_resources.catalog.registry import Registry
-    from dyna_resources.catalog.warehouse import Warehouse
 
     registry = Registry(url)
     calls = [synthetic.unit_outcomes(units[k:k + 256]) for k in range(0, len(units), 256)]
@@ -263,8 +262,9 @@ def _rewrite_changes(registry, record, k: int, shape) -> int:
 
 
 def run_backend(backend: str, url: str, sizes: list[int], tmp: Path, log, unit_calls: int) -> list[dict]:
-    from dyna_resources.catalog import synthetic
+    from dyna_resources.catalog import cdc, synthetic
     from dyna_resources.catalog.registry import Registry
+    from dyna_resources.catalog.warehouse import Warehouse
 
     registry = Registry(url)
     record = registry.record_outcomes
