@@ -70,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
               f"(faults: {', '.join(FAULTS)}) ...", flush=True)
         # in a time-named folder, as uploaders do: later drops (`dyna generate`) sort after it, past the cursor
         generate_fleet(home.landing / arrival_folder(), args.episodes, seed=args.seed, width=args.width,
-                       height=args.height, duration_s=(6.0, 12.0), faults=FAULTS, workers=os.cpu_count() or 1)
+                       height=args.height, duration_s=(6.0, 12.0), faults=FAULTS, workers=os.cpu_count() or 1,
+                       mark_complete=True)
     landed = sum(p.stat().st_size for p in home.landing.rglob("*.h5"))
     ingest = IngestResource(target_batch_bytes=max(1, landed // args.batches), max_wait_s=0)
     resources = {**defs.resources, "ingest": ingest}

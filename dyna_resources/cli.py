@@ -32,7 +32,8 @@ def _generate(args) -> int:
     # One time-stamped folder per call: dropped into the landing zone, its keys sort after every earlier
     # drop's, so the landing sensor's next tick sees them (it lists only keys after its cursor).
     eps = generate_fleet(Path(args.out) / arrival_folder(), args.episodes, seed=args.seed, width=args.width,
-                         height=args.height, duration_s=duration, faults=faults, workers=args.workers)
+                         height=args.height, duration_s=duration, faults=faults, workers=args.workers,
+                         mark_complete=True)
     for e in eps:
         print(f"{e.path}  {e.spec.task:<12} {e.spec.duration_s:5.1f} s  {e.fault or ''}")
     return 0
@@ -104,6 +105,30 @@ def _review_set(args) -> int:
     finally:
         reg.close()
     print(f"{args.episode_id}: {args.verdict} by {args.by}")
+    return 0
+
+
+def _quarantine_release(args) -> int:
+    from .ingest.release import release_quarantined
+
+    reg = _registry()
+    try:
+        done = release_quarantined(reg, args.reason_class, dry_run=args.dry_run)
+    finally:
+        reg.close()
+    for r in done.records[:args.show]:
+        print(f"{r['source_path']}  [{r['stage']}/{r['gate']}]  {r['reason'][:200]}")
+    if len(done.records) > args.show:
+        print(f"... and {len(done.records) - args.show} more")
+    kinds = ", ".join(f"{k} {n}" for k, n in sorted(done.kinds.items())) or "none"
+    verb = "would release" if done.dry_run else "released"
+    print(f"{verb} {len(done.records)} {args.reason_class} quarantine record(s) ({kinds})")
+    if not done.dry_run and done.records:
+        print(f"{len(done.pending)} episode(s) now pending: the next run of their partitions redoes them "
+              "(the drift sensor launches it)")
+        for p in done.reinventory:
+            print(f"held back before inventory; run again: dagster asset materialize -w workspace.yaml "
+                  f"--select raw_episodes,mcap_episodes --partition {p}")
     return 0
 
 
@@ -193,6 +218,14 @@ def main(argv: list[str] | None = None) -> int:
     rs.add_argument("--by", required=True, help="reviewer's name")
     rs.add_argument("--note", default=None)
     rs.set_defaults(fn=_review_set)
+    q = sub.add_parser("quarantine", help="quarantine records: release those a fault of the machine wrote")
+    qsub = q.add_subparsers(dest="quarantine_cmd", required=True)
+    qr = qsub.add_parser("release", help="release every record of a reason class (ingest/faults.py's table): their "
+                                         "episodes become pending and are re-ingested by the next run")
+    qr.add_argument("--reason-class", required=True, choices=["infrastructure", "data"])
+    qr.add_argument("--dry-run", action="store_true", help="list what would be released, change nothing")
+    qr.add_argument("--show", type=int, default=50, help="records to print (default 50)")
+    qr.set_defaults(fn=_quarantine_release)
     args = ap.parse_args(argv)
     try:
         return args.fn(args)

@@ -83,9 +83,17 @@ class IngestResource(ConfigurableResource):
     reconcile_every: int = EMBEDDED_LANDING.reconcile_every
     partition_bytes: int = EMBEDDED_LANDING.partition_bytes  # one ingest partition (Dagster partition)
     reconcile_window: int = EMBEDDED_LANDING.reconcile_window
+    settle_s: float = EMBEDDED_LANDING.settle_s  # a local/NFS landing zone: seconds a file must stand still
+    relook_per_tick: int = EMBEDDED_LANDING.relook_per_tick
     # where a partition's work units run: "ray" (each a Ray task: the embedded default and production) or
     # "process" (one after another in the step's process: engine-level tests)
     units_on: str = "ray"
+    # A step whose work units failed only for the machine's sake (a full disk, a store down, workers killed:
+    # ingest/faults.py) is run again in the same run after a back-off, doubling from infra_retry_wait_s, up to
+    # infra_retries times; then the run fails naming the episodes (still pending) and the instance's run
+    # retries take over. Data faults never retry: they are verdicts.
+    infra_retries: int = 3
+    infra_retry_wait_s: float = 30.0
 
     @classmethod
     def with_landing(cls, settings: LandingSettings, **fields: Any) -> IngestResource:

@@ -7,7 +7,7 @@ No ``from __future__ import annotations`` here: Dagster reads the context annota
 import hashlib
 
 from dagster import (AssetExecutionContext, AssetSpec, BackfillPolicy, DataVersion, Failure, MaterializeResult,
-                     MetadataValue, multi_asset)
+                     MetadataValue, RetryRequested, multi_asset)
 from dagster_ray import RayResource
 
 from dyna_resources import versions
@@ -72,14 +72,27 @@ def _log_totals(context, reports: list[PartitionReport]) -> None:
                      f"cpu {sum(r.cpu_s for r in combined):.1f} s")
 
 
-def _fail_on_failed_units(asset: str, reports: list[PartitionReport]) -> None:
-    """Units that failed whole (their worker could not record anything) fail the run once every other
-    unit is done: what the others did is recorded, and a retry redoes only what is still stale."""
+def _fail_on_failed_units(context, asset: str, reports: list[PartitionReport], ingest: IngestResource) -> None:
+    """Units that failed whole (their worker could not record anything, or a machine fault left episodes
+    pending) fail the step once every other unit is done: what the others did is recorded, and a retry
+    redoes only what is still stale. When every failure was the machine's, the step is run again after a
+    back-off (bounded: ``ingest.infra_retries``), so a passing outage heals without a person."""
     failed = {f"{r.partition_key}/{u}": why for r in reports for u, why in r.failed_units.items()}
-    if failed:
-        raise Failure(description=f"{asset}: {len(failed)} work unit(s) failed: "
+    if not failed:
+        return
+    machine = {f"{r.partition_key}/{u}" for r in reports for u in r.infrastructure_units}
+    failure = Failure(description=f"{asset}: {len(failed)} work unit(s) failed"
+                                  + (" for infrastructure faults (episodes left pending, nothing quarantined for it)"
+                                     if machine == set(failed) else "") + ": "
                                   + "; ".join(f"{k}: {v}" for k, v in list(failed.items())[:5]),
-                      metadata={"failed_units": MetadataValue.json(failed)})
+                      metadata={"failed_units": MetadataValue.json(failed),
+                                "infrastructure_units": MetadataValue.json(sorted(machine))})
+    if machine == set(failed) and context.retry_number < ingest.infra_retries:
+        wait_s = ingest.infra_retry_wait_s * 2 ** context.retry_number
+        context.log.warning(f"{failure.description}; retrying the step in {wait_s:g} s "
+                            f"(attempt {context.retry_number + 2} of {ingest.infra_retries + 1})")
+        raise RetryRequested(max_retries=ingest.infra_retries, seconds_to_wait=wait_s) from failure
+    raise failure
 
 
 @multi_asset(
@@ -95,7 +108,7 @@ def raw_episodes(context: AssetExecutionContext, ingest: IngestResource, gates: 
     job = UnitJob("pre", stores, config)
     reports = [_ingest(context, partition, job, ingest, ray) for partition in ingest_partition_keys(context)]
     _log_totals(context, reports)
-    _fail_on_failed_units("raw_episodes", reports)
+    _fail_on_failed_units(context, "raw_episodes", reports, ingest)
     yield MaterializeResult(asset_key="raw_episodes", tags=version_tags())
     yield from gate_check_results("raw_episodes", "pre", [r.combined for r in reports], config)
 
@@ -121,7 +134,7 @@ def mcap_episodes(context: AssetExecutionContext, ingest: IngestResource, gates:
     digest = hashlib.sha256(repr(sorted((k, s["pipeline_versions"], s["episodes"], s["bytes_out"])
                                         for k, s in summaries)).encode()).hexdigest()[:16]
     _log_totals(context, reports)
-    _fail_on_failed_units("mcap_episodes", reports)
+    _fail_on_failed_units(context, "mcap_episodes", reports, ingest)
     yield MaterializeResult(asset_key="mcap_episodes", tags=version_tags(), data_version=DataVersion(digest))
     yield from gate_check_results("mcap_episodes", "post", [r.combined for r in reports], config)
 

@@ -2,6 +2,7 @@
 run executed on the given instance. Used by `make demo`, the benchmark and tests; a deployed
 instance does the same with `dagster-daemon` and the run queue."""
 
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -23,7 +24,10 @@ def landing_tick_in_process(instance: DagsterInstance, defs: Definitions, cursor
 
 def ingest_landed(instance: DagsterInstance, defs: Definitions, *, cursor_file: Path | None = None,
                   resources: Mapping | None = None, run_config: Mapping | None = None, max_ticks: int = 1000):
-    """Tick until nothing new is requested; returns the in-process results of every run."""
+    """Tick until nothing new is requested and nothing is settling (files the landing sensor saw but waits
+    for, see ``tick.py``: the loop sleeps until they may have settled); returns every run's in-process result."""
+    from dyna_resources.ingest.tick import LandingCursor
+
     resources = dict(resources or defs.resources)
     assets = [defs.get_assets_def(k) for k in ("raw_episodes", "mcap_episodes", "step_ladders")]
     cursor = cursor_file.read_text() if cursor_file and cursor_file.exists() else None
@@ -34,7 +38,10 @@ def ingest_landed(instance: DagsterInstance, defs: Definitions, *, cursor_file: 
         if cursor_file:
             cursor_file.write_text(cursor)
         if not tick.run_requests:
-            break
+            if not LandingCursor.loads(cursor).settling:
+                break
+            time.sleep(resources["ingest"].settle_s)  # a file stands still this long before it lands
+            continue
         for req in tick.run_requests:
             results.append(materialize(assets, instance=instance, partition_key=req.partition_key,
                                        resources=resources, run_config=run_config or {}, tags=req.tags,

@@ -35,6 +35,9 @@ from .partition_versions import partition_versions as pv_summary
 # only when raw_episodes is replayed); transcoded: MCAP written and post gates passed;
 # quarantined: transcode or a post gate failed (retried once the pipeline version changes).
 ACCEPTED, REJECTED, TRANSCODED, QUARANTINED = "accepted", "rejected", "transcoded", "quarantined"
+# Accepted, and its transcode was cut short by a fault of the machine (ingest/faults.py) or its quarantine
+# released: no verdict; the next run of its partition redoes it, and the drift sensor launches that run.
+PENDING = "pending"
 REVIEW_VERDICTS = ("accept", "reject")
 
 
@@ -260,6 +263,16 @@ OUTCOME_ATTEMPTS = 5
 log = logging.getLogger(__name__)
 
 
+def _lock_files(c, paths: list[str]) -> None:
+    """Serialise the outcome writes of these files across transactions (PostgreSQL). Under READ COMMITTED
+    a file's pre and post outcomes written at once by two transactions would each score the episode from
+    the gate results it sees, without the other's uncommitted row, and the later commit's score would miss
+    a stage. A transaction-scoped advisory lock per file, all taken first and in one order (no cycle among
+    them), makes the second writer wait for the first's commit; its statements then see the first's rows."""
+    c.exec_driver_sql("SELECT pg_advisory_xact_lock(h) FROM (SELECT DISTINCT hashtextextended(p, 0) AS h "
+                      "FROM unnest(%s::text[]) AS p ORDER BY h) AS files", (paths,))
+
+
 def _outcome_keys(o: Outcome) -> tuple:
     """What an outcome's writes are keyed by: its file, and its episode."""
     eid = (o.episode or {}).get("episode_id") or (o.quarantine or {}).get("episode_id")
@@ -366,6 +379,46 @@ class Registry:
                             ["path"], update=())
                 new += len(fresh)
         return new
+
+    def landed(self, paths: Sequence[str]) -> dict[str, LandedFile]:
+        """The registered files among ``paths``, as registered (size and mtime or generation time)."""
+        out: dict[str, LandedFile] = {}
+        lf = t.landed_files.c
+        with self._begin() as c:
+            for i in range(0, len(paths), 5000):
+                for r in c.execute(select(lf.path, lf.bytes, lf.mtime_ns).where(lf.path.in_(list(paths[i:i + 5000])))):
+                    out[r.path] = LandedFile(r.path, r.bytes, r.mtime_ns)
+        return out
+
+    def reland(self, files: Sequence[LandedFile], *, now: float | None = None) -> list[str]:
+        """New versions of files already registered whose last version was held back by the pre gates
+        (a truncated upload, say): each becomes a new landed item, its size and time updated and out of
+        its old work unit, so the next tick packs it into a new one. Files in use are left alone.
+        Returns the paths re-landed."""
+        if not files:
+            return []
+        now = time.time() if now is None else now
+        lf, q = t.landed_files.c, t.quarantine.c
+        with self._begin() as c:
+            held = set()
+            for i in range(0, len(files), 5000):
+                held.update(c.execute(select(q.source_path).where(
+                    q.source_path.in_([f.path for f in files[i:i + 5000]]), q.stage == "pre")).scalars())
+            fresh = [f for f in files if f.path in held]
+            for f in fresh:
+                c.execute(update(t.landed_files).where(lf.path == f.path).values(
+                    bytes=f.bytes, mtime_ns=f.mtime_ns, registered_at=now, batch_key=None))
+        return [f.path for f in fresh]
+
+    def held_back_files(self, after: str | None, limit: int) -> list[str]:
+        """Landing keys the pre gates held back (unreadable, truncated), in key order after ``after``:
+        what the landing tick looks at again for a new version."""
+        q = t.quarantine.c
+        sel = select(q.source_path).where(q.stage == "pre").order_by(q.source_path).limit(limit)
+        if after is not None:
+            sel = sel.where(q.source_path > after)
+        with self._begin() as c:
+            return list(c.execute(sel).scalars())
 
     def unbatched_files(self) -> tuple[list[LandedFile], float | None]:
         """Files not yet in a batch, and when the oldest of them was registered."""
@@ -566,6 +619,7 @@ class Registry:
     def _record_outcomes_once(self, outcomes: Sequence[Outcome], now: float) -> None:
         with self._begin() as c:
             if self.backend == "postgresql":
+                _lock_files(c, sorted({o.source_path for o in outcomes}))
                 cut = pipelined.parts(outcomes, _outcome_keys, OUTCOME_PART)
                 for writes in pipelined.built_ahead(cut, lambda part: self._outcome_writes(part, now)):
                     self._run_outcome_writes(c, writes)
@@ -750,6 +804,28 @@ class Registry:
             r["quality_reasons"] = json.loads(r["quality_reasons"] or "[]")
         return rows
 
+    # -- quarantine --------------------------------------------------------------------------
+    def release_quarantine(self, source_paths: Sequence[str], *, now: float | None = None) -> list[str]:
+        """Release these files' quarantine records (one transaction): a record goes; an episode the
+        transcode held back becomes pending (no versions, no MCAP), so the next run of its partition
+        redoes it and the drift sensor launches that run. Returns the pending episodes' ids; a file held
+        back before it had an episode row (pre gates) needs its partition's ``raw_episodes`` again."""
+        now = time.time() if now is None else now
+        e, q = t.episodes.c, t.quarantine.c
+        pending: list[str] = []
+        with self._begin() as c:
+            for k in range(0, len(source_paths), 5000):
+                part = list(source_paths[k:k + 5000])
+                ids = list(c.execute(select(e.episode_id).where(e.source_path.in_(part), e.status == QUARANTINED))
+                           .scalars())
+                if ids:
+                    c.execute(update(t.episodes).where(e.episode_id.in_(ids)).values(
+                        status=PENDING, schema_version=None, pipeline_version=None, mcap_path=None, mcap_uri=None,
+                        mcap_bytes=None, mcap_version=None, updated_at=now))
+                c.execute(t.quarantine.delete().where(q.source_path.in_(part)))
+                pending += ids
+        return sorted(pending)
+
     # -- step ladders ------------------------------------------------------------------------
     def ladders_to_do(self, batch_key: str | Sequence[str], version: str) -> list[dict]:
         """Transcoded episodes of the work unit(s) whose ladder is missing or was written by another
@@ -788,7 +864,7 @@ class Registry:
         """Episodes whose output is missing or was written (or failed) under other versions."""
         e = t.episodes.c
         current = and_(e.pipeline_version == pipeline_version, e.schema_version == schema_version)
-        return or_(e.status == ACCEPTED,
+        return or_(e.status.in_([ACCEPTED, PENDING]),
                    and_(e.status.in_([TRANSCODED, QUARANTINED]), or_(e.pipeline_version.is_(None), not_(current))))
 
     def stale_episodes(self, batch_key: str, *, schema_version: str, pipeline_version: str) -> list[dict]:
@@ -799,9 +875,10 @@ class Registry:
 
     def outdated_batches(self, *, schema_version: str, pipeline_version: str) -> list[str]:
         """Batches holding episodes written (or failed) by another pipeline or schema version:
-        what the drift sensor backfills. Episodes never transcoded are not drift."""
+        what the drift sensor backfills, and batches holding pending episodes (a machine fault cut their
+        transcode short). Episodes never transcoded are not drift."""
         e = t.episodes.c
-        q = (select(e.batch_key).where(e.status.in_([TRANSCODED, QUARANTINED]), self._stale(schema_version, pipeline_version))
+        q = (select(e.batch_key).where(e.status.in_([TRANSCODED, QUARANTINED, PENDING]), self._stale(schema_version, pipeline_version))
              .distinct().order_by(e.batch_key))
         with self._begin() as c:
             return list(c.execute(q).scalars())
@@ -811,7 +888,8 @@ class Registry:
         per-partition version summary: the cost follows the partitions, not the episodes."""
         v = pv_summary.c
         q = (select(v.partition_key).where(v.partition_key != "", v.episodes > 0,
-                                           v.status.in_([TRANSCODED, QUARANTINED]),
+                                           # pending episodes carry no versions ('' here): always counted
+                                           v.status.in_([TRANSCODED, QUARANTINED, PENDING]),
                                            or_(v.pipeline_version != pipeline_version,
                                                v.schema_version != schema_version))
              .distinct().order_by(v.partition_key))

@@ -96,6 +96,7 @@ SAMPLE_STREAMS: dict[str, tuple[str, dict[str, str]]] = {
     "action": ("action", {"command": "action"}),
 }
 REQUIRED_STREAMS = ("joint_states", "action")
+SAME_COLUMNS = ("joint_states",)  # streams whose fields are per joint: every field has one column a joint
 DEFAULT_LABELS = {
     "ee_pose": ["x", "y", "z", "qx", "qy", "qz", "qw"],
     "wrench": ["fx", "fy", "fz", "tx", "ty", "tz"],
@@ -542,6 +543,12 @@ class RawEpisode:
                 if arrays and len(a) != len(next(iter(arrays.values()))):
                     raise RawFormatError(self.path, f"{len(a)} rows, other fields of {name} have "
                                          f"{len(next(iter(arrays.values())))}", key)
+                if name in SAME_COLUMNS and arrays:
+                    other, had = next(iter(arrays.items()))
+                    if a.shape[1] != had.shape[1]:
+                        raise RawFormatError(self.path, f"{a.shape[1]} column(s) in /{key}, {had.shape[1]} in "
+                                             f"/{fields[other]}: the {name} fields must describe the same "
+                                             f"joints", key)
                 arrays[fname] = a
                 names = self._labels(ds, key, a.shape[1])
                 if names is not None:

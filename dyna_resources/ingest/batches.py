@@ -4,9 +4,12 @@ Durable and replayable: every episode's outcome is committed to the registry the
 it is known, and every MCAP is written under a temporary name and renamed, so a run
 killed at any point and launched again redoes only the episodes that had not finished.
 A bad episode is quarantined with its reason and the batch goes on, whatever it raises (not
-only the reader's typed errors) and even when it kills its worker process (each episode is
-transcoded in a process of its own); an unreachable landing store or registry raises and
-fails the run (nothing is half-recorded).
+only the reader's typed errors); each episode is transcoded in a process of its own. A fault of
+the machine (its worker killed, a full disk, an I/O error, a store that does not answer) is never
+a verdict (:mod:`.faults`): the episode is tried again in the same call, and when its attempts run
+out it is left pending and the unit raises :class:`~.faults.InfrastructureFault` naming it, once the
+other episodes are recorded; an unreachable landing store or registry raises and fails the run
+(nothing is half-recorded).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -23,13 +27,16 @@ from pathlib import Path
 
 from .. import versions
 from ..catalog import schema
-from ..catalog.registry import ACCEPTED, QUARANTINED, REJECTED, TRANSCODED, FieldValueError, Outcome, Registry
+from ..catalog.registry import (ACCEPTED, PENDING, QUARANTINED, REJECTED, TRANSCODED, FieldValueError, Outcome,
+                                Registry)
 from ..episodes.errors import EpisodeError
 from ..episodes.raw_format import RawEpisode
 from ..episodes.transcode import TranscodeSettings, transcode_episode
 from .gates import GateConfig, GateResult
 from ..storage.stores import Store, StoreUnavailableError
 from .episode_io import McapSink, PreconditionFailed, RawSource
+from .faults import (INFRASTRUCTURE, INFRASTRUCTURE_ATTEMPTS, WORKER_DEATH_ATTEMPTS, InfrastructureFault,
+                     exception_class, reason_class)
 from .landing import LandingZone
 from .object_landing import ObjectLandingZone
 from .outcomes import OutcomeBuffer
@@ -106,6 +113,7 @@ class StageReport:
     processed: list[str] = field(default_factory=list)  # episode ids (or keys) this run worked on
     skipped: list[str] = field(default_factory=list)  # up to date: nothing to do
     quarantined: list[dict] = field(default_factory=list)
+    pending: list[str] = field(default_factory=list)  # episode ids a machine fault left to the next run
     gates: dict[str, GateTally] = field(default_factory=dict)
     cpu_s: float = 0.0  # CPU of the work itself (workers included)
     codec_cpu_s: float = 0.0  # of which JPEG decode + H.264 encode (the transcoder's own measure)
@@ -125,6 +133,7 @@ class StageReport:
             out.processed += r.processed
             out.skipped += r.skipped
             out.quarantined += r.quarantined
+            out.pending += r.pending
             out.cpu_s += r.cpu_s
             out.codec_cpu_s += r.codec_cpu_s
             for gate, tally in r.gates.items():
@@ -148,6 +157,7 @@ def inventory_batch(batch_key: str, stores: IngestStores, gates: GateConfig,
     t_cpu = time.process_time()
     raw = stores.raw()
     outcomes = OutcomeBuffer(stores.registry)  # the unit's inventory in one transaction, at its end
+    pending: dict[str, str] = {}  # landing key -> the machine fault that left it uninspected
     for f in files:
         try:
             with raw.local(f.path, f.bytes) as path:
@@ -159,7 +169,15 @@ def inventory_batch(batch_key: str, stores: IngestStores, gates: GateConfig,
             raise
         except Exception as e:  # noqa: BLE001  (whatever one file raises, the batch goes on)
             stores.landing.check()
+            if exception_class(e) == INFRASTRUCTURE:
+                pending[f.path] = f"{type(e).__name__}: {e}"
+                log(f"not inspected {f.path}: infrastructure fault, left pending: {pending[f.path]}")
+                continue
             insp = _held(f.path, f.bytes, f"cannot inspect: {type(e).__name__}: {e}")
+        if insp.quarantine and reason_class(insp.quarantine["gate"], insp.quarantine["reason"]) == INFRASTRUCTURE:
+            pending[f.path] = insp.quarantine["reason"]  # e.g. h5py's "[Errno 5] Input/output error": the disk's
+            log(f"not inspected {f.path}: infrastructure fault, left pending: {pending[f.path]}")
+            continue
         episode, release = _episode_row(outcomes, insp, registered.get(f.path))
         try:
             outcomes.add(_pre_outcome(batch_key, f.path, insp, episode, release))
@@ -179,6 +197,8 @@ def inventory_batch(batch_key: str, stores: IngestStores, gates: GateConfig,
         rep.processed.append(f.path)
     outcomes.flush()
     rep.cpu_s = time.process_time() - t_cpu
+    if pending:
+        raise InfrastructureFault(batch_key, pending)
     return rep
 
 
@@ -293,6 +313,10 @@ def episodes_to_transcode(batch_key: str, stores: IngestStores, *, force: bool =
 def transcode_batch(batch_key: str, stores: IngestStores, gates: GateConfig, *,
                     settings: TranscodeSettings | None = None, workers: int | None = None, force: bool = False,
                     log: Callable[[str], None] = lambda m: None, mp_context: str | None = None) -> StageReport:
+    """Transcode a work unit's stale episodes, each in a process of its own, and record each outcome
+    as it finishes. An episode that meets a machine fault is tried again (:mod:`.faults`); one still
+    failing for the machine's sake is left pending and, once every other episode is recorded, the
+    call raises :class:`InfrastructureFault` naming it."""
     stores.check()
     settings = settings or TranscodeSettings()
     remove_orphan_temps(stores.mcap_dir)
@@ -307,19 +331,51 @@ def transcode_batch(batch_key: str, stores: IngestStores, gates: GateConfig, *,
              settings, gates) for r in todo]
     workers = max(1, min(workers or os.cpu_count() or 1, len(jobs) or 1))
     own0, episodes_cpu = time.process_time(), 0.0
-    # Each episode in a process of its own, recorded as it finishes (group commits, see
-    # outcomes.py): one that raises or kills its worker is quarantined with the reason and the others land.
+    # Each episode in a process of its own, recorded as it finishes (group commits, see outcomes.py).
     outcomes = OutcomeBuffer(stores.registry, max_outcomes=256, min_interval_s=TRANSCODE_COMMIT_INTERVAL_S)
+    faults: dict[int, list[tuple[str, bool]]] = {}  # job -> its machine faults so far: (reason, a worker death)
+    exhausted: list[int] = []
+    finished = 0  # episodes that came to an outcome of their own (transcoded or a verdict)
+    attempt = list(range(len(jobs)))
     try:
-        with closing(run_each(_transcode_one, jobs, workers, cpu_limit_s=settings.max_cpu_s,
-                              context=mp_context)) as finished:
-            for i, slot, out in finished:
-                if isinstance(out, WorkerFailure):
-                    out = _worker_died(sink, todo[i]["episode_id"], out, stores.mcap_dir)
-                elif out.get("unavailable"):  # the MCAP store did not answer: critical, the unit fails (and is retried)
-                    raise StoreUnavailableError(*out["unavailable"])
-                episodes_cpu += out.get("cpu_s", 0.0)
-                _record(outcomes, stores, rep, todo[i], out, slot, log)
+        while attempt:  # a first pass, then rounds of the episodes a machine fault interrupted
+            again = []
+            with closing(run_each(_transcode_one, [jobs[i] for i in attempt], workers,
+                                  cpu_limit_s=settings.max_cpu_s, context=mp_context)) as results:
+                for k, slot, out in results:
+                    i = attempt[k]
+                    if isinstance(out, WorkerFailure):
+                        out = _worker_died(out, stores.mcap_dir)
+                    elif out.get("unavailable"):  # the MCAP store did not answer: critical, the unit fails (and is retried)
+                        raise StoreUnavailableError(*out["unavailable"])
+                    episodes_cpu += out.get("cpu_s", 0.0)
+                    machine = out.get("infrastructure")
+                    if machine is None:
+                        finished += 1
+                        _record(outcomes, stores, rep, todo[i], out, slot, log)
+                        continue
+                    tries = faults.setdefault(i, [])
+                    tries.append((machine, bool(out.get("worker_died"))))
+                    limit = WORKER_DEATH_ATTEMPTS if all(d for _, d in tries) else INFRASTRUCTURE_ATTEMPTS
+                    log(f"{todo[i]['episode_id']}: attempt {len(tries)} of {limit} met an infrastructure fault: "
+                        f"{machine}")
+                    (again if len(tries) < limit else exhausted).append(i)
+            attempt = again
+        pending = {}
+        for i in exhausted:
+            tries = faults[i]
+            if all(died for _, died in tries) and finished:
+                # the worker died on every attempt at this file while the unit's other files finished on the same
+                # workers: it follows the file, so it is the file's verdict
+                out = {"gates": [], "wall_s": 0.0, "cpu_s": 0.0, "quarantine": {
+                    "gate": "transcode", "stage": "transcode", "stream": None,
+                    "reason": f"the worker process died on each of {len(tries)} attempts ("
+                              + "; ".join(why for why, _ in tries)
+                              + f") while {finished} other episode(s) of its unit finished on the same workers"}}
+                _record(outcomes, stores, rep, todo[i], out, 0, log)
+            else:
+                pending[todo[i]["episode_id"]] = f"{tries[-1][0]} (after {len(tries)} attempts)"
+                _leave_pending(outcomes, rep, todo[i])
     except BaseException:
         try:  # keep what finished before the failure; the original error is what the unit reports
             outcomes.flush()
@@ -330,15 +386,35 @@ def transcode_batch(batch_key: str, stores: IngestStores, gates: GateConfig, *,
     # this process, plus what each episode's process measured of itself: a fork server's children are
     # not this process's children, so getrusage(RUSAGE_CHILDREN) would miss them
     rep.cpu_s = time.process_time() - own0 + episodes_cpu
+    if pending:
+        raise InfrastructureFault(batch_key, pending)
     return rep
 
 
-def _worker_died(sink: McapSink, episode_id: str, failure: WorkerFailure, mcap_dir: Path) -> dict:
+def _worker_died(failure: WorkerFailure, mcap_dir: Path) -> dict:
+    """An episode whose process returned nothing. Over its CPU cap: the file's own work, a verdict. A
+    result that could not be sent back: a fault of this code with this file, a verdict. Any other death
+    (killed, out of memory, a crash): the machine's until it repeats (see transcode_batch). Its MCAP
+    is left where it is: an episode's MCAP is only ever published whole, so one in place is good, and
+    the next attempt replaces or adopts it."""
     remove_orphan_temps(mcap_dir)  # what the dead worker was writing
-    held = sink.hold(episode_id)  # it may have died after its MCAP was in place
-    return {"gates": [], "wall_s": 0.0, "cpu_s": 0.0,
-            "quarantine": {"gate": "transcode", "stage": "transcode", "reason": failure.reason, "stream": None,
-                           **({"held_at": held} if held else {})}}
+    out: dict = {"gates": [], "wall_s": 0.0, "cpu_s": 0.0}
+    if failure.exitcode is not None and failure.exitcode < 0 and -failure.exitcode != signal.SIGXCPU:
+        return {**out, "infrastructure": failure.reason, "worker_died": True}
+    if failure.exitcode is not None and failure.exitcode > 0:
+        return {**out, "infrastructure": failure.reason, "worker_died": True}
+    return {**out, "quarantine": {"gate": "transcode", "stage": "transcode", "reason": failure.reason, "stream": None}}
+
+
+def _failed(out: dict, e: BaseException, reason: str, stage: str, held: Callable[[], str | None] | None = None) -> dict:
+    """``out`` after ``e``: a machine fault leaves the episode to be tried again; anything else holds the
+    file back with ``reason`` (and its MCAP, by ``held``)."""
+    if exception_class(e) == INFRASTRUCTURE:
+        out["infrastructure"] = reason
+        return out
+    out["quarantine"] = {"gate": "transcode", "stage": stage, "stream": getattr(e, "stream", None), "reason": reason,
+                         **({"held_at": held()} if held else {})}
+    return out
 
 
 def _transcode_one(raw: RawSource, key: str, size: int, sink: McapSink, episode_id: str, sha256: str,
@@ -355,9 +431,10 @@ def _transcode_one(raw: RawSource, key: str, size: int, sink: McapSink, episode_
     except FileNotFoundError as e:
         out["quarantine"] = {"gate": "transcode", "stage": "transcode", "stream": None,
                              "reason": f"raw file vanished from the landing zone: {e}"}
-    except Exception as e:  # noqa: BLE001  (staging one file failed: that file is held back)
-        out["quarantine"] = {"gate": "transcode", "stage": "transcode", "stream": None,
-                             "reason": f"cannot read the raw file: {type(e).__name__}: {e}"}
+    except Exception as e:  # noqa: BLE001  (staging one file failed: that file is held back, unless the machine failed)
+        out = _failed({"gates": []}, e, f"cannot read the raw file: {type(e).__name__}: {e}", "transcode")
+    if out.get("infrastructure") and sink.store is not None:
+        dst.unlink(missing_ok=True)  # a local copy not yet published: scratch, the next attempt writes it again
     out["wall_s"], out["cpu_s"] = time.perf_counter() - t0, time.process_time() - c0
     return out
 
@@ -368,19 +445,15 @@ def _transcode_local(src: Path, dst: Path, sink: McapSink, episode_id: str, sha2
     try:
         report = transcode_episode(src, dst, settings, source_sha256=sha256).as_dict()
     except EpisodeError as e:
-        out["quarantine"] = {"gate": "transcode", "stage": "transcode", "reason": e.reason, "stream": e.stream}
-        return out
+        return _failed(out, e, e.reason, "transcode")
     except Exception as e:  # noqa: BLE001  (anything a file makes the transcode raise holds that file back)
-        out["quarantine"] = {"gate": "transcode", "stage": "transcode", "reason": f"{type(e).__name__}: {e}",
-                             "stream": None}
-        return out
+        return _failed(out, e, f"{type(e).__name__}: {e}", "transcode")
     try:
         results = post_gates(dst, report, gates)
         quality = quality_row(src, report["cameras"], gates)
     except Exception as e:  # noqa: BLE001
-        out["quarantine"] = {"gate": "transcode", "stage": "post", "stream": None, "held_at": sink.hold(episode_id, dst),
-                             "reason": f"checking the MCAP failed: {type(e).__name__}: {e}"}
-        return out
+        return _failed(out, e, f"checking the MCAP failed: {type(e).__name__}: {e}", "post",
+                       lambda: sink.hold(episode_id, dst))
     failed = [r for r in results if not r.passed and r.action == "quarantine"]
     out.update(report=report, gates=results, quality=quality)
     if failed:
@@ -395,6 +468,18 @@ def _transcode_local(src: Path, dst: Path, sink: McapSink, episode_id: str, sha2
         return out
     report.update(output=published.path, output_uri=published.uri, output_version=published.version)
     return out
+
+
+def _leave_pending(outcomes: OutcomeBuffer, rep: StageReport, row: dict) -> None:
+    """An episode a machine fault kept from its outcome: never transcoded, it is marked pending (the
+    next run of its partition, and the drift sensor, take it up); one with an MCAP of other versions
+    keeps it and stays stale."""
+    rep.pending.append(row["episode_id"])
+    if row["status"] in (ACCEPTED, QUARANTINED, PENDING):
+        outcomes.add(Outcome(row["source_path"], rep.batch_key, "post", [],
+                             {"episode_id": row["episode_id"], "status": PENDING, "schema_version": None,
+                              "pipeline_version": None, "mcap_path": None, "mcap_uri": None, "mcap_bytes": None,
+                              "mcap_version": None}))
 
 
 def _record(outcomes: OutcomeBuffer, stores: IngestStores, rep: StageReport, row: dict, out: dict, slot: int,

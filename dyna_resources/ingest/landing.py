@@ -6,6 +6,11 @@ scan starts after a cursor key and never descends into a directory whose whole s
 sorts before it, so a tick costs what is new, not the size of the zone. Uploaders name
 files so that new ones sort last (time-prefixed folders or names) and write them under a
 hidden temporary name, then rename: hidden files and other suffixes are never listed.
+
+An uploader that writes under the final name (rsync --inplace, an NFS copy, a recorder writing
+in place) is safe too: on a local or NFS zone the landing tick lands a file only once its size
+and mtime stood still across two listings ``settle_s`` apart (``tick.py``), or at once when the
+uploader has written its completion marker, an empty ``<key>.complete`` beside it.
 A file that lands out of order (behind the cursor) is found by the periodic full
 reconciliation scan (``after=None``); the registry ignores files it already knows.
 """
@@ -19,9 +24,14 @@ from ..catalog.registry import LandedFile
 from ..storage.stores import StoreUnavailableError  # the landing store cannot be listed or read: the run or tick fails
 
 RAW_SUFFIXES = (".h5", ".hdf5")
+COMPLETION_MARKER = ".complete"  # "<key>.complete": the uploader says the file is whole
 
 
 class LandingZone:
+    # Files here may be listed while still being written under their final names: the landing tick
+    # waits for them to settle (an object store's listing shows only whole objects).
+    settles = True
+
     def __init__(self, root: str | Path, suffixes: tuple[str, ...] = RAW_SUFFIXES):
         self.root = Path(root)
         self.suffixes = suffixes
@@ -32,6 +42,18 @@ class LandingZone:
         if any(part in ("", ".", "..") for part in parts) or "\\" in key or "\0" in key:
             raise ValueError(f"landing key {key!r} escapes the landing root")
         return self.root.joinpath(*parts)
+
+    def stat(self, key: str) -> LandedFile | None:
+        """The file at ``key`` as a listing would return it, or ``None`` if it is gone."""
+        try:
+            st = self.resolve(key).stat()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        return LandedFile(key, st.st_size, st.st_mtime_ns)
+
+    def complete(self, key: str) -> bool:
+        """Whether the uploader marked the file whole (``<key>.complete`` beside it)."""
+        return self.resolve(key + COMPLETION_MARKER).is_file()
 
     def check(self) -> None:
         if not self.root.is_dir() or not os.access(self.root, os.R_OK | os.X_OK):

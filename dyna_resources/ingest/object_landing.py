@@ -75,6 +75,23 @@ class ObjectLandingZone:
         """Size and version token of a landed object (``FileNotFoundError`` if it is gone)."""
         return self.store.info(key)
 
+    # A listed object is whole: uploads become visible at once when they complete.
+    settles = False
+
+    def stat(self, key: str) -> LandedFile | None:
+        """The object at ``key`` as a listing would return it (size, and its update time: a new
+        generation or version changes it), or ``None`` if it is gone."""
+        fs, name = self.store.filesystem, self._base + key
+        try:
+            with self.store._guard(key):
+                if self.store.protocol == "gs":
+                    meta = fs.call("GET", "b/{}/o/{}", self.bucket, name, json_out=True)
+                    return LandedFile(key, int(meta["size"]), _rfc3339_ns(meta.get("updated")))
+                head = fs.call_s3("head_object", Bucket=self.bucket, Key=name)
+                return LandedFile(key, int(head["ContentLength"]), _datetime_ns(head.get("LastModified")))
+        except FileNotFoundError:
+            return None
+
     def open(self, key: str) -> BinaryIO:
         """A read-only file object on a landed object (ranged reads)."""
         return self.store.open(key, "rb")

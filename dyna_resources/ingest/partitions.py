@@ -21,14 +21,16 @@ from ..catalog.registry import Batch, RegistryUnavailableError
 from ..episodes.transcode import TranscodeSettings
 from ..storage.stores import StoreUnavailableError
 from .batches import IngestStores, StageReport, inventory_batch, transcode_batch
+from .faults import InfrastructureFault, is_infrastructure_failure
 from .gates import GateConfig
 from .ray_units import Progress, UnitDone, UnitFailed, UnitResources, UnitResult, WorkUnit, run_units
 
 Stage = Literal["pre", "post"]
 UnitsOn = Literal["ray", "process"]
 
-# A store or registry that did not answer may answer on the next attempt: Ray reruns the unit.
-RETRIED = (StoreUnavailableError, RegistryUnavailableError, ConnectionError, TimeoutError)
+# A store or registry that did not answer may answer on the next attempt, and episodes a machine fault left
+# pending may go through: Ray reruns the unit (a rerun redoes only what is still stale).
+RETRIED = (StoreUnavailableError, RegistryUnavailableError, ConnectionError, TimeoutError, InfrastructureFault)
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,8 @@ class PartitionReport:
     combined: StageReport
     units: list[StageReport] = field(default_factory=list)
     failed_units: dict[str, str] = field(default_factory=dict)  # unit key -> reason
+    # of them, the units that failed for the machine's sake (faults.py): a later attempt may go through
+    infrastructure_units: list[str] = field(default_factory=list)
 
 
 def run_unit(unit: WorkUnit[UnitJob]) -> StageReport:
@@ -129,6 +133,7 @@ def ingest_partition(partition_key: str, job: UnitJob, *, units_on: UnitsOn = "p
         results = run_in_process(run_unit, work, on_progress=on_progress)
     reports: list[StageReport] = []
     failed: dict[str, str] = {}
+    machine: list[str] = []
     for r in results:
         if isinstance(r, UnitDone):
             reports.append(r.value)
@@ -136,11 +141,13 @@ def ingest_partition(partition_key: str, job: UnitJob, *, units_on: UnitsOn = "p
                 log(m)
         else:
             failed[r.unit.id] = f"{r.kind}: {r.reason}"
+            if is_infrastructure_failure(r.kind, r.reason):
+                machine.append(r.unit.id)
             log(f"work unit {r.unit.id} failed ({r.kind}): {r.reason}")
     by_key = {r.batch_key: r for r in reports}
     ordered = [by_key[u.key] for u in sorted(units, key=lambda u: u.seq) if u.key in by_key]
     return PartitionReport(partition_key, job.stage, StageReport.combine(partition_key, job.stage, ordered),
-                           ordered, failed)
+                           ordered, failed, machine)
 
 
 def _episode_seconds(registry, units: Sequence[Batch]) -> dict[str, float]:

@@ -12,6 +12,16 @@ never lists the whole zone: every ``reconcile_every`` ticks the cursor's positio
 and a sweep re-lists, a page a tick, the keys between the oldest of the last
 ``reconcile_window`` marks and the cursor. A file that lands further behind than that is
 found only by a sweep an operator starts (``LandingCursor.sweep_after``/``sweep_until``).
+
+Settling: on a zone whose listing can show a file still being written (local disks, NFS), a new file
+is registered only once its size and mtime are the same in two listings at least ``settle_s`` apart,
+or at once when its uploader wrote the completion marker (``landing.COMPLETION_MARKER``). Files
+still settling ride in the cursor and are looked at again (one stat each) every tick. Object stores
+list only whole objects: no settling there.
+
+New versions: every tick also looks again at up to ``relook_per_tick`` files the pre gates held back
+(a truncated upload, say), in turn; one whose size or mtime (an object's generation time) changed
+settles like a new file and then lands again as a new item, in a new work unit.
 """
 
 from __future__ import annotations
@@ -35,6 +45,9 @@ class LandingCursor:
     marks: list[str] = field(default_factory=list)
     sweep_after: str | None = None
     sweep_until: str | None = None
+    # Files listed but not yet settled: key -> [bytes, mtime_ns, when first seen at that size and mtime]
+    settling: dict[str, list] = field(default_factory=dict)
+    relook_after: str | None = None  # the last held-back file looked at again (they are taken in turn)
 
     def dumps(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -70,13 +83,17 @@ class LandingSettings:
     reconcile_every: int = 120  # every N ticks a reconciliation sweep starts, to catch out-of-order arrivals
     partition_bytes: int = 8 << 40  # an ingest partition (one Dagster partition) is sealed at this size
     reconcile_window: int = 2  # a sweep re-lists the keys landed since this many reconciliation points ago
+    # A file on a local/NFS zone lands once its size and mtime stood still across two listings this many
+    # seconds apart (or at once with its completion marker); 0: land whatever is listed.
+    settle_s: float = 60.0
+    relook_per_tick: int = 100  # held-back files looked at again per tick for a new version
 
 
 # The embedded defaults (`make ui`, files dropped by hand): a file is registered by the first sensor tick
 # after it lands and a short unit released (and its partition sealed) by the tick 30 s later, so a drop
 # becomes a run within a minute. Units of 2 GiB and partitions of 64 GiB: a laptop's drops are small.
 EMBEDDED_LANDING = LandingSettings(target_batch_bytes=2 << 30, max_wait_s=30.0, max_runs_per_tick=4,
-                                   partition_bytes=64 << 30)
+                                   partition_bytes=64 << 30, settle_s=5.0)
 
 
 @dataclass
@@ -90,6 +107,8 @@ class TickPlan:
     sealed: list[IngestPartition] = field(default_factory=list)  # partitions sealed this tick
     launch: list[IngestPartition] = field(default_factory=list)  # partitions to hand to Dagster
     reconciled: bool = False  # a sweep listed keys this tick
+    settling: int = 0  # files listed but still being written (or not yet seen twice)
+    relanded: list[str] = field(default_factory=list)  # held-back files whose new version landed this tick
 
     @property
     def sweeping(self) -> bool:
@@ -118,7 +137,14 @@ def landing_tick(cursor: LandingCursor, landing: LandingZone, registry: Registry
             sweep_after = sweep_until = None  # reached the point it set out for
         else:
             sweep_after = page[-1].path
-    new = registry.register_files(listed + swept, now=now)
+    candidates = listed + swept
+    relook = registry.held_back_files(cursor.relook_after, settings.relook_per_tick) if settings.relook_per_tick else []
+    changed = _changed(landing, registry, relook)
+    settling = dict(cursor.settling)
+    if settings.settle_s > 0 and getattr(landing, "settles", False):
+        candidates, changed, settling = _settled(landing, registry, candidates, changed, settling, now, settings.settle_s)
+    relanded = registry.reland(changed, now=now)
+    new = registry.register_files(candidates, now=now)
     pending, oldest = registry.unbatched_files()
     flush = oldest is not None and now - oldest >= settings.max_wait_s
     packing = pack(pending, settings.target_batch_bytes, tolerance=settings.tolerance, flush=flush)
@@ -127,7 +153,55 @@ def landing_tick(cursor: LandingCursor, landing: LandingZone, registry: Registry
                                         seal_open=flush, now=now)
     launch = registry.sealed_partitions_after(cursor.last_partition, limit=settings.max_runs_per_tick)
     next_cursor = LandingCursor(after=after, last_partition=launch[-1].seq if launch else cursor.last_partition,
-                                ticks=cursor.ticks + 1, marks=marks, sweep_after=sweep_after, sweep_until=sweep_until)
+                                ticks=cursor.ticks + 1, marks=marks, sweep_after=sweep_after, sweep_until=sweep_until,
+                                settling=settling,
+                                relook_after=relook[-1] if len(relook) >= settings.relook_per_tick else None)
     return TickPlan(cursor=next_cursor, new_files=new, listed=len(listed), swept=len(swept),
                     pending_files=len(packing.pending), created=created, sealed=sealed, launch=launch,
-                    reconciled=bool(swept) or cursor.sweep_until is not None)
+                    reconciled=bool(swept) or cursor.sweep_until is not None, settling=len(settling),
+                    relanded=relanded)
+
+
+def _changed(landing: LandingZone, registry: Registry, keys: list[str]) -> list[LandedFile]:
+    """Of these registered files, those whose size or mtime is not what was registered (a new version)."""
+    if not keys:
+        return []
+    known = registry.landed(keys)
+    out = []
+    for key in keys:
+        now_there = landing.stat(key)
+        was = known.get(key)
+        if now_there is not None and was is not None and (now_there.bytes, now_there.mtime_ns) != (was.bytes,
+                                                                                                  was.mtime_ns):
+            out.append(now_there)
+    return out
+
+
+def _settled(landing: LandingZone, registry: Registry, listed: list[LandedFile], changed: list[LandedFile],
+             settling: dict[str, list], now: float, settle_s: float
+             ) -> tuple[list[LandedFile], list[LandedFile], dict[str, list]]:
+    """(new files that settled, new versions that settled, what is still settling). A file settles when
+    two listings ``settle_s`` apart saw the same size and mtime, or when its completion marker is there."""
+    known = registry.landed([f.path for f in listed]) if listed else {}
+    fresh = [f for f in listed if f.path not in known]
+    new_keys = {f.path for f in fresh}
+    version_keys = {f.path for f in changed}
+    seen = {f.path: f for f in fresh + changed}
+    for key in list(settling):  # the cursor has passed these: each is looked at again
+        if key not in seen:
+            f = landing.stat(key)
+            if f is None:
+                del settling[key]  # gone (an uploader that gave up, a temporary name): nothing to land
+                continue
+            seen[key] = f
+            (version_keys if key in version_keys or settling[key][3:] == ["version"] else new_keys).add(key)
+    settled_new, settled_versions = [], []
+    for key, f in seen.items():
+        prev = settling.get(key)
+        if landing.complete(key) or (prev is not None and (prev[0], prev[1]) == (f.bytes, f.mtime_ns)
+                                     and now - prev[2] >= settle_s):
+            settling.pop(key, None)
+            (settled_versions if key in version_keys else settled_new).append(f)
+        elif prev is None or (prev[0], prev[1]) != (f.bytes, f.mtime_ns):
+            settling[key] = [f.bytes, f.mtime_ns, now] + (["version"] if key in version_keys else [])
+    return sorted(settled_new, key=lambda f: f.path), settled_versions, settling

@@ -228,3 +228,62 @@ def test_built_ahead_builds_in_order_and_raises_a_build_error_where_taken():
         for b in pipelined.built_ahead([1, 2, 3, 4], build):
             got.append(b)
     assert got == [1, 2] and sys.getswitchinterval() == interval
+
+
+def test_a_files_pre_and_post_outcomes_written_at_once_both_count_in_its_score(registry):
+    """PostgreSQL, READ COMMITTED, two connections: the pre outcome's transaction has written its gate row
+    and scored the episode, and waits (a third connection holds the file's quarantine row it releases);
+    meanwhile the post outcome is written by another connection. Without a lock per file the post write
+    commits first, scored without the pre row, and the pre write then commits a score without the post
+    row: the episode's score misses a stage. With it, the post write waits and counts both."""
+    import threading
+
+    from sqlalchemy import text
+
+    if registry.backend != "postgresql":
+        pytest.skip("SQLite runs one writer at a time")
+    path, unit, eid = "site-a/race.h5", "20261205T01-000000", "ep-race"
+
+    def gates(n: int, failed: int) -> list[dict]:
+        return [{"gate": f"g{k}", "passed": k >= failed, "action": "flag", "detail": "", "pipeline_version": "1.5"}
+                for k in range(n)]
+
+    registry.record_outcomes([Outcome(path, unit, "pre", [], {"episode_id": eid, "status": "accepted",
+                                                              "source_bytes": 1, "duration_s": 1.0},
+                                      {"gate": "readable", "reason": "held", "pipeline_version": "1.5"})])
+    from dyna_resources.catalog.registry import Registry
+
+    other = Registry(registry.url.render_as_string(hide_password=False))
+    failed: list[BaseException] = []
+
+    def write(reg, outcome):
+        try:
+            reg.record_outcomes([outcome])
+        except BaseException as e:  # noqa: BLE001  (handed to the test's thread)
+            failed.append(e)
+
+    pre = threading.Thread(target=write, args=(registry, Outcome(path, unit, "pre", gates(4, 1))))  # releases
+    post = threading.Thread(target=write, args=(other, Outcome(path, unit, "post", gates(6, 2),
+                                                               {"episode_id": eid, "status": "transcoded"},
+                                                               release_quarantine=False)))
+    waiting = text("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                   "AND wait_event_type = 'Lock'")
+    holder = registry.engine.connect()
+    try:
+        holder.execute(text("SELECT 1 FROM quarantine WHERE source_path = :p FOR UPDATE"), {"p": path})
+        pre.start()
+        with registry.engine.connect() as watch:
+            while pre.is_alive() and not watch.execute(waiting).scalar_one():  # pre waits on the quarantine row
+                watch.rollback()
+            post.start()
+            while post.is_alive() and watch.execute(waiting).scalar_one() < 2:  # post waits on the file's lock
+                watch.rollback()
+        holder.commit()
+        pre.join()
+        post.join()
+    finally:
+        holder.close()
+        other.close()
+    assert failed == []
+    row = registry.episode_by_id(eid)
+    assert (row["gates_checked"], row["gates_failed"], row["quality_score"]) == (10, 3, 0.7)

@@ -23,7 +23,7 @@ from dyna_resources.ingest.tick import LandingCursor, LandingSettings, landing_t
 
 from .deploy_harness import Services, copy_code, service_env, wait_for, write_instance_config
 
-ONE_BATCH_PER_TICK = LandingSettings(target_batch_bytes=1 << 40, max_wait_s=0, reconcile_every=0)
+ONE_BATCH_PER_TICK = LandingSettings(settle_s=0, target_batch_bytes=1 << 40, max_wait_s=0, reconcile_every=0)
 INGEST = ("raw_episodes", "mcap_episodes", "step_ladders")
 NEW_VERSION = f"{versions.PIPELINE_VERSION}.drift-check"
 FINISHED = {BulkActionStatus.COMPLETED, BulkActionStatus.COMPLETED_SUCCESS, BulkActionStatus.COMPLETED_FAILED,

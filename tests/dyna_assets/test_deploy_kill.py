@@ -102,7 +102,7 @@ def test_kill_9_of_a_run_worker_fails_the_run_frees_its_slot_and_the_relaunch_co
         shutil.copyfile(g.path, landing / f"ep-kill9-{i}.h5")
     registry = Registry.sqlite(dyna_home / "registry.sqlite")
     plan = landing_tick(LandingCursor(), LandingZone(dyna_home / "landing"), registry,
-                        LandingSettings(target_batch_bytes=1 << 40, max_wait_s=0, reconcile_every=0))
+                        LandingSettings(settle_s=0, target_batch_bytes=1 << 40, max_wait_s=0, reconcile_every=0))
     (batch,) = [b.key for b in plan.sealed]
     with DagsterInstance.get() as instance:
         instance.add_dynamic_partitions("ingest_partitions", [batch])

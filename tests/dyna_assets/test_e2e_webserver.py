@@ -29,7 +29,7 @@ ASSETS = ("raw_episodes", "mcap_episodes")
 TERMINAL = {"COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED", "FAILED", "CANCELED"}
 
 # Every landing tick releases what is pending as one batch (huge target, no wait): one tick, one batch.
-ONE_BATCH_PER_TICK = LandingSettings(target_batch_bytes=1 << 40, max_wait_s=0, reconcile_every=0)
+ONE_BATCH_PER_TICK = LandingSettings(settle_s=0, target_batch_bytes=1 << 40, max_wait_s=0, reconcile_every=0)
 
 LAUNCH = """
 mutation Launch($params: LaunchBackfillParams!) {

@@ -3,6 +3,7 @@
 import os
 import shutil
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -44,7 +45,7 @@ def ray_cluster_for_the_module():
         yield cluster
 
 
-def resources(home, target_bytes=None, partition_bytes=None, units_on="ray", **gates):
+def resources(home, target_bytes=None, partition_bytes=None, units_on="ray", infra_retries=3, **gates):
     landed = sum(p.stat().st_size for p in (home / "landing").rglob("*.h5"))
     if not (home / "gates.yaml").exists():
         (home / "gates.yaml").write_text("# every gate at its default\n")
@@ -53,7 +54,8 @@ def resources(home, target_bytes=None, partition_bytes=None, units_on="ray", **g
     return {
         "ingest": IngestResource(home_root=str(home), target_batch_bytes=target_bytes or landed * 2, max_wait_s=0,
                                  max_runs_per_tick=8, partition_bytes=partition_bytes or landed * 4,
-                                 units_on=units_on),
+                                 units_on=units_on, infra_retries=infra_retries, infra_retry_wait_s=0.5,
+                                 settle_s=0),  # the fixture copies every file in whole before the first tick
         "gates": GatesResource(file=str(home / "gates.yaml"), gates=gates),
         "transcode": TranscodeResource(workers=2, preset="veryfast", gop_frames=30, unit_memory_gb=0.5),
         "ladders": LadderResource(file=str(home / "step_ladders.yaml"), pictures=2),
@@ -229,6 +231,42 @@ def test_a_work_unit_whose_ray_worker_is_killed_is_retried_and_the_partition_com
         again = materialize(ASSETS[1:], instance=instance, partition_key=part, resources=res)
         assert md(again, "mcap_episodes", part)["this_run_processed"] == 0  # nothing left half-done
         assert reg.counts() == counts  # and nothing recorded twice
+
+
+def test_a_full_mcap_volume_fails_the_run_naming_the_episodes_after_its_retries_and_quarantines_nothing(home):
+    """The MCAP volume full (a real 16 KiB tmpfs; root can mount one here): Ray reruns the unit, the step is
+    retried after a back-off, then the run fails naming the episodes and the cause. Nothing is quarantined
+    for it; the episodes are pending, and a run after space is freed lands them."""
+    mcap = home / "mcap"
+    mcap.mkdir(parents=True)
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(mcap)],
+                                           capture_output=True).returncode:
+        pytest.skip("needs root to mount a tmpfs (tests/ingest/test_faults.py covers the engine with ENOSPC injected)")
+    try:
+        res = resources(home, infra_retries=1)
+        with DagsterInstance.ephemeral() as instance:
+            (req,) = tick(instance, res).run_requests
+            part = req.partition_key
+            failed = materialize(ASSETS, instance=instance, partition_key=part, resources=res, raise_on_error=False)
+            assert not failed.success
+            events = instance.all_logs(failed.run_id)
+            retried = [e for e in events if e.dagster_event and e.dagster_event.event_type_value == "STEP_UP_FOR_RETRY"]
+            assert len(retried) == 1  # infra_retries=1: one more attempt of the step after the back-off
+            (failure,) = [e for e in events if e.dagster_event and e.dagster_event.event_type_value == "STEP_FAILURE"]
+            text = str(failure.dagster_event.event_specific_data.error)
+            assert "for infrastructure faults" in text and "No space left on device" in text
+            assert all(f"ep-g{i}" in text for i in range(4))
+            reg = res["ingest"].stores().registry
+            # only the truncated file is quarantined: a verdict on its content
+            assert [q["source_path"] for q in reg.quarantined()] == ["2026-11-29/ep-trunc.h5"]
+            assert sorted(e["status"] for e in reg.partition_episodes(part)) == ["pending"] * 4
+            subprocess.run(["mount", "-o", "remount,size=64m", str(mcap)], check=True)
+            healed = materialize(ASSETS, instance=instance, partition_key=part, resources=res)
+            assert healed.success
+            assert sorted(e["status"] for e in reg.partition_episodes(part)) == ["transcoded"] * 4
+            assert md(healed, "mcap_episodes", part)["this_run_processed"] == 4
+    finally:
+        subprocess.run(["umount", "-l", str(mcap)], check=False)
 
 
 def test_gates_switched_at_run_time_change_which_checks_run_and_what_blocks(home):

@@ -64,7 +64,7 @@ def test_sigkill_mid_batch_then_relaunch_completes_without_duplicates(episode_fa
 
     registry = Registry.sqlite(home / "registry.sqlite")
     plan = landing_tick(LandingCursor(), LandingZone(home / "landing"), registry,
-                        LandingSettings(target_batch_bytes=1 << 40, max_wait_s=0, reconcile_every=0))
+                        LandingSettings(settle_s=0, target_batch_bytes=1 << 40, max_wait_s=0, reconcile_every=0))
     (batch,) = [b.key for b in plan.sealed]
     with DagsterInstance.get() as instance:
         instance.add_dynamic_partitions("ingest_partitions", [batch])

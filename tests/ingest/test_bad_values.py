@@ -20,7 +20,7 @@ from tests.dyna_assets.test_ingest_graph import ASSETS, checks, home, md, resour
 
 from .conftest import FAST, land
 
-ALL_IN_ONE = LandingSettings(target_batch_bytes=1 << 40, max_wait_s=0, reconcile_every=0)
+ALL_IN_ONE = LandingSettings(settle_s=0, target_batch_bytes=1 << 40, max_wait_s=0, reconcile_every=0)
 CENTURY_NS = int(100 * 365.25 * 86400 * 1e9)
 
 

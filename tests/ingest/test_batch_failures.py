@@ -23,7 +23,7 @@ from dyna_resources.ingest.tick import LandingCursor, LandingSettings, landing_t
 
 from .conftest import FAST
 
-ALL_IN_ONE = LandingSettings(target_batch_bytes=1 << 40, max_wait_s=0, reconcile_every=0)
+ALL_IN_ONE = LandingSettings(settle_s=0, target_batch_bytes=1 << 40, max_wait_s=0, reconcile_every=0)
 
 
 def hostile(stores, good, name: str, edit=None) -> str:
@@ -153,3 +153,25 @@ def test_a_file_that_kills_its_worker_is_quarantined_naming_it_and_the_others_la
     assert statuses == {bomb: "quarantined", **{g: TRANSCODED for g in goods}}
     assert sorted(post.processed) == [f"b-good-{i}" for i in range(3)]
     assert_every_output_has_its_outcome(stores, batch)
+
+
+def one_column_qpos(f):
+    """ALOHA-like joint states whose /observations/qpos was written 1-D beside 7-column qvel/effort."""
+    n = f["observations/qpos"].shape[0]
+    qpos = f["observations/qpos"][:, 0]
+    del f["observations/qpos"]
+    f["observations/qpos"] = qpos
+    assert f["observations/qvel"].shape[1] != 1 and f["observations/qvel"].shape[0] == n
+
+
+def test_joint_state_fields_that_disagree_on_the_joints_are_quarantined_naming_both(episode_factory, stores):
+    good = episode_factory(episode_id="ep-cols-good", seed=82, duration_s=1.5)
+    bad = hostile(stores, good, "a-one-column-qpos.h5", one_column_qpos)
+    fine = hostile(stores, good, "b-fine.h5")
+    batch = one_batch(stores)
+    pre, post = ingest(stores, batch)
+    (q,) = stores.registry.quarantined(batch)
+    assert (q["source_path"], q["stage"], q["stream"]) == (bad, "pre", "observations/qvel")
+    assert q["reason"].endswith("7 column(s) in /observations/qvel, 1 in /observations/qpos: the joint_states "
+                                "fields must describe the same joints"), q["reason"]
+    assert [e["source_path"] for e in stores.registry.episodes(batch) if e["status"] == TRANSCODED] == [fine]

@@ -13,7 +13,7 @@ from dyna_resources.ingest.tick import LandingCursor, LandingSettings, landing_t
 
 from .conftest import FAST, land
 
-ALL_IN_ONE = LandingSettings(target_batch_bytes=1 << 40, max_wait_s=0, reconcile_every=0)
+ALL_IN_ONE = LandingSettings(settle_s=0, target_batch_bytes=1 << 40, max_wait_s=0, reconcile_every=0)
 
 
 def one_batch(stores) -> str:

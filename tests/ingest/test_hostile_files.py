@@ -20,7 +20,7 @@ from tests.hostile_files import REACH_OUT, FileWatch, make_reach_out
 
 from .conftest import FAST, land
 
-ALL_IN_ONE = LandingSettings(target_batch_bytes=1 << 40, max_wait_s=0, reconcile_every=0)
+ALL_IN_ONE = LandingSettings(settle_s=0, target_batch_bytes=1 << 40, max_wait_s=0, reconcile_every=0)
 OUTSIDE_VALUE = 1234.5678  # what the outside files hold (tests/hostile_files.py)
 
 

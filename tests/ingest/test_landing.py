@@ -68,7 +68,7 @@ def test_tick_packs_units_into_sealed_partitions_and_requests_at_most_k_then_not
     for i in range(30):
         touch(zone_root, f"2026-11-29/ep-{i:03d}.h5", size=100)
     reg = Registry.sqlite(tmp_path / "r.sqlite")
-    settings = LandingSettings(target_batch_bytes=500, partition_bytes=1000, max_runs_per_tick=2, max_wait_s=1e9,
+    settings = LandingSettings(settle_s=0, target_batch_bytes=500, partition_bytes=1000, max_runs_per_tick=2, max_wait_s=1e9,
                                reconcile_every=0)
     zone = LandingZone(zone_root)
     plan = landing_tick(LandingCursor(), zone, reg, settings, now=1000.0)
@@ -94,7 +94,7 @@ def test_tick_packs_units_into_sealed_partitions_and_requests_at_most_k_then_not
     touch(zone_root, "2026-11-30/ep-000.h5", size=100)
     plan = landing_tick(cursor, zone, reg, settings, now=2000.0)
     assert plan.new_files == 1 and not plan.created and plan.pending_files == 1 and not plan.launch
-    late = LandingSettings(target_batch_bytes=500, partition_bytes=1000, max_runs_per_tick=2, max_wait_s=60,
+    late = LandingSettings(settle_s=0, target_batch_bytes=500, partition_bytes=1000, max_runs_per_tick=2, max_wait_s=60,
                            reconcile_every=0)
     plan = landing_tick(plan.cursor, zone, reg, late, now=2061.0)
     assert [b.files for b in plan.created] == [1] and [(p.seq, p.units, p.files) for p in plan.launch] == [(4, 1, 1)]
@@ -106,7 +106,7 @@ def test_a_partition_fills_across_ticks_and_seals_when_full_or_old(tmp_path):
     zone_root = tmp_path / "landing"
     reg = Registry.sqlite(tmp_path / "r.sqlite")
     zone = LandingZone(zone_root)
-    settings = LandingSettings(target_batch_bytes=100, partition_bytes=300, max_wait_s=50, reconcile_every=0)
+    settings = LandingSettings(settle_s=0, target_batch_bytes=100, partition_bytes=300, max_wait_s=50, reconcile_every=0)
     cursor = LandingCursor()
     for tick in range(2):  # one full unit a tick: the partition stays open
         touch(zone_root, f"d{tick}/ep.h5", size=100)
@@ -132,7 +132,7 @@ def test_reconciliation_sweeps_only_the_recent_window_a_page_a_tick(tmp_path):
     zone_root = tmp_path / "landing"
     reg = Registry.sqlite(tmp_path / "r.sqlite")
     zone = LandingZone(zone_root)
-    settings = LandingSettings(target_batch_bytes=10, max_wait_s=0, reconcile_every=3, reconcile_window=2,
+    settings = LandingSettings(settle_s=0, target_batch_bytes=10, max_wait_s=0, reconcile_every=3, reconcile_window=2,
                                scan_limit=2)
     touch(zone_root, "b/ep-1.h5")
     plan = landing_tick(LandingCursor(), zone, reg, settings)
@@ -224,7 +224,7 @@ def test_a_files_partition_is_deterministic_and_survives_a_tick_that_died_half_w
     for i in range(60):
         touch(zone_root, f"2026-11-{29 + i // 30}/site-{i % 3}/ep-{i:03d}.h5", size=rng.randint(50, 400))
     zone = LandingZone(zone_root)
-    settings = LandingSettings(target_batch_bytes=1000, partition_bytes=3000, max_wait_s=100, scan_limit=25,
+    settings = LandingSettings(settle_s=0, target_batch_bytes=1000, partition_bytes=3000, max_wait_s=100, scan_limit=25,
                                reconcile_every=0)
 
     def run(reg: Registry, die_at: int | None = None) -> None:

@@ -25,7 +25,7 @@ from tests.storage.test_publish import gcs_preconditions  # noqa: F401  (fixture
 
 from .conftest import FAST
 
-ALL_IN_ONE = LandingSettings(target_batch_bytes=1 << 40, max_wait_s=0, reconcile_every=0)
+ALL_IN_ONE = LandingSettings(settle_s=0, target_batch_bytes=1 << 40, max_wait_s=0, reconcile_every=0)
 
 
 @dataclass

@@ -369,18 +369,28 @@ def _write_one(args) -> GeneratedEpisode:
 
 def generate_fleet(out_dir: str | Path, n_episodes: int, *, seed: int = 0, width: int = 640, height: int = 480,
                    duration_s: tuple[float, float] | float = (8.0, 16.0), faults: Mapping[str, int] | None = None,
-                   jpeg_quality: int = 90, workers: int = 1) -> list[GeneratedEpisode]:
-    """Write ``n_episodes`` episodes as ``<out_dir>/<episode_id>.h5``; returns them in order."""
+                   jpeg_quality: int = 90, workers: int = 1, mark_complete: bool = False) -> list[GeneratedEpisode]:
+    """Write ``n_episodes`` episodes as ``<out_dir>/<episode_id>.h5``; returns them in order.
+
+    :param mark_complete: as an uploader into a landing zone: after each file, its completion marker
+        (``<file>.complete``), so the landing sensor lands it without waiting for it to settle."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     specs = fleet_specs(n_episodes, seed=seed, width=width, height=height, duration_s=duration_s)
     fault_of = assign_faults(n_episodes, faults, seed)
     jobs = [(s, out / f"{s.episode_id}.h5", jpeg_quality, fault_of.get(k)) for k, s in enumerate(specs)]
     if workers <= 1 or len(jobs) <= 1:
-        return [_write_one(j) for j in jobs]
-    ctx = multiprocessing.get_context("spawn")  # no fork: callers may hold threads / open HDF5 files
-    with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx) as pool:
-        return list(pool.map(_write_one, jobs))
+        written = [_write_one(j) for j in jobs]
+    else:
+        ctx = multiprocessing.get_context("spawn")  # no fork: callers may hold threads / open HDF5 files
+        with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx) as pool:
+            written = list(pool.map(_write_one, jobs))
+    if mark_complete:
+        from ...ingest.landing import COMPLETION_MARKER
+
+        for e in written:
+            Path(str(e.path) + COMPLETION_MARKER).touch()
+    return written
 
 
 def _parse_faults(items: list[str]) -> dict[str, int]:
