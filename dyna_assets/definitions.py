@@ -8,6 +8,7 @@ from .datasets.assets import datasets
 from .deployment import executor, resources
 from .ingest.assets import mcap_episodes, raw_episodes
 from .ingest.ladders import step_ladders
+from .ingest.presence import mcaps_present
 from .ingest.sensors import landing_sensor, version_drift_sensor
 from .training.assets import checkpoints
 from .training.evaluations import evaluations, released_models
@@ -18,6 +19,7 @@ from .warehouse.sensors import warehouse_sync_sensor
 defs = Definitions(
     assets=[raw_episodes, mcap_episodes, step_ladders, warehouse_episodes, manifests, datasets, cache_sets, mcap_replica,
             checkpoints, evaluations, released_models, review_pool],
+    asset_checks=[mcaps_present],
     sensors=[landing_sensor, version_drift_sensor, warehouse_sync_sensor, curation_spec_sensor,
              manifest_prewarm_sensor],
     resources=resources(),  # embedded defaults, or production by DYNA_ENV (dyna_assets/deployment.py)

@@ -21,6 +21,10 @@ def partition_keys(context: AssetExecutionContext, what: str = "partition key") 
     try:
         return [check_key(k, what) for k in keys]
     except UnsafeKeyError as e:
-        assets = ", ".join(sorted(k.to_user_string() for k in context.selected_asset_keys))
+        if hasattr(context, "selected_asset_keys"):
+            names = [k.to_user_string() for k in context.selected_asset_keys]
+        else:  # an asset check's context selects checks
+            names = [f"{k.asset_key.to_user_string()}.{k.name}" for k in context.selected_asset_check_keys]
+        assets = ", ".join(sorted(names))
         raise Failure(description=f"{assets}: {e}",
                       metadata={"partition_key": repr(e.key), "reason": e.reason}, allow_retries=False) from None

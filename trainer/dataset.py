@@ -35,6 +35,7 @@ No Dagster import: every DataLoader worker imports this module.
 from __future__ import annotations
 
 import os
+import re
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -292,7 +293,7 @@ class ManifestDataset(IterableDataset):
             old.close()
             self._evicted_decodes += frames.decoded
         opener = self.open_file or _fsspec_open
-        entry = readers[uri] = (EpisodeReader(opener(uri)),
+        entry = readers[uri] = (open_episode(opener, uri),
                                 FrameCache(swscale_rgb(*self.spec.image_size), max_frames=self.frames_per_reader),
                                 ChunkMemo(self.chunks_per_reader))
         return entry
@@ -421,6 +422,29 @@ def _on_grid(stream, field_name: str, grid_ns: np.ndarray, tolerance_s: float, p
                                 f"grid points)", stream.name)
     out = np.asarray(values[nearest], dtype=np.float32)
     return out.reshape(len(grid_ns), -1)
+
+
+GONE = "manifest object gone: "  # how MissingDataError names its object, kept through DataLoader's re-raise
+
+
+class MissingDataError(FileNotFoundError):
+    """An object the manifest names is gone from its store: a fault no retry mends (the manifest must be
+    rebuilt once mcap_episodes.mcaps_present has marked it). One message argument, so DataLoader
+    re-raises it in the main process as this type; :func:`gone_object` reads the object back."""
+
+
+def open_episode(opener, uri: str) -> EpisodeReader:
+    """The episode's reader; an object that is gone raises :class:`MissingDataError` naming it."""
+    try:
+        return EpisodeReader(opener(uri))
+    except FileNotFoundError as e:
+        raise MissingDataError(f"{GONE}{uri} ({e})") from None
+
+
+def gone_object(error: BaseException) -> str | None:
+    """The object a :class:`MissingDataError` (or its re-raise from a DataLoader worker) names."""
+    m = re.search(re.escape(GONE) + r"(\S+)", str(error))
+    return m.group(1) if m else None
 
 
 def _fsspec_open(uri: str):

@@ -35,7 +35,7 @@ from dyna_resources.episodes.errors import EpisodeError, WindowError
 from dyna_resources.episodes.gop_decode import CameraFrames, DecoderBackend, decode_at, swscale_rgb
 from dyna_resources.episodes.mcap_reader import EpisodeReader
 
-from .dataset import EDGE_PAD_NS, ManifestDataset, SampleTimes, _fsspec_open, _ns
+from .dataset import EDGE_PAD_NS, ManifestDataset, SampleTimes, _fsspec_open, _ns, open_episode
 from .sampling import LaneOrder, lane_orders, samples_per_row, unit_of, usable_samples
 
 BAD_SAMPLES = ("raise", "skip")
@@ -136,7 +136,7 @@ class GopDataset(ManifestDataset):
             return r
         if len(self._readers) >= self.readers_per_worker:
             self._readers.popitem(last=False)[1].close()
-        r = self._readers[uri] = EpisodeReader((self.open_file or _fsspec_open)(uri))
+        r = self._readers[uri] = open_episode(self.open_file or _fsspec_open, uri)
         return r
 
     def close(self) -> None:

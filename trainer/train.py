@@ -50,7 +50,7 @@ from .checkpoint import (
     NoIntactCheckpointError,
     RNGState,
 )
-from .dataset import ManifestDataset, SampleSpec, worker_init_threads
+from .dataset import ManifestDataset, MissingDataError, SampleSpec, gone_object, worker_init_threads
 from .gop_dataset import GopDataset
 from .manifest_loader import local_copy, open_manifest
 from .model import ModelConfig, WorldActionModel
@@ -459,13 +459,34 @@ def _log_to(path: Path) -> None:
     root.setLevel(logging.INFO)
 
 
+# A fault no restart mends (an object of the manifest is gone), written by the rank that met it: torchrun's
+# next attempts stop at once naming it instead of reading again, and the launcher reports it by name.
+FATAL_FILE = "fatal.json"
+
+
+class FatalDataFault(RuntimeError):
+    """An earlier attempt of this launch met a fault that will not go away (``FATAL_FILE``)."""
+
+
 @record
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m trainer.train", description=__doc__.split("\n")[0])
     ap.add_argument("--config", required=True, help="a TrainConfig as JSON")
     args = ap.parse_args(argv)
     cfg = TrainConfig.from_json(Path(args.config).read_text())
-    summary = run(cfg)
+    fatal = Path(cfg.run_dir) / FATAL_FILE
+    if fatal.exists():
+        raise FatalDataFault(f"not restarted: {json.loads(fatal.read_text())['message']}")
+    try:
+        summary = run(cfg)
+    except MissingDataError as e:
+        gone = gone_object(e)
+        message = f"{gone} is gone from its store: the manifest names an object that no longer exists"
+        tmp = fatal.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"fault": "missing_object", "object": gone, "message": message}))
+        tmp.replace(fatal)
+        log.error(message)
+        raise
     if int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps({k: v for k, v in summary.items() if k != "losses"}, default=str))
     return 0

@@ -6,7 +6,7 @@ No ``from __future__ import annotations`` here: Dagster reads the context annota
 from dagster import (AssetExecutionContext, DataVersion, DynamicPartitionsDefinition, Failure, MaterializeResult,
                      MetadataValue, asset)
 
-from dyna_resources.catalog.curation import CurationSpec, CurationSpecError, curate
+from dyna_resources.catalog.curation import CurationSpec, CurationSpecError, curate, missing_episodes
 from dyna_resources.catalog.manifest import write_manifest
 from dyna_resources.faces import HomeResource, WarehouseResource
 
@@ -31,13 +31,19 @@ def manifests(context: AssetExecutionContext, home: HomeResource, warehouse: War
             info = write_manifest(curate(wh, spec), home.manifests_url(), name,
                                   count_by=("task", "robot_id", "site", "pipeline_version", "schema_version"),
                                   extra={"spec": spec.name, "sql": sql})
+            missing = missing_episodes(wh, spec)
     except CurationSpecError as e:
         raise Failure(description=str(e), metadata={"field": e.field}, allow_retries=False) from None
+    if missing:  # their MCAPs are gone or changed (mcap_episodes.mcaps_present): never selected, named
+        context.log.warning(f"{len(missing)} episode(s) the spec selects are left out, their MCAPs missing: "
+                            + "; ".join(f"{e} ({u})" for e, u in missing[:10]))
     stats = info.stats
     top = lambda col: dict(list(stats.get(f"by_{col}", {}).items())[:20])  # noqa: E731
     return MaterializeResult(
         metadata={
             "rows": info.rows,
+            "missing_excluded": len(missing),
+            "missing_episodes": MetadataValue.json([{"episode_id": e, "mcap_uri": u} for e, u in missing[:100]]),
             "episodes": stats.get("episodes", 0),
             "segment_hours": stats.get("segment_hours", 0.0),
             "by_task": MetadataValue.json(top("task")),

@@ -4,6 +4,7 @@ recipes over the ingest engines.
 No ``from __future__ import annotations`` here: Dagster reads the context annotation at runtime.
 """
 
+import dataclasses
 import hashlib
 
 from dagster import (AssetExecutionContext, AssetSpec, BackfillPolicy, DataVersion, Failure, MaterializeResult,
@@ -21,6 +22,7 @@ from .. import k8s
 from ..ray import connect_for_units
 from .checks import gate_check_results, gate_check_specs
 from .partitions import ingest_partition_keys, ingest_partitions
+from .run_guard import held_run_lease
 
 
 def version_tags() -> dict[str, str]:
@@ -50,6 +52,8 @@ def _partition_metadata(summary: dict, report: PartitionReport) -> dict:
         "this_run_processed": len(rep.processed),
         "this_run_skipped_up_to_date": len(rep.skipped),
         "this_run_cpu_s": round(rep.cpu_s, 2),
+        "this_run_staging_swept_files": rep.staging_swept[0],  # raw files killed workers left staged
+        "this_run_staging_swept_bytes": rep.staging_swept[1],
         "this_run_codec_cpu_s": round(rep.codec_cpu_s, 2),
         "this_run_failed_units": MetadataValue.json(report.failed_units),
         "gates": MetadataValue.json({g: {"evaluated": t.evaluated, "failed": t.failed}
@@ -145,9 +149,10 @@ def _ingest(context, partition: str, job: UnitJob, ingest: IngestResource, ray: 
     on_ray = ingest.units_on_ray()
     if on_ray:
         connect_for_units(context, ray)
-    rep = ingest_partition(partition, job, units_on="ray" if on_ray else "process", resources=resources,
-                           log=context.log.warning,
-                           on_progress=lambda p: context.log.info(f"{partition} {job.stage}: {p.summary()}"))
+    with held_run_lease(context, job.stores.registry, f"{job.stage}:{partition}") as lease:
+        rep = ingest_partition(partition, dataclasses.replace(job, lease=lease), units_on="ray" if on_ray else "process",
+                               resources=resources, log=context.log.warning,
+                               on_progress=lambda p: context.log.info(f"{partition} {job.stage}: {p.summary()}"))
     summary = _summary(job.stores.registry, partition, job.stage)
     context.add_asset_metadata(_partition_metadata(summary, rep), partition_key=partition)
     c = rep.combined

@@ -3,9 +3,12 @@
 No ``from __future__ import annotations`` here: Dagster reads the context annotation at runtime.
 """
 
-from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, PipesSubprocessClient, asset
+import json
+
+from dagster import AssetExecutionContext, Failure, MaterializeResult, MetadataValue, PipesSubprocessClient, asset
 
 from dyna_resources.faces import CacheResource, HomeResource, TrainerResource
+from trainer.train import FATAL_FILE
 
 from .. import k8s
 from ..curation.assets import curation_specs
@@ -21,7 +24,18 @@ from ..partitions import partition_key
 def checkpoints(context: AssetExecutionContext, home: HomeResource, cache: CacheResource, trainer: TrainerResource):
     run = trainer.prepare(home, cache, partition_key(context, "curation spec"))
     context.log.info(f"training run {run.run_dir} ({'resuming' if run.resuming else 'new'}): {' '.join(run.command)}")
-    invocation = PipesSubprocessClient(env=run.env).run(command=run.command, context=context)
+    fatal = run.run_dir / FATAL_FILE
+    fatal.unlink(missing_ok=True)  # a fault of an earlier launch; this one looks afresh
+    try:
+        invocation = PipesSubprocessClient(env=run.env).run(command=run.command, context=context)
+    except Exception:  # Pipes' own error type is not public API: the trainer's fault file says what happened
+        if not fatal.exists():
+            raise
+        fault = json.loads(fatal.read_text())  # a fault the trainer says no retry mends: named, not retried
+        raise Failure(description=f"training stopped: {fault['message']}. Rebuild the manifest once the object "
+                                  "is marked (mcap_episodes.mcaps_present) or restored.",
+                      metadata={"object": fault["object"], "run_dir": MetadataValue.path(str(run.run_dir))},
+                      allow_retries=False) from None
     progress = [m for m in invocation.get_custom_messages() if isinstance(m, dict) and "step" in m]
     (result,) = invocation.get_results()
     metadata = dict(result.metadata or {})

@@ -183,6 +183,14 @@ class CurationSpec:
             weight = "$wdefault"
         return f"SELECT *, {weight} AS weight FROM episodes WHERE {' AND '.join(conds)}", params
 
+    def missing(self) -> tuple[str, dict]:
+        """The query of the episodes this spec would select but whose MCAP is marked missing (ingest/presence.py):
+        excluded from the manifest, and named. Columns: episode_id, mcap_uri."""
+        chosen, params = self._chosen()
+        sql = chosen.replace("status = 'transcoded'", "status = 'missing'", 1)
+        sql = f"SELECT episode_id, mcap_uri FROM ({sql}) WHERE weight > 0 ORDER BY episode_id"
+        return sql, {k: params[k] for k in re.findall(r"\$(\w+)", sql)}
+
     def dictionaries(self) -> list[tuple[str, dict]]:
         """Statements making one temporary ENUM type per dictionary column, of the values the
         chosen episodes hold (so the manifest's bytes, hence its hash, depend on its rows only).
@@ -350,6 +358,13 @@ def check_segment_count(con, spec: CurationSpec) -> None:
             "segments.stride_s", f"episode {episode} would give {n:,} segments of {spec.length_s:g} s every "
             f"{spec.stride_s:g} s, more than the {MAX_SEGMENTS_PER_EPISODE:,} per episode allowed: raise stride_s "
             "(or exclude the episode, e.g. where: {duration_s: {'<=': ...}})", spec.source)
+
+
+def missing_episodes(warehouse, spec: CurationSpec, *, limit: int = 1000) -> list[tuple[str, str]]:
+    """(episode_id, mcap_uri) of episodes the spec would select whose MCAP is marked missing: left out of
+    its manifest (the query selects transcoded episodes only), named here so the manifest says so."""
+    sql, params = spec.missing()
+    return [tuple(r) for r in warehouse.con.sql(sql, params=params).limit(limit).fetchall()]
 
 
 def curate(warehouse, spec: CurationSpec, *, batch_rows: int = 64 * 1024):

@@ -38,6 +38,9 @@ ACCEPTED, REJECTED, TRANSCODED, QUARANTINED = "accepted", "rejected", "transcode
 # Accepted, and its transcode was cut short by a fault of the machine (ingest/faults.py) or its quarantine
 # released: no verdict; the next run of its partition redoes it, and the drift sensor launches that run.
 PENDING = "pending"
+# Was transcoded, but its MCAP is gone from the store or not as recorded (ingest/presence.py): no curation
+# query selects it; the next run of its partition transcodes it again (the drift sensor launches it).
+MISSING = "missing"
 REVIEW_VERDICTS = ("accept", "reject")
 
 
@@ -826,6 +829,19 @@ class Registry:
                 pending += ids
         return sorted(pending)
 
+    def mark_missing(self, episode_ids: Sequence[str], *, now: float | None = None) -> int:
+        """Mark transcoded episodes whose MCAP is gone or changed (``missing``); their MCAP's URI stays, to
+        name it, its version goes (the next publish expects no object). Returns how many were marked."""
+        now = time.time() if now is None else now
+        e = t.episodes.c
+        n = 0
+        with self._begin() as c:
+            for k in range(0, len(episode_ids), 5000):
+                n += c.execute(update(t.episodes).where(e.episode_id.in_(list(episode_ids[k:k + 5000])),
+                                                        e.status == TRANSCODED)
+                               .values(status=MISSING, mcap_version=None, updated_at=now)).rowcount
+        return n
+
     # -- step ladders ------------------------------------------------------------------------
     def ladders_to_do(self, batch_key: str | Sequence[str], version: str) -> list[dict]:
         """Transcoded episodes of the work unit(s) whose ladder is missing or was written by another
@@ -864,7 +880,7 @@ class Registry:
         """Episodes whose output is missing or was written (or failed) under other versions."""
         e = t.episodes.c
         current = and_(e.pipeline_version == pipeline_version, e.schema_version == schema_version)
-        return or_(e.status.in_([ACCEPTED, PENDING]),
+        return or_(e.status.in_([ACCEPTED, PENDING, MISSING]),
                    and_(e.status.in_([TRANSCODED, QUARANTINED]), or_(e.pipeline_version.is_(None), not_(current))))
 
     def stale_episodes(self, batch_key: str, *, schema_version: str, pipeline_version: str) -> list[dict]:
@@ -878,7 +894,7 @@ class Registry:
         what the drift sensor backfills, and batches holding pending episodes (a machine fault cut their
         transcode short). Episodes never transcoded are not drift."""
         e = t.episodes.c
-        q = (select(e.batch_key).where(e.status.in_([TRANSCODED, QUARANTINED, PENDING]), self._stale(schema_version, pipeline_version))
+        q = (select(e.batch_key).where(e.status.in_([TRANSCODED, QUARANTINED, PENDING, MISSING]), self._stale(schema_version, pipeline_version))
              .distinct().order_by(e.batch_key))
         with self._begin() as c:
             return list(c.execute(q).scalars())
@@ -888,10 +904,11 @@ class Registry:
         per-partition version summary: the cost follows the partitions, not the episodes."""
         v = pv_summary.c
         q = (select(v.partition_key).where(v.partition_key != "", v.episodes > 0,
-                                           # pending episodes carry no versions ('' here): always counted
-                                           v.status.in_([TRANSCODED, QUARANTINED, PENDING]),
-                                           or_(v.pipeline_version != pipeline_version,
-                                               v.schema_version != schema_version))
+                                           # pending and missing episodes are to be redone whatever their versions
+                                           or_(v.status.in_([PENDING, MISSING]),
+                                               and_(v.status.in_([TRANSCODED, QUARANTINED]),
+                                                    or_(v.pipeline_version != pipeline_version,
+                                                        v.schema_version != schema_version))))
              .distinct().order_by(v.partition_key))
         with self._begin() as c:
             return list(c.execute(q).scalars())

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from .. import versions
 from ..catalog import schema
+from ..catalog.leases import RunEnded, RunLease
 from ..catalog.registry import (ACCEPTED, PENDING, QUARANTINED, REJECTED, TRANSCODED, FieldValueError, Outcome,
                                 Registry)
 from ..episodes.errors import EpisodeError
@@ -43,7 +44,7 @@ from .outcomes import OutcomeBuffer
 from .post_gates import post_gates
 from .pre_gates import Inspection, inspect_file
 from .quality import score_episode
-from .workers import WorkerFailure, run_each
+from .workers import Stopped, WorkerFailure, run_each
 
 
 def quality_row(src: str | Path, cameras: dict, gates: GateConfig) -> dict:
@@ -89,6 +90,25 @@ class IngestStores:
 
 
 STAGING = ".staging"  # below mcap_dir: raw files copied from an object landing zone while they are read
+# A staged raw file lives while its episode is inventoried or transcoded (minutes); one older than this was
+# left by a worker killed mid-episode and is swept by the next unit that runs on the node.
+STAGING_MAX_AGE_S = 6 * 3600.0
+
+
+def sweep_staging(mcap_dir: Path, *, max_age_s: float = STAGING_MAX_AGE_S, now: float | None = None) -> tuple[int, int]:
+    """Remove staged raw files (and half-staged temporaries) not touched for ``max_age_s``: what killed
+    workers left below ``mcap_dir/.staging``. Returns (files, bytes) removed."""
+    now = time.time() if now is None else now
+    files = size = 0
+    for p in (mcap_dir / STAGING).rglob("*"):
+        try:
+            st = p.lstat()
+            if p.is_file() and now - st.st_mtime > max_age_s:
+                p.unlink()
+                files, size = files + 1, size + st.st_size
+        except FileNotFoundError:  # another unit on the node swept it, or its episode finished
+            continue
+    return files, size
 
 
 @dataclass
@@ -118,6 +138,7 @@ class StageReport:
     cpu_s: float = 0.0  # CPU of the work itself (workers included)
     codec_cpu_s: float = 0.0  # of which JPEG decode + H.264 encode (the transcoder's own measure)
     worker_busy_s: dict[int, float] = field(default_factory=dict)  # worker slot -> seconds it worked
+    staging_swept: tuple[int, int] = (0, 0)  # (files, bytes) of staged raw files killed workers left
     messages: list[str] = field(default_factory=list)  # what it logged, for a driver that ran it remotely
 
     def tally(self, key: str, episode_id: str | None, results: list[GateResult]) -> None:
@@ -135,6 +156,7 @@ class StageReport:
             out.quarantined += r.quarantined
             out.pending += r.pending
             out.cpu_s += r.cpu_s
+            out.staging_swept = (out.staging_swept[0] + r.staging_swept[0], out.staging_swept[1] + r.staging_swept[1])
             out.codec_cpu_s += r.codec_cpu_s
             for gate, tally in r.gates.items():
                 total = out.gates.setdefault(gate, GateTally())
@@ -149,16 +171,20 @@ class StageReport:
 # -- pre: inventory and gates ----------------------------------------------------------------
 
 def inventory_batch(batch_key: str, stores: IngestStores, gates: GateConfig,
-                    log: Callable[[str], None] = lambda m: None) -> StageReport:
+                    log: Callable[[str], None] = lambda m: None, *, lease: RunLease | None = None) -> StageReport:
+    """Inspect a work unit's files and run the pre gates; record the outcomes at the unit's end.
+    ``lease``: the run's (see catalog/leases.py); once it is gone the unit stops and records nothing."""
     stores.check()
     files = stores.registry.batch_files(batch_key)
     registered = stores.registry.registered_at([f.path for f in files])
-    rep = StageReport(batch_key, "pre", files=len(files))
+    rep = StageReport(batch_key, "pre", files=len(files), staging_swept=sweep_staging(stores.mcap_dir))
     t_cpu = time.process_time()
     raw = stores.raw()
     outcomes = OutcomeBuffer(stores.registry)  # the unit's inventory in one transaction, at its end
     pending: dict[str, str] = {}  # landing key -> the machine fault that left it uninspected
-    for f in files:
+    for k, f in enumerate(files):
+        if lease is not None and not lease.alive():
+            raise RunEnded(lease.key, batch_key, len(files) - k)
         try:
             with raw.local(f.path, f.bytes) as path:
                 insp = inspect_file(path, f.path, gates)
@@ -312,23 +338,27 @@ def episodes_to_transcode(batch_key: str, stores: IngestStores, *, force: bool =
 
 def transcode_batch(batch_key: str, stores: IngestStores, gates: GateConfig, *,
                     settings: TranscodeSettings | None = None, workers: int | None = None, force: bool = False,
-                    log: Callable[[str], None] = lambda m: None, mp_context: str | None = None) -> StageReport:
+                    log: Callable[[str], None] = lambda m: None, mp_context: str | None = None,
+                    lease: RunLease | None = None) -> StageReport:
     """Transcode a work unit's stale episodes, each in a process of its own, and record each outcome
     as it finishes. An episode that meets a machine fault is tried again (:mod:`.faults`); one still
     failing for the machine's sake is left pending and, once every other episode is recorded, the
-    call raises :class:`InfrastructureFault` naming it."""
+    call raises :class:`InfrastructureFault` naming it. ``lease``: the run's (catalog/leases.py);
+    once it is gone, the episodes in flight are killed or stop before publishing, and the call raises
+    :class:`RunEnded` with what finished recorded."""
     stores.check()
     settings = settings or TranscodeSettings()
     remove_orphan_temps(stores.mcap_dir)
     todo, done = episodes_to_transcode(batch_key, stores, force=force)
-    rep = StageReport(batch_key, "post", files=len(todo) + len(done), skipped=done)
+    rep = StageReport(batch_key, "post", files=len(todo) + len(done), skipped=done,
+                      staging_swept=sweep_staging(stores.mcap_dir))
     # Largest first onto a shared queue (LPT list scheduling): each worker takes the next
     # episode when it finishes one, so the batch splits into byte-balanced shares and no
     # worker idles behind a long episode started last.
     todo.sort(key=lambda r: (-r["source_bytes"], r["episode_id"]))
     raw, sink = stores.raw(), stores.sink()
     jobs = [(raw, r["source_path"], r["source_bytes"], sink, r["episode_id"], r["source_sha256"], r.get("mcap_version"),
-             settings, gates) for r in todo]
+             settings, gates, lease) for r in todo]
     workers = max(1, min(workers or os.cpu_count() or 1, len(jobs) or 1))
     own0, episodes_cpu = time.process_time(), 0.0
     # Each episode in a process of its own, recorded as it finishes (group commits, see outcomes.py).
@@ -341,11 +371,14 @@ def transcode_batch(batch_key: str, stores: IngestStores, gates: GateConfig, *,
         while attempt:  # a first pass, then rounds of the episodes a machine fault interrupted
             again = []
             with closing(run_each(_transcode_one, [jobs[i] for i in attempt], workers,
-                                  cpu_limit_s=settings.max_cpu_s, context=mp_context)) as results:
+                                  cpu_limit_s=settings.max_cpu_s, context=mp_context,
+                                  should_stop=None if lease is None else lambda: not lease.alive())) as results:
                 for k, slot, out in results:
                     i = attempt[k]
                     if isinstance(out, WorkerFailure):
                         out = _worker_died(out, stores.mcap_dir)
+                    elif out.get("run_ended"):  # it found the run gone before publishing
+                        raise Stopped([i])
                     elif out.get("unavailable"):  # the MCAP store did not answer: critical, the unit fails (and is retried)
                         raise StoreUnavailableError(*out["unavailable"])
                     episodes_cpu += out.get("cpu_s", 0.0)
@@ -376,11 +409,14 @@ def transcode_batch(batch_key: str, stores: IngestStores, gates: GateConfig, *,
             else:
                 pending[todo[i]["episode_id"]] = f"{tries[-1][0]} (after {len(tries)} attempts)"
                 _leave_pending(outcomes, rep, todo[i])
-    except BaseException:
+    except BaseException as e:
         try:  # keep what finished before the failure; the original error is what the unit reports
             outcomes.flush()
-        except Exception as e:  # noqa: BLE001
-            log(f"could not record {len(outcomes.pending)} finished episodes of {batch_key}: {e}")
+        except Exception as e2:  # noqa: BLE001
+            log(f"could not record {len(outcomes.pending)} finished episodes of {batch_key}: {e2}")
+        remove_orphan_temps(stores.mcap_dir)  # what killed episode processes were writing
+        if isinstance(e, Stopped) and lease is not None:
+            raise RunEnded(lease.key, batch_key, len(todo) - finished) from None
         raise
     outcomes.flush()
     # this process, plus what each episode's process measured of itself: a fork server's children are
@@ -418,14 +454,16 @@ def _failed(out: dict, e: BaseException, reason: str, stage: str, held: Callable
 
 
 def _transcode_one(raw: RawSource, key: str, size: int, sink: McapSink, episode_id: str, sha256: str,
-                   expect_version: str | None, settings: TranscodeSettings, gates: GateConfig) -> dict:
-    """One episode, in a worker process: stage (object stores), transcode, post gates, publish."""
+                   expect_version: str | None, settings: TranscodeSettings, gates: GateConfig,
+                   lease: RunLease | None = None) -> dict:
+    """One episode, in a worker process: stage (object stores), transcode, post gates, publish (only
+    while the run's lease is alive)."""
     t0, c0 = time.perf_counter(), time.process_time()
     dst = sink.work_path(episode_id)
     out: dict = {"gates": []}
     try:
         with raw.local(key, size) as src:
-            out = _transcode_local(src, dst, sink, episode_id, sha256, expect_version, settings, gates)
+            out = _transcode_local(src, dst, sink, episode_id, sha256, expect_version, settings, gates, lease)
     except StoreUnavailableError as e:
         out = {"unavailable": (e.url, e.reason), "gates": []}
     except FileNotFoundError as e:
@@ -433,14 +471,14 @@ def _transcode_one(raw: RawSource, key: str, size: int, sink: McapSink, episode_
                              "reason": f"raw file vanished from the landing zone: {e}"}
     except Exception as e:  # noqa: BLE001  (staging one file failed: that file is held back, unless the machine failed)
         out = _failed({"gates": []}, e, f"cannot read the raw file: {type(e).__name__}: {e}", "transcode")
-    if out.get("infrastructure") and sink.store is not None:
-        dst.unlink(missing_ok=True)  # a local copy not yet published: scratch, the next attempt writes it again
+    dst.unlink(missing_ok=True)  # unpublished (a machine fault, the run gone): scratch, the next attempt writes it
     out["wall_s"], out["cpu_s"] = time.perf_counter() - t0, time.process_time() - c0
     return out
 
 
 def _transcode_local(src: Path, dst: Path, sink: McapSink, episode_id: str, sha256: str,
-                     expect_version: str | None, settings: TranscodeSettings, gates: GateConfig) -> dict:
+                     expect_version: str | None, settings: TranscodeSettings, gates: GateConfig,
+                     lease: RunLease | None = None) -> dict:
     out: dict = {"gates": []}
     try:
         report = transcode_episode(src, dst, settings, source_sha256=sha256).as_dict()
@@ -460,12 +498,17 @@ def _transcode_local(src: Path, dst: Path, sink: McapSink, episode_id: str, sha2
         out["quarantine"] = {"gate": failed[0].gate, "stage": "post", "reason": failed[0].detail,
                              "stream": None, "held_at": sink.hold(episode_id, dst)}
         return out
+    if lease is not None and not lease.alive():  # the run ended while this episode was transcoded
+        return {"gates": [], "run_ended": True}
     try:
         published = sink.publish(episode_id, dst, expect_version)
-    except PreconditionFailed as e:  # someone else's (newer) MCAP is at the key: kept, this one held back
-        out["quarantine"] = {"gate": "transcode", "stage": "post", "stream": None, "held_at": sink.hold(episode_id, dst),
-                             "reason": f"not published: {e}"}
-        return out
+    except PreconditionFailed as e:
+        adopted = sink.adopt(episode_id, dst)  # this very MCAP, published by a killed attempt: kept as it is
+        if adopted is None:  # someone else's (newer) MCAP is at the key: kept, this one held back
+            out["quarantine"] = {"gate": "transcode", "stage": "post", "stream": None,
+                                 "held_at": sink.hold(episode_id, dst), "reason": f"not published: {e}"}
+            return out
+        published = adopted
     report.update(output=published.path, output_uri=published.uri, output_version=published.version)
     return out
 

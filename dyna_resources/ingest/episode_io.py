@@ -8,13 +8,18 @@ embedded default) or object stores (production, with no shared volume).
   complete. Locally that file is the MCAP. With an MCAP store it is published with a
   precondition (``"absent"`` for a first write, the version the registry recorded for a
   rewrite), so no partial object is ever visible at the final key and a newer object written by
-  someone else is never silently overwritten; then the local copy goes.
+  someone else is never silently overwritten; then the local copy goes. An object already there
+  with exactly the bytes this attempt wrote (a worker killed after publishing, before its outcome
+  was recorded: the transcode is deterministic) is adopted, its content hash checked.
 - Held-back MCAPs go to ``quarantine/`` under the same store (a local folder embedded).
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import shutil
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -91,17 +96,47 @@ class McapSink:
         return Store.from_url(self.store, endpoint_url=self.endpoint_url)
 
     def work_path(self, episode_id: str) -> Path:
-        """The local file the transcoder writes for an episode."""
+        """The local file the transcoder writes for an episode, named like every temporary output (its
+        writer's pid inside, see batches.remove_orphan_temps): nothing is at the episode's key until
+        :meth:`publish`, which is the last thing an attempt does."""
+        return Path(self.folder) / f".{episode_id}.mcap.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+
+    def final_path(self, episode_id: str) -> Path:
+        """Where a local store keeps the episode's MCAP."""
         return Path(self.folder) / f"{episode_id}.mcap"
 
     def publish(self, episode_id: str, local: Path, expect: str | None) -> Published:
         """Make the finished local MCAP the episode's MCAP. ``expect``: the version this write replaces
         (``None``: there must be none). :raises PreconditionFailed: another object is there now."""
         if self.store is None:
-            return Published(str(local), local.resolve().as_uri(), local_version(local.stat()))
+            final = self.final_path(episode_id)
+            os.replace(local, final)
+            return Published(str(final), final.resolve().as_uri(), local_version(final.stat()))
         store = self._store()
         key = f"{episode_id}.mcap"
         info = publish_file(store, local, key, expect=expect or "absent")
+        local.unlink(missing_ok=True)
+        return Published(store.url(key), store.url(key), info.version)
+
+    def adopt(self, episode_id: str, local: Path) -> Published | None:
+        """The episode's published MCAP, if its bytes are exactly ``local``'s (same size, same SHA-256):
+        what a killed attempt published before its outcome was recorded. ``None`` otherwise (another
+        object, or none); ``local`` goes when adopted."""
+        if self.store is None:
+            return None
+        store, key = self._store(), f"{episode_id}.mcap"
+        try:
+            info = store.info(key)
+        except FileNotFoundError:
+            return None
+        if info.size != local.stat().st_size:
+            return None
+        theirs = hashlib.sha256()
+        with store.open(key, "rb") as f:
+            for block in iter(lambda: f.read(8 << 20), b""):
+                theirs.update(block)
+        if theirs.digest() != _sha256(local) or store.info(key).version != info.version:
+            return None
         local.unlink(missing_ok=True)
         return Published(store.url(key), store.url(key), info.version)
 
@@ -121,10 +156,10 @@ class McapSink:
         """Hold an episode's MCAP back: the local copy if there is one, else one already published.
         Returns where it went, or ``None`` if there was nothing to hold."""
         if self.store is None:
-            dst = local or self.work_path(episode_id)
+            dst = local or self.final_path(episode_id)
             if not dst.is_file():
                 return None
-            held = Path(self.quarantine_folder) / dst.name
+            held = Path(self.quarantine_folder) / f"{episode_id}.mcap"
             held.parent.mkdir(parents=True, exist_ok=True)
             shutil.move(dst, held)
             return str(held)
@@ -137,6 +172,14 @@ class McapSink:
             return store.url(move_to_quarantine(store, key, QUARANTINE_PREFIX).key)
         except FileNotFoundError:
             return None
+
+
+def _sha256(path: Path) -> bytes:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(8 << 20), b""):
+            h.update(block)
+    return h.digest()
 
 
 __all__ = ["McapSink", "PreconditionFailed", "Published", "RawSource"]

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ..catalog.leases import RunLease
 from ..catalog.registry import Batch, RegistryUnavailableError
 from ..episodes.transcode import TranscodeSettings
 from ..storage.stores import StoreUnavailableError
@@ -46,6 +47,8 @@ class UnitJob:
     # Inside a Ray worker (gRPC threads running) episode processes start from a fork server, never
     # by forking the worker itself; in this process, plain fork as before.
     mp_context: str | None = None
+    # The run's lease (catalog/leases.py): a unit whose run is gone stops before publishing.
+    lease: RunLease | None = None
 
 
 @dataclass
@@ -66,12 +69,12 @@ def run_unit(unit: WorkUnit[UnitJob]) -> StageReport:
     job = unit.payload
     messages: list[str] = []
     if job.stage == "pre":
-        rep = inventory_batch(unit.id, job.stores, job.gates, log=messages.append)
+        rep = inventory_batch(unit.id, job.stores, job.gates, log=messages.append, lease=job.lease)
     else:
         if job.mp_context == "forkserver":
             _preload_fork_server()
         rep = transcode_batch(unit.id, job.stores, job.gates, settings=job.settings, workers=job.workers,
-                              log=messages.append, mp_context=job.mp_context)
+                              log=messages.append, mp_context=job.mp_context, lease=job.lease)
     rep.messages = messages
     return rep
 

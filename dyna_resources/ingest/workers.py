@@ -5,12 +5,18 @@ library, the kernel's out-of-memory killer, the CPU limit) takes down only its o
 which is reported with how it died, and the other jobs go on. A ``ProcessPoolExecutor``
 fails every job in flight with ``BrokenProcessPool`` and cannot say which one killed it.
 A fork costs milliseconds, an episode's transcode seconds.
+
+No job outlives the process that started it: each asks the kernel to kill it when its parent dies
+(``PR_SET_PDEATHSIG``; a fork server's children when the fork server goes, which it does when its
+own parent does), and ``should_stop`` lets the caller end every job in flight at once.
 """
 
 from __future__ import annotations
 
+import ctypes
 import math
 import multiprocessing as mp
+import os
 import resource
 import signal
 from collections.abc import Callable, Generator, Sequence
@@ -23,6 +29,14 @@ R = TypeVar("R")
 
 _HOW = {signal.SIGXCPU: "over its CPU time limit", signal.SIGKILL: "killed, e.g. out of memory",
         signal.SIGSEGV: "crashed: segmentation fault", signal.SIGABRT: "aborted", signal.SIGBUS: "crashed: bus error"}
+
+
+class Stopped(RuntimeError):
+    """``should_stop`` said so: the jobs in flight were killed, the rest never started."""
+
+    def __init__(self, unfinished: list[int]):
+        self.unfinished = unfinished
+        super().__init__(f"stopped with {len(unfinished)} job(s) unfinished")
 
 
 @dataclass(frozen=True)
@@ -45,27 +59,34 @@ def died(exitcode: int | None, cpu_limit_s: float = 0.0) -> WorkerFailure:
 
 
 def run_each(fn: Callable[..., R], jobs: Sequence[tuple], workers: int, *,
-             cpu_limit_s: float = 0.0, context: str | None = None) -> Generator[tuple[int, int, R | WorkerFailure], None, None]:
+             cpu_limit_s: float = 0.0, context: str | None = None, should_stop: Callable[[], bool] | None = None,
+             poll_s: float = 1.0) -> Generator[tuple[int, int, R | WorkerFailure], None, None]:
     """Run ``fn(*job)`` for every job, each in a fresh process; yield ``(job index, worker slot,
     result or WorkerFailure)`` as each finishes. ``cpu_limit_s`` (> 0) caps each job's CPU time
     (all its threads). ``context`` is the multiprocessing start method (default: the platform's,
     fork on Linux; ``"forkserver"`` where this process runs threads a fork must not copy, e.g. a
-    Ray worker). Closing the iterator early kills the jobs still running."""
+    Ray worker). ``should_stop`` is asked before each job starts and at least every ``poll_s``
+    while jobs run: when it says so, the jobs in flight are killed and :class:`Stopped` is raised.
+    Closing the iterator early kills the jobs still running."""
     ctx = mp.get_context(context)
     todo = list(enumerate(jobs))[::-1]
     free = list(range(max(1, workers)))[::-1]
     running: dict[Connection, tuple[int, int, BaseProcess]] = {}
     try:
         while todo or running:
+            if should_stop is not None and should_stop():
+                raise Stopped(sorted([i for i, _ in todo] + [i for i, _, _ in running.values()]))
             while todo and free:
                 i, args = todo.pop()
                 slot = free.pop()
                 recv, send = ctx.Pipe(duplex=False)
-                p: BaseProcess = ctx.Process(target=_child, args=(send, fn, args, cpu_limit_s), name=f"worker-{slot}-job-{i}")
+                p: BaseProcess = ctx.Process(target=_child, args=(send, fn, args, cpu_limit_s,
+                                                                     os.getpid() if ctx.get_start_method() == "fork" else None),
+                                             name=f"worker-{slot}-job-{i}")
                 p.start()
                 send.close()  # the child holds the only writer: its death reads as EOF here
                 running[recv] = (i, slot, p)
-            for ready in wait(list(running)):
+            for ready in wait(list(running), timeout=poll_s if should_stop is not None else None):
                 conn = cast(Connection, ready)
                 i, slot, done = running.pop(conn)
                 try:
@@ -87,7 +108,25 @@ def run_each(fn: Callable[..., R], jobs: Sequence[tuple], workers: int, *,
             conn.close()
 
 
-def _child(conn: Connection, fn: Callable, args: tuple, cpu_limit_s: float) -> None:
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_parent(parent: int | None = None) -> None:
+    """Have the kernel SIGKILL this process when its parent dies (Linux); if the parent is already
+    gone, exit now. ``parent``: the expected parent (a forked child's is the caller; a fork server's
+    child's is the fork server: its parent as first seen). The standard library has no prctl: ctypes
+    calls libc's."""
+    parent = os.getppid() if parent is None else parent
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the caller's should_stop still ends the jobs
+        return
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _child(conn: Connection, fn: Callable, args: tuple, cpu_limit_s: float, parent: int | None) -> None:
+    die_with_parent(parent)
     if cpu_limit_s > 0:
         # Soft limit only: SIGXCPU's default action ends the process; the hard limit is left as it is.
         _, hard = resource.getrlimit(resource.RLIMIT_CPU)

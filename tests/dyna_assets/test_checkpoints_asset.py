@@ -37,3 +37,39 @@ def test_checkpoints_asset_trains_through_pipes_and_records_lineage(tmp_path, mc
                             resources=res)
         (m2,) = again.asset_materializations_for_node("checkpoints")
         assert m2.metadata["steps"].value == 6 and m2.metadata["checkpoints_dir"].value == md["checkpoints_dir"]
+
+
+def test_an_object_gone_from_the_store_fails_training_by_name_and_torchrun_does_not_read_again(tmp_path, mcap_fleet):
+    """An MCAP the manifest names is deleted: the rank that opens it records the fault, torchrun's restarts
+    stop at once without reading again, and the Dagster run fails naming the object (no run retry)."""
+    import shutil
+
+    import pytest
+    from dagster import Failure
+
+    from tests.conftest import segment_rows
+    from trainer.train import FATAL_FILE
+
+    paths, _ = mcap_fleet
+    copies = []
+    for p in paths:  # the session's MCAPs stay whole: this test deletes one of its own copies
+        copies.append(tmp_path / "mcap" / p.name)
+        copies[-1].parent.mkdir(exist_ok=True)
+        shutil.copyfile(p, copies[-1])
+    home = tmp_path / "home"
+    write_manifest(segment_rows(copies), home / "manifests", "spec-gone")
+    copies[1].unlink()
+    res = {"home": HomeResource(root=str(home)), "cache": CacheResource(home_root=str(home)),
+           "trainer": TrainerResource(nproc_per_node=1, max_restarts=2, steps=6, batch_size=2, workers=0,
+                                      checkpoint_every=3, image_size=32)}
+    with DagsterInstance.ephemeral() as instance:
+        instance.add_dynamic_partitions("curation_specs", ["spec-gone"])
+        with pytest.raises(Failure) as failed:
+            materialize([defs.get_assets_def("checkpoints")], instance=instance, partition_key="spec-gone",
+                        resources=res)
+    gone = copies[1].resolve().as_uri()
+    assert failed.value.description.startswith(f"training stopped: {gone} is gone from its store")
+    assert failed.value.metadata["object"].value == gone and failed.value.allow_retries is False
+    (run_dir,) = [p.parent for p in (home / "runs" / "spec-gone").glob("*/" + FATAL_FILE)]
+    # torchrun restarted it twice, and neither restart read anything: only the first attempt ran
+    assert sorted(p.name for p in (run_dir / "attempts").iterdir()) == ["0"]

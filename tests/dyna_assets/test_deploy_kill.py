@@ -84,8 +84,10 @@ def _slot_holders(instance: DagsterInstance) -> set[str]:
     return {s.run_id for s in info.claimed_slots}
 
 
-def test_kill_9_of_a_run_worker_fails_the_run_frees_its_slot_and_the_relaunch_completes(
-        episode_factory, tmp_path, monkeypatch):
+def _deployment(episode_factory, tmp_path, monkeypatch, seed: int) -> tuple[Path, dict, Registry, str]:
+    """A home with N episodes landed and inventoried (raw_episodes, in this process) in one partition, and
+    the environment of a deployment on the project's instance config (a queue that releases runs every
+    second); returns (home, env, registry, partition)."""
     dyna_home, dagster_home = tmp_path / "dyna", tmp_path / "dagster_home"
     # The project's instance config as is (pools, run monitoring), but a queue that releases runs every second.
     cfg = write_instance_config(dagster_home, {"run_queue": {"dequeue_interval_seconds": 1}})
@@ -98,7 +100,7 @@ def test_kill_9_of_a_run_worker_fails_the_run_frees_its_slot_and_the_relaunch_co
     landing = dyna_home / "landing" / "2026-11-29"
     landing.mkdir(parents=True)
     for i in range(N):
-        g = episode_factory(episode_id=f"ep-kill9-{i}", seed=500 + i, duration_s=2.0)
+        g = episode_factory(episode_id=f"ep-kill9-{i}", seed=seed + i, duration_s=2.0)
         shutil.copyfile(g.path, landing / f"ep-kill9-{i}.h5")
     registry = Registry.sqlite(dyna_home / "registry.sqlite")
     plan = landing_tick(LandingCursor(), LandingZone(dyna_home / "landing"), registry,
@@ -109,6 +111,12 @@ def test_kill_9_of_a_run_worker_fails_the_run_frees_its_slot_and_the_relaunch_co
         res = {**defs.resources, "ingest": IngestResource(home_root=str(dyna_home), units_on="process")}  # setup, in this process
         assert materialize([defs.get_assets_def("raw_episodes")], instance=instance, partition_key=batch,
                            resources=res).success
+    return dyna_home, env, registry, batch
+
+
+def test_kill_9_of_a_run_worker_fails_the_run_frees_its_slot_and_the_relaunch_completes(
+        episode_factory, tmp_path, monkeypatch):
+    dyna_home, env, registry, batch = _deployment(episode_factory, tmp_path, monkeypatch, seed=500)
 
     services = Services(tmp_path, env)
     try:
@@ -159,6 +167,88 @@ def test_kill_9_of_a_run_worker_fails_the_run_frees_its_slot_and_the_relaunch_co
         counts = registry.counts()
         assert counts["episodes"] == N and counts["landed_files"] == N and counts["quarantine"] == 0
         assert sorted(p.name for p in (dyna_home / "mcap").iterdir()) == [f"ep-kill9-{i}.mcap" for i in range(N)]
+    except BaseException:
+        print(services.diagnostics())
+        raise
+    finally:
+        services.stop()
+        registry.close()
+
+
+def _processes_of(home: Path) -> dict[int, str]:
+    """Processes (not this one) whose environment names this test's home, by pid: the services, the runs
+    and everything they started (Ray's cluster and workers, episode processes)."""
+    mark = f"DYNA_HOME={home}".encode()
+    out = {}
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        pid = int(environ.parent.name)
+        try:
+            if pid != os.getpid() and mark in environ.read_bytes().split(b"\0"):
+                out[pid] = (environ.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:160]
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+    return out
+
+
+def test_kill_9_of_the_run_worker_alone_leaves_nothing_of_the_run_running_and_nothing_written_after_it(
+        episode_factory, tmp_path, monkeypatch):
+    """Only the run worker is killed (the OOM killer's choice), its work units on Ray mid-episode. Its step
+    dies with it; the units find the run's lease gone and stop before publishing; the episode processes die
+    with their unit. Once the run is marked FAILED nothing of it runs (checked by process, across Ray's
+    processes too) and no MCAP is written after that moment; the relaunch completes with nothing held back."""
+    dyna_home, env, registry, batch = _deployment(episode_factory, tmp_path, monkeypatch, seed=520)
+    services = Services(tmp_path, env)
+    try:
+        services.start_webserver()
+        services.start_daemon()
+        (entry,) = services.wait_until_serving()
+        location = entry["name"]
+        (repository,) = [r["name"] for r in entry["locationOrLoadError"]["repositories"]]
+        baseline = set(_processes_of(dyna_home))  # the services and their code servers
+        with DagsterInstance.get() as instance:
+            def status(run_id: str) -> DagsterRunStatus:
+                return instance.get_run_by_id(run_id).status
+
+            first = _launch(services, location, repository, batch)
+
+            def episode_in_flight():  # an episode process with its raw file open, below a Ray unit
+                for pid, cmd in _processes_of(dyna_home).items():
+                    try:
+                        if any(f.endswith(".h5") for f in (os.readlink(fd) for fd in
+                                                          (f"/proc/{pid}/fd/{n}" for n in os.listdir(f"/proc/{pid}/fd")))):
+                            return pid
+                    except (FileNotFoundError, ProcessLookupError, PermissionError):
+                        continue
+                return None
+
+            wait_for("an episode of the first run in flight", episode_in_flight, deadline_s=240, every_s=0.1,
+                     check=services.check_alive, state=lambda: status(first))
+            pid = _run_worker_pid(instance, first)
+            assert pid is not None and pid != os.getpid()
+            # the worker and all it started: its step, the step's Ray cluster and workers, their episode processes
+            of_the_run = {pid, *_descendants(pid)}
+            assert episode_in_flight() in of_the_run and not of_the_run & baseline, (of_the_run, baseline)
+            os.kill(pid, signal.SIGKILL)  # the run worker alone
+            wait_for("the killed run marked FAILED", lambda: status(first) == DagsterRunStatus.FAILURE,
+                     deadline_s=60, check=services.check_alive, state=lambda: status(first))
+            failed_at = instance.get_run_record_by_id(first).end_time
+            assert failed_at is not None
+            # Ray's agents notice their raylet is gone by polling: seconds, longer on a loaded machine
+            wait_for("no process of the failed run left", lambda: not (set(_processes_of(dyna_home)) & of_the_run),
+                     deadline_s=120, every_s=0.2,
+                     state=lambda: {p: c for p, c in _processes_of(dyna_home).items() if p in of_the_run})
+            written = {p.name: p.stat().st_mtime for p in (dyna_home / "mcap").glob("*.mcap")}
+            assert all(t <= failed_at for t in written.values()), (failed_at, written)
+            assert registry.quarantined() == []
+
+            second = _launch(services, location, repository, batch)
+            wait_for("the relaunch finished", lambda: status(second) in (
+                DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED),
+                deadline_s=240, check=services.check_alive, state=lambda: status(second))
+            assert status(second) == DagsterRunStatus.SUCCESS
+        eps = registry.partition_episodes(batch)
+        assert len(eps) == N and all(e["status"] == TRANSCODED for e in eps) and registry.quarantined() == []
+        assert sorted(p.name for p in (dyna_home / "mcap").glob("*.mcap")) == [f"ep-kill9-{i}.mcap" for i in range(N)]
     except BaseException:
         print(services.diagnostics())
         raise

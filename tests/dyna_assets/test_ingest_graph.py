@@ -482,3 +482,56 @@ def test_warehouse_follows_the_registry_and_its_sensor_fires_only_when_changes_a
                               partition_key="first-two")
         r = md(replica, "mcap_replica", "first-two")
         assert r["files"] == 2 and r["failed"] == {} and r["copied"] + r["skipped_current"] == 2
+
+
+def test_an_mcap_deleted_behind_the_registry_fails_the_partitions_check_and_no_manifest_selects_it(home):
+    from dagster import AssetSelection
+
+    from dyna_assets.ingest.presence import mcaps_present
+    from dyna_resources.faces import HomeResource, WarehouseResource
+    from trainer.manifest_loader import open_manifest
+
+    res = {**resources(home, units_on="process"), "warehouse": WarehouseResource(home_root=str(home)),
+           "home": HomeResource(root=str(home))}
+    with DagsterInstance.ephemeral() as instance:
+        (req,) = tick(instance, res).run_requests
+        part = req.partition_key
+        assert materialize(ASSETS, instance=instance, partition_key=part, resources=res).success
+        reg = res["ingest"].stores().registry
+        gone = reg.episode_by_id("ep-g1")
+        Path(gone["mcap_path"]).unlink()  # deleted behind the registry's back
+
+        def run_check():
+            # the partition by its tag: materialize(partition_key=) asks one partitions definition of the check too
+            result = materialize([ASSETS[1], mcaps_present], instance=instance, resources=res,
+                                 tags={"dagster/partition": part}, selection=AssetSelection.checks(mcaps_present),
+                                 raise_on_error=False)
+            return checks(result)[("mcap_episodes", "mcaps_present")]
+
+        check = run_check()
+        assert not check.passed and check.severity.value == "ERROR"
+        assert check.metadata["missing"].value == 1 and check.metadata["checked"].value == 4
+        (named,) = check.metadata["missing_episodes"].value
+        assert (named["episode_id"], named["mcap_uri"], named["why"]) == ("ep-g1", gone["mcap_uri"],
+                                                                          "gone from the store")
+        assert "ep-g1" in check.description and gone["mcap_uri"] in check.description
+        assert reg.episode_by_id("ep-g1")["status"] == "missing"
+        assert reg.outdated_partitions(schema_version=versions.SCHEMA_VERSION,
+                                       pipeline_version=versions.PIPELINE_VERSION) == [part]  # the drift sensor's
+
+        # the warehouse follows; a spec that asks for it leaves it out of the manifest, naming it
+        assert materialize([defs.get_assets_def("warehouse_episodes")], instance=instance, resources=res).success
+        (home / "curation").mkdir(exist_ok=True)
+        (home / "curation" / "g012.yaml").write_text(
+            "name: g012\nwhere: {episode_id: {in: [ep-g0, ep-g1, ep-g2]}}\nsegments: {length_s: 0.5, stride_s: 0.5}\n")
+        instance.add_dynamic_partitions("curation_specs", ["g012"])
+        built = materialize([defs.get_assets_def("manifests")], instance=instance, resources=res, partition_key="g012")
+        m = md(built, "manifests", "g012")
+        assert set(open_manifest(m["arrow"])["episode_id"].to_pylist()) == {"ep-g0", "ep-g2"}
+        assert m["missing_excluded"] == 1 and m["missing_episodes"] == [{"episode_id": "ep-g1",
+                                                                         "mcap_uri": gone["mcap_uri"]}]
+        # the next run of the partition transcodes it again; the check passes
+        again = materialize(ASSETS[1:], instance=instance, partition_key=part, resources=res)
+        assert md(again, "mcap_episodes", part)["this_run_processed"] == 1
+        assert reg.episode_by_id("ep-g1")["status"] == "transcoded" and Path(gone["mcap_path"]).is_file()
+        assert run_check().passed

@@ -12,7 +12,7 @@ beside it.
 from pathlib import Path
 
 import pytest
-from dagster import DagsterInstance, materialize
+from dagster import AssetChecksDefinition, AssetSelection, DagsterInstance, materialize
 
 from dyna_assets.definitions import defs
 from dyna_resources.catalog.warehouse import Warehouse
@@ -64,6 +64,16 @@ def outside(tmp_path: Path, home: Path) -> dict:
             for p in tmp_path.rglob("*") if p.is_file() and home not in p.parents}
 
 
+def _runnable(asset) -> tuple[str, list, AssetSelection | None]:
+    """(the name its failures give, what to materialize, the selection): a partitioned asset check runs
+    beside its asset, selected alone."""
+    if isinstance(asset, AssetChecksDefinition):
+        (key,) = asset.check_keys
+        return f"{key.asset_key.to_user_string()}.{key.name}", [ASSETS[key.asset_key.path[-1]], asset], \
+            AssetSelection.checks(asset)
+    return asset.node_def.name, [asset], None
+
+
 def failures(result) -> list:
     return [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
 
@@ -72,13 +82,13 @@ def failures(result) -> list:
 def test_every_partitioned_asset_refuses_unsafe_keys(world, asset):
     tmp_path, home, elsewhere = world
     before = outside(tmp_path, home)
-    name = asset.node_def.name
+    name, nodes, selection = _runnable(asset)
     with DagsterInstance.ephemeral() as instance:
         for raw in HOSTILE:
             key = hostile(raw, home, elsewhere)
             instance.add_dynamic_partitions(asset.partitions_def.name, [key])
             # the tag, not materialize(partition_key=...), which takes "" for "no partition"
-            result = materialize([asset], instance=instance, raise_on_error=False,
+            result = materialize(nodes, instance=instance, raise_on_error=False, selection=selection,
                                  tags={"dagster/partition": key})
             assert not result.success, (name, key)
             (failure,) = failures(result)
@@ -111,16 +121,19 @@ INGEST_PARTITIONED = [a for a in PARTITIONED if a.partitions_def.name == "ingest
 
 
 def test_the_ingest_assets_are_partitioned_by_ingest_partition():
-    assert sorted(a.node_def.name for a in INGEST_PARTITIONED) == ["mcap_episodes", "raw_episodes", "step_ladders"]
+    # mcaps_present: the partition's check that its MCAPs are in the store (an asset check, partitioned too)
+    assert sorted(a.node_def.name for a in INGEST_PARTITIONED) == ["mcap_episodes", "mcap_episodes_mcaps_present",
+                                                                   "raw_episodes", "step_ladders"]
 
 
 @pytest.mark.parametrize("asset", INGEST_PARTITIONED, ids=lambda a: a.node_def.name)
 def test_a_ranged_backfill_run_with_one_unsafe_key_uses_none_of_them(world, asset):
     """Backfills of ingest partitions run ranges of keys: one unsafe key refuses the run before any partition."""
     good, bad = "20261129-000001", "20261129-000002/../../x"
+    _, nodes, selection = _runnable(asset)
     with DagsterInstance.ephemeral() as instance:
         instance.add_dynamic_partitions("ingest_partitions", [good, bad])
-        result = materialize([asset], instance=instance, raise_on_error=False,
+        result = materialize(nodes, instance=instance, raise_on_error=False, selection=selection,
                              tags={"dagster/asset_partition_range_start": good,
                                    "dagster/asset_partition_range_end": bad})
         (failure,) = failures(result)

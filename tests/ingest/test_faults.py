@@ -277,3 +277,64 @@ def test_release_of_the_infrastructure_class_re_ingests_those_episodes_and_keeps
     statuses = {e["source_path"]: e["status"] for e in stores.registry.episodes(batch)}
     assert statuses == {names[0]: TRANSCODED, names[1]: QUARANTINED, names[2]: TRANSCODED}
     assert release_quarantined(stores.registry, "infrastructure").records == []
+
+
+def test_staged_raw_files_a_killed_worker_left_are_swept_by_the_next_unit_and_counted(episode_factory, stores):
+    from dyna_resources.ingest.batches import STAGING, STAGING_MAX_AGE_S
+
+    _landed(stores, episode_factory, 1, "ep-sweep", 950)
+    batch = one_batch(stores)
+    staging = stores.mcap_dir / STAGING / "2026-12-05"
+    staging.mkdir(parents=True)
+    old, fresh, half = staging / "ep-old.h5", staging / "ep-fresh.h5", staging / ".ep-x.h5.staging-0123abcd"
+    for p, age in ((old, STAGING_MAX_AGE_S + 60), (fresh, 60), (half, STAGING_MAX_AGE_S + 1)):
+        p.write_bytes(b"x" * 1000)
+        os.utime(p, (time.time() - age, time.time() - age))
+    pre = inventory_batch(batch, stores, GateConfig())
+    assert pre.staging_swept == (2, 2000)
+    assert not old.exists() and not half.exists() and fresh.exists()  # one a unit on the node may be reading
+    post = transcode_batch(batch, stores, GateConfig(), settings=FAST, workers=1)
+    assert post.staging_swept == (0, 0) and post.processed == ["ep-sweep-0"]
+
+
+def test_a_unit_whose_run_is_gone_kills_its_episodes_publishes_nothing_more_and_the_next_run_lands_them(
+        episode_factory, stores):
+    from dyna_resources.catalog.leases import RunEnded, RunLease
+
+    names = _landed(stores, episode_factory, 4, "ep-gone", 960)
+    batch = one_batch(stores)
+    inventory_batch(batch, stores, GateConfig())
+    lease = RunLease(stores.registry, "run-gone:post", check_every_s=0.1)
+    held = lease.hold()
+    ended_at: list[float] = []
+
+    def end_the_run_mid_episode():
+        me = psutil.Process()
+        while not any(any(f.path.endswith(".h5") for f in c.open_files()) for c in me.children()):
+            time.sleep(0.005)
+        held.release()  # what the step does when Dagster marks the run failed (or what its death does)
+        ended_at.append(time.time())
+
+    ender = threading.Thread(target=end_the_run_mid_episode)
+    ender.start()
+    with pytest.raises(RunEnded) as ended:
+        transcode_batch(batch, stores, GateConfig(), settings=FAST, workers=1, lease=lease)
+    ender.join()
+    assert ended.value.unit == batch and "stopped before publishing" in str(ended.value)
+    def holds_raw_file(c: psutil.Process) -> bool:  # an episode process (others may be the test's own)
+        try:
+            return any(f.path.endswith(".h5") for f in c.open_files())
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            return False
+    assert not any(holds_raw_file(c) for c in psutil.Process().children())
+    published = [p for p in stores.mcap_dir.glob("*.mcap")]
+    assert all(p.stat().st_mtime <= ended_at[0] + 0.2 for p in published)  # nothing published after the end
+    assert not list(stores.mcap_dir.glob(".*.tmp"))
+    assert stores.registry.quarantined(batch) == []
+    rows = {e["source_path"]: e["status"] for e in stores.registry.episodes(batch)}
+    assert set(rows.values()) <= {TRANSCODED, "accepted"} and list(rows.values()).count(TRANSCODED) < len(names)
+    with RunLease(stores.registry, "run-next:post").hold():
+        transcode_batch(batch, stores, GateConfig(), settings=FAST, workers=2,
+                        lease=RunLease(stores.registry, "run-next:post"))
+    assert {e["source_path"]: e["status"] for e in stores.registry.episodes(batch)} == {n: TRANSCODED for n in names}
+    assert_every_output_has_its_outcome(stores, batch)

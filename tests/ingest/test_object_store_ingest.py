@@ -122,6 +122,39 @@ def test_a_rewrite_never_overwrites_an_mcap_someone_else_replaced(bucket, episod
     assert registry.episode_by_id("ep-race")["status"] == QUARANTINED
 
 
+def test_an_mcap_published_by_a_killed_attempt_before_its_outcome_is_adopted_not_quarantined(
+        bucket, episode_factory, tmp_path):
+    """A worker killed between publishing an episode's MCAP and recording it: the replay writes the same
+    bytes (the transcode is deterministic), finds them at the key, checks the content hash and adopts
+    the object; an object with other bytes at the key is still held back (the test above)."""
+    from dyna_resources.episodes.transcode import transcode_episode
+    from dyna_resources.storage.publish import publish_file
+
+    raw = bucket.store(bucket.landing)
+    gen = episode_factory(episode_id="ep-adopt", seed=730, duration_s=2.0)
+    raw.put_file(gen.path, "2026-12-05/ep-adopt.h5")
+    registry = Registry.sqlite(tmp_path / "registry.sqlite")
+    stores = IngestStores(registry, landing_zone(bucket.landing, bucket.endpoint), tmp_path / "s" / "mcap",
+                          tmp_path / "s" / "quarantine", mcap_store=bucket.mcap, endpoint_url=bucket.endpoint)
+    (partition,) = landing_tick(LandingCursor(), stores.landing, registry, ALL_IN_ONE).sealed
+    ingest_partition(partition.key, UnitJob("pre", stores, GateConfig()))
+    row = registry.episode_by_id("ep-adopt")
+    # what the killed attempt did: transcoded with this run's settings and published, nothing recorded
+    killed, staged = tmp_path / "killed-attempt.mcap", tmp_path / "killed" / "ep-adopt.h5"
+    staged.parent.mkdir()
+    staged.write_bytes(gen.path.read_bytes())  # staged under its landed name, as the attempt read it
+    transcode_episode(staged, killed, FAST, source_sha256=row["source_sha256"])
+    mcaps = bucket.store(bucket.mcap)
+    version = publish_file(mcaps, killed, "ep-adopt.mcap", expect="absent").version
+    assert registry.episode_by_id("ep-adopt")["status"] == "accepted"
+    report = ingest_partition(partition.key, UnitJob("post", stores, GateConfig(), settings=FAST, workers=1))
+    assert report.combined.quarantined == [] and report.combined.processed == ["ep-adopt"], [q["reason"] for q in report.combined.quarantined]
+    row = registry.episode_by_id("ep-adopt")
+    assert (row["status"], row["mcap_version"], row["mcap_uri"]) == (TRANSCODED, version, mcaps.url("ep-adopt.mcap"))
+    assert mcaps.info("ep-adopt.mcap").version == version  # the object itself, untouched
+    assert registry.quarantined() == [] and not list((tmp_path / "s").rglob("*.mcap"))
+
+
 def _options(bucket: Bucket) -> dict:
     return {"client_kwargs": {"endpoint_url": bucket.endpoint}} if bucket.endpoint else {}
 
