@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..episodes.raw_format import file_sha256
 from ..storage.publish import PreconditionFailed, move_to_quarantine, publish_file
 from ..storage.stores import Store, local_version
 from .landing import LandingZone
@@ -135,7 +136,7 @@ class McapSink:
         with store.open(key, "rb") as f:
             for block in iter(lambda: f.read(8 << 20), b""):
                 theirs.update(block)
-        if theirs.digest() != _sha256(local) or store.info(key).version != info.version:
+        if theirs.hexdigest() != file_sha256(local) or store.info(key).version != info.version:
             return None
         local.unlink(missing_ok=True)
         return Published(store.url(key), store.url(key), info.version)
@@ -172,14 +173,6 @@ class McapSink:
             return store.url(move_to_quarantine(store, key, QUARANTINE_PREFIX).key)
         except FileNotFoundError:
             return None
-
-
-def _sha256(path: Path) -> bytes:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(8 << 20), b""):
-            h.update(block)
-    return h.digest()
 
 
 __all__ = ["McapSink", "PreconditionFailed", "Published", "RawSource"]

@@ -114,17 +114,22 @@ def _deployment(episode_factory, tmp_path, monkeypatch, seed: int) -> tuple[Path
     return dyna_home, env, registry, batch
 
 
+def _serve(services: Services) -> tuple[str, str]:
+    """The webserver and the daemon started and serving the project: (code location, repository)."""
+    services.start_webserver()
+    services.start_daemon()
+    (entry,) = services.wait_until_serving()
+    (repository,) = [r["name"] for r in entry["locationOrLoadError"]["repositories"]]
+    return entry["name"], repository
+
+
 def test_kill_9_of_a_run_worker_fails_the_run_frees_its_slot_and_the_relaunch_completes(
         episode_factory, tmp_path, monkeypatch):
     dyna_home, env, registry, batch = _deployment(episode_factory, tmp_path, monkeypatch, seed=500)
 
     services = Services(tmp_path, env)
     try:
-        services.start_webserver()
-        services.start_daemon()
-        (entry,) = services.wait_until_serving()
-        location = entry["name"]
-        (repository,) = [r["name"] for r in entry["locationOrLoadError"]["repositories"]]
+        location, repository = _serve(services)
 
         with DagsterInstance.get() as instance:
             def status(run_id: str) -> DagsterRunStatus:
@@ -199,11 +204,7 @@ def test_kill_9_of_the_run_worker_alone_leaves_nothing_of_the_run_running_and_no
     dyna_home, env, registry, batch = _deployment(episode_factory, tmp_path, monkeypatch, seed=520)
     services = Services(tmp_path, env)
     try:
-        services.start_webserver()
-        services.start_daemon()
-        (entry,) = services.wait_until_serving()
-        location = entry["name"]
-        (repository,) = [r["name"] for r in entry["locationOrLoadError"]["repositories"]]
+        location, repository = _serve(services)
         baseline = set(_processes_of(dyna_home))  # the services and their code servers
         with DagsterInstance.get() as instance:
             def status(run_id: str) -> DagsterRunStatus:
