@@ -327,7 +327,8 @@ def main(argv: list[str]) -> int:
         try:
             t = time.perf_counter()
             generated = generate_fleet(home / "landing", n_eps, seed=args.seed, width=w, height=h, duration_s=dur,
-                           faults=FAULTS, workers=1 if size == "tiny" else ncpu)  # tiny: no process start-ups
+                           faults=FAULTS, workers=1 if size == "tiny" else ncpu,  # tiny: no process start-ups
+                           mark_complete=True)  # as uploaders do: landed at once, not after settle_s
             gen_s = time.perf_counter() - t
             landed = sorted((home / "landing").glob("*.h5"))
             landed_bytes = sum(p.stat().st_size for p in landed)

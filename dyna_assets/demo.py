@@ -24,7 +24,7 @@ from dyna_resources.ingest.batches import batch_summary
 from dyna_resources.ingest.ray_units import ray_cluster
 
 from .definitions import defs
-from .ingest.local import ingest_landed, reprocess_stale
+from .ingest.local import check_mcaps_present, ingest_landed, reprocess_stale
 
 SAMPLE_SPEC = """\
 # A curation spec: which episodes and segments a training run reads. Edit it, or add files
@@ -89,6 +89,12 @@ def main(argv: list[str] | None = None) -> int:
     if redone:
         print(f"re-transcoded {len(redone)} batch(es) written by an older pipeline version", flush=True)
     results += redone
+    partitions = [p.key for p in ingest.stores().registry.sealed_partitions_after(0)]
+    present = check_mcaps_present(instance, defs, partitions, resources=resources, run_config=quiet)
+    checked = [ev for r in present for ev in r.get_asset_check_evaluations()]
+    print(f"mcaps_present: {sum(ev.passed for ev in checked)} of {len(partitions)} ingest partitions have every "
+          f"MCAP in its store as recorded", flush=True)
+    results += present
     warehouse = materialize([defs.get_assets_def("warehouse_episodes")], instance=instance, resources=resources,
                             run_config=quiet, raise_on_error=False)
     results.append(warehouse)

@@ -49,6 +49,21 @@ def ingest_landed(instance: DagsterInstance, defs: Definitions, *, cursor_file: 
     return results
 
 
+def check_mcaps_present(instance: DagsterInstance, defs: Definitions, partitions: list[str], *,
+                        resources: Mapping | None = None, run_config: Mapping | None = None):
+    """``mcap_episodes.mcaps_present`` run for each ingest partition (Checks → Execute in the UI): every
+    recorded MCAP looked up in its store; what is missing is marked and named."""
+    from dagster import AssetSelection
+
+    from .presence import mcaps_present
+
+    resources = dict(resources or defs.resources)
+    return [materialize([defs.get_assets_def("mcap_episodes"), mcaps_present], instance=instance,
+                        resources=resources, run_config=run_config or {}, tags={"dagster/partition": key},
+                        selection=AssetSelection.checks(mcaps_present), raise_on_error=False)
+            for key in partitions]
+
+
 def reprocess_stale(instance: DagsterInstance, defs: Definitions, *, resources: Mapping | None = None,
                     run_config: Mapping | None = None):
     """What the drift sensor launches, run in-process: `mcap_episodes` and `step_ladders` for every
