@@ -47,15 +47,14 @@ class Presence:
         return f"{len(self.missing)} of {self.checked} MCAPs of {self.partition_key} missing or changed: {names}{more}"
 
 
-def _lookup(sink: McapSink, row: dict) -> str | None:
+def _lookup(store: Store | None, row: dict) -> str | None:
     """Why this episode's MCAP is not as the registry recorded it, or ``None`` when it is."""
     path = row["mcap_path"]
     try:
-        if sink.store is None or "://" not in path:
+        if store is None or "://" not in path:
             st = Path(path).stat()
             size, version = st.st_size, local_version(st)
         else:
-            store = Store.from_url(sink.store, endpoint_url=sink.endpoint_url)
             info = store.info(path.removeprefix(store.root).lstrip("/"))
             size, version = info.size, info.version
     except FileNotFoundError:
@@ -72,8 +71,9 @@ def check_partition_mcaps(registry: Registry, sink: McapSink, partition_key: str
     is marked ``missing`` in the registry. A store that does not answer raises (StoreUnavailableError):
     that says nothing about the objects."""
     rows = [e for e in registry.partition_episodes(partition_key) if e["status"] == TRANSCODED]
+    store = None if sink.store is None else Store.from_url(sink.store, endpoint_url=sink.endpoint_url)  # one client
     with ThreadPoolExecutor(max_workers=LOOKUPS_AT_ONCE, thread_name_prefix="dyna-mcap-lookup") as pool:
-        whys = list(pool.map(lambda r: _lookup(sink, r), rows))
+        whys = list(pool.map(lambda r: _lookup(store, r), rows))
     missing = [{"episode_id": r["episode_id"], "mcap_uri": r["mcap_uri"], "why": why}
                for r, why in zip(rows, whys, strict=True) if why is not None]
     if mark and missing:
