@@ -55,7 +55,7 @@ import struct
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -137,8 +137,15 @@ class CacheStats:
 
 
 class PageCache:
-    def __init__(self, config: CacheConfig, origins: Origins | None = None):
+    """``clock``: wall-clock seconds, the time of every TTL (``ttl_s``, ``metadata_ttl_s``) and of the
+    fetched/accessed times the cache records. Those times are shared with the node's other processes
+    through the page headers and the index, so in production it is ``time.time``; a test passes a
+    clock it advances. Not part of ``CacheConfig``: it is how this process tells time, not a setting."""
+
+    def __init__(self, config: CacheConfig, origins: Origins | None = None, *,
+                 clock: Callable[[], float] = time.time):
         self.config = config
+        self._clock = clock
         self.origins = origins or Origins()
         self.root = Path(config.root)
         self._pages = os.path.join(os.fspath(self.root), "pages")  # str: pathlib costs a third of a small hit
@@ -166,7 +173,7 @@ class PageCache:
         known = self._objects.get(url)
         if known is None and self.config.metadata_ttl_s > 0:
             known = self._known_object(url)
-        if known and time.time() - known[1] < self.config.metadata_ttl_s:
+        if known and self._clock() - known[1] < self.config.metadata_ttl_s:
             return known[0]
         try:
             info = self.origins.info(url)
@@ -176,7 +183,7 @@ class PageCache:
                 raise
             self._warn("origin-down", f"{e}; serving the last known version of {redact(url)}")
             return known[0]
-        now = time.time()
+        now = self._clock()
         self._objects[url] = (info, now)
         if known is None or known[0] != info:  # remembered for metadata_ttl_s and for stale-if-error
             self._with_index(lambda db: db.execute(
@@ -242,7 +249,7 @@ class PageCache:
         """Drop every page fetched more than ``ttl_s`` ago; returns how many."""
         if self.config.ttl_s is None:
             return 0
-        cutoff = time.time() - self.config.ttl_s
+        cutoff = self._clock() - self.config.ttl_s
 
         def drop(db):
             with _immediate(db):
@@ -353,7 +360,7 @@ class PageCache:
         known = self._headers.get(key) if remember else None
         if known is not None:
             sums, data_at, fetched_at = known
-            if self.config.ttl_s is not None and time.time() - fetched_at > self.config.ttl_s:
+            if self.config.ttl_s is not None and self._clock() - fetched_at > self.config.ttl_s:
                 return False, 0
             return sums, data_at
         head = os.pread(fd, _HEADER.size, 0)
@@ -363,7 +370,7 @@ class PageCache:
         if (magic != _MAGIC or fmt != _FORMAT or bs != self.config.block_size or length != want
                 or nblocks != -(-length // bs) or (digest, index) != self._binding(key)):
             return None, 0
-        if self.config.ttl_s is not None and time.time() - fetched_at > self.config.ttl_s:
+        if self.config.ttl_s is not None and self._clock() - fetched_at > self.config.ttl_s:
             return False, 0
         raw = os.pread(fd, 8 * nblocks, _HEADER.size)
         if len(raw) != 8 * nblocks:
@@ -452,7 +459,7 @@ class PageCache:
             bs = self.config.block_size
             view = memoryview(data)
             sums = [xxhash.xxh3_64_intdigest(view[i:i + bs]) for i in range(0, size, bs)]
-            head = _HEADER.pack(_MAGIC, _FORMAT, len(sums), bs, size, time.time(), *self._binding(key))
+            head = _HEADER.pack(_MAGIC, _FORMAT, len(sums), bs, size, self._clock(), *self._binding(key))
             with open(tmp, "wb") as f:
                 f.write(head)
                 f.write(struct.pack(f"<{len(sums)}Q", *sums))
@@ -470,7 +477,7 @@ class PageCache:
         """Add the page to the index, evicting LRU pages first so that usage stays within the
         capacity and the dataset's quota. Returns the evicted keys (their files are removed next)."""
         self._flush_touches(db)
-        now = time.time()
+        now = self._clock()
         victims: list[str] = []
         with _immediate(db):
             db.execute("DELETE FROM pages WHERE key = ?", (key,))
@@ -542,7 +549,7 @@ class PageCache:
     # ---- access times -------------------------------------------------------------------------
     def _touch(self, key: str) -> None:
         with self._state_lock:
-            self._touched[key] = time.time()
+            self._touched[key] = self._clock()
 
     def _maybe_flush_touches(self) -> None:
         if len(self._touched) >= _TOUCH_BATCH or time.monotonic() - self._touched_at > _TOUCH_EVERY_S:

@@ -17,7 +17,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dyna_resources.storage import page_cache as page_cache_module
 from dyna_resources.storage.cache_fs import CachedFileSystem
 from dyna_resources.storage.origins import ObjectChangedError, Origins
 from dyna_resources.storage.page_cache import CacheConfig, PageCache
@@ -109,37 +108,94 @@ def test_quota_per_dataset(tmp_path):
         assert bytes(cache.read(url(origin / "b"), 0, 2 * PAGE, dataset="small")) == other
 
 
-def test_pages_expire_after_ttl(tmp_path, monkeypatch):
+class FakeClock:
+    """Wall-clock seconds that move only when the test says so (the cache's ``clock``)."""
+
+    def __init__(self, now: float):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_pages_expire_after_ttl(tmp_path):
     origin = tmp_path / "o"
     data = write(origin / "a", 3 * PAGE)
-    clock = [1_000_000.0]
-    monkeypatch.setattr(page_cache_module.time, "time", lambda: clock[0])
-    with PageCache(small_config(tmp_path / "c", ttl_s=60)) as cache:
+    clock = FakeClock(1_000_000.0)
+    with PageCache(small_config(tmp_path / "c", ttl_s=60), clock=clock) as cache:
         cache.read(url(origin / "a"), 0, 3 * PAGE)
-        clock[0] += 30
+        clock.advance(30)
         cache.read(url(origin / "a"), 0, 3 * PAGE)
         assert cache.stats.origin_bytes == 3 * PAGE
-        clock[0] += 31  # 61 s after the fetch
+        clock.advance(31)  # 61 s after the fetch
         assert bytes(cache.read(url(origin / "a"), 0, PAGE)) == data[:PAGE]
         assert cache.stats.expired_pages == 1
         assert cache.stats.origin_bytes == 4 * PAGE
-        clock[0] += 100  # now every page is over 60 s old, the refetched one included
+        clock.advance(100)  # now every page is over 60 s old, the refetched one included
         assert cache.expire() == 3
         assert cache.page_count() == 0
 
 
-def test_expire_drops_exactly_the_old_pages(tmp_path, monkeypatch):
+def test_expire_drops_exactly_the_old_pages(tmp_path):
     origin = tmp_path / "o"
     write(origin / "a", 4 * PAGE)
-    clock = [5_000.0]
-    monkeypatch.setattr(page_cache_module.time, "time", lambda: clock[0])
-    with PageCache(small_config(tmp_path / "c", ttl_s=10)) as cache:
+    clock = FakeClock(5_000.0)
+    with PageCache(small_config(tmp_path / "c", ttl_s=10), clock=clock) as cache:
         cache.read(url(origin / "a"), 0, 2 * PAGE)
-        clock[0] += 8
+        clock.advance(8)
         cache.read(url(origin / "a"), 2 * PAGE, 4 * PAGE)
-        clock[0] += 5  # first two pages 13 s old, the others 5 s
+        clock.advance(5)  # first two pages 13 s old, the others 5 s
         assert cache.expire() == 2
         assert cache.page_count() == 2
+
+
+def test_a_fresh_cache_object_expires_pages_by_the_fetch_time_in_their_header(tmp_path):
+    """A page fetched under one cache object expires for a fresh one (nothing remembered): the
+    fetch time the header records comes from the clock too."""
+    origin = tmp_path / "o"
+    data = write(origin / "a", PAGE)
+    clock = FakeClock(2_000.0)
+    with PageCache(small_config(tmp_path / "c", ttl_s=10), clock=clock) as cache:
+        cache.read(url(origin / "a"), 0, PAGE)
+    clock.advance(9)
+    with PageCache(small_config(tmp_path / "c", ttl_s=10), clock=clock) as cache:
+        assert bytes(cache.read(url(origin / "a"), 0, PAGE)) == data
+        assert (cache.stats.hit_pages, cache.stats.origin_requests) == (1, 0)
+    clock.advance(2)  # 11 s after the fetch
+    with PageCache(small_config(tmp_path / "c", ttl_s=10), clock=clock) as cache:
+        assert bytes(cache.read(url(origin / "a"), 0, PAGE)) == data
+        assert (cache.stats.expired_pages, cache.stats.origin_requests) == (1, 1)
+
+
+class CountingOrigins(Origins):
+    """A file origin that counts ``info`` calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.infos = 0
+
+    def info(self, url):
+        self.infos += 1
+        return super().info(url)
+
+
+def test_object_metadata_is_trusted_for_metadata_ttl_then_asked_again(tmp_path):
+    path = tmp_path / "o" / "a"
+    write(path, PAGE, seed=3)
+    clock, origins = FakeClock(7_000.0), CountingOrigins()
+    with PageCache(small_config(tmp_path / "c", metadata_ttl_s=30), origins, clock=clock) as cache:
+        first = cache.info(url(path))
+        clock.advance(29)
+        assert cache.info(url(path)) == first and origins.infos == 1  # within the TTL: not asked
+        write(path, 2 * PAGE, seed=5)  # rewritten meanwhile: seen once the TTL is over
+        clock.advance(2)
+        assert cache.info(url(path)).size == 2 * PAGE and origins.infos == 2
+    with PageCache(small_config(tmp_path / "c", metadata_ttl_s=30), origins, clock=clock) as cache:
+        clock.advance(10)  # a fresh cache object trusts the index's record (checked 10 s ago)
+        assert cache.info(url(path)).size == 2 * PAGE and origins.infos == 2
 
 
 def test_corrupt_page_is_detected_and_refetched(tmp_path, objects):
