@@ -15,6 +15,7 @@ import pytest
 
 from dyna_resources.catalog.manifest import write_manifest
 from trainer.dataset import SampleSpec
+from trainer.faults import ENV as FAULT_ENV
 from trainer.model import ModelConfig
 from trainer.train import TrainConfig, run
 
@@ -51,10 +52,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _torchrun(cfg: TrainConfig, tmp_path: Path, name: str) -> subprocess.CompletedProcess:
+def _torchrun(cfg: TrainConfig, tmp_path: Path, name: str, fault: dict | None = None) -> subprocess.CompletedProcess:
+    """torchrun with 2 workers; ``fault``: the test-only kill (trainer/faults.py), through the
+    environment the workers inherit."""
     path = tmp_path / f"{name}.json"
     path.write_text(cfg.to_json())
     env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "OMP_NUM_THREADS": "1"}
+    env.pop(FAULT_ENV, None)
+    if fault is not None:
+        env[FAULT_ENV] = json.dumps(fault)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2", "--max-restarts=1",
            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{_free_port()}", "-m", "trainer.train",
            "--config", str(path)]
@@ -67,8 +73,8 @@ def test_killed_rank_restarts_in_place_and_resumes_with_the_same_losses(tmp_path
                 log_every=1, **SMALL)
     clean = _torchrun(TrainConfig(run_dir=str(tmp_path / "clean"), **base), tmp_path, "clean")
     assert clean.returncode == 0, clean.stderr[-3000:]
-    faulty = _torchrun(TrainConfig(run_dir=str(tmp_path / "faulty"), fault={"step": 6, "rank": 1, "attempt": 0},
-                                   **base), tmp_path, "faulty")
+    faulty = _torchrun(TrainConfig(run_dir=str(tmp_path / "faulty"), **base), tmp_path, "faulty",
+                       fault={"step": 6, "rank": 1, "attempt": 0})
     assert faulty.returncode == 0, faulty.stderr[-3000:]
 
     def losses(run_dir):
