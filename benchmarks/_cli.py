@@ -1,6 +1,6 @@
 """What every benchmark's command line shares: the size it runs at.
 
-- full (no flag): the run whose figures README publishes;
+- full (no flag): the run whose figures docs/benchmarks.md publishes;
 - ``--quick``: a smaller run whose figures still mean something (minutes);
 - ``--tiny``: the smallest run that still goes through every step of the full one (seconds). CI
   runs every benchmark this way (tests/test_benchmarks.py), so none can rot unnoticed; its

@@ -100,7 +100,7 @@ def test_manifest_warehouse_names_realistic_values_for_a_column_that_is_gone(tmp
 
 
 def test_loader_mix_sweep_runs_tiny(tmp_path):
-    """`python -m benchmarks loader --mix-sweep` (the bounded mix's measured effect in README) rots too."""
+    """`python -m benchmarks loader --mix-sweep` (the bounded mix's measured effect in docs/benchmarks.md) rots too."""
     cmd = [sys.executable, "-m", "benchmarks", "loader", "--tiny", "--mix-sweep", "--dir", str(tmp_path / "corpus")]
     proc = subprocess.run(cmd, cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=TIMEOUT_S,
                           check=False)

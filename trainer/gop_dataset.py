@@ -8,7 +8,7 @@ unit's cameras once, sequentially, on threads (libavcodec and libswscale release
 and resizes only the frames the unit's samples use, and emits the samples from that decode. The
 randomness the model sees comes from the unit permutation and the bounded mix of ``mix_units``
 units in flight per lane; ``mix_units`` is the knob between randomness and decoded frames held in
-memory (README: its measured effect).
+memory (docs/benchmarks.md, `loader`: its measured effect).
 
 Every batch carries what it cost: ``decoded_frames`` (through the decoder), ``delivered_frames``
 (frames in the batch's samples), ``bytes_read`` (MCAP bytes fetched) and ``skipped`` (samples

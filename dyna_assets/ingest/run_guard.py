@@ -1,4 +1,4 @@
-"""No work outlives its run (DESIGN.md §9), on the Dagster side: the step's process holds its run's
+"""No work outlives its run (docs/ingest.md), on the Dagster side: the step's process holds its run's
 lease while it drives the work units, dies with the process that started it (a run worker killed by
 the OOM killer or `kill -9` takes its step with it), and gives the lease up when Dagster marks the run
 failed or cancelled while this process lives on. Units check the lease (catalog/leases.py) and stop

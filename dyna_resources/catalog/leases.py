@@ -1,6 +1,6 @@
 """Run leases: a run's work units (on Ray workers, perhaps on other nodes) ask whether the run they
-belong to is still alive, and stop before publishing when it is not (DESIGN.md §9: no work outlives
-its run).
+belong to is still alive, and stop before publishing when it is not: no work outlives its run, so
+once Dagster marks a run failed nothing of it still writes (docs/ingest.md).
 
 The lease is a lock held by the process that drives the run's step, for as long as it drives it,
 so it goes the instant that process dies, by any death (SIGKILL included), with nobody to clean up:

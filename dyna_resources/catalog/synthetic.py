@@ -5,7 +5,7 @@ Every episode goes the way the pipeline takes it: its file is registered from th
 packed into work units and ingest partitions, inventoried (the pre gates' results and a whole
 episode row) and transcoded (the post gates' results, the MCAP's URI, bytes and versions). Values
 follow the fleet simulator's mix (sites, robots, tasks, operators, ~84 s episodes: 1M hours in
-~43M episodes, DESIGN.md §8) with a small share of flagged, rejected and quarantined episodes, so
+~43M episodes, the scale target) with a small share of flagged, rejected and quarantined episodes, so
 curation and manifest queries see the cardinalities a real catalog has. Deterministic in
 ``seed``: the same call writes the same rows.
 

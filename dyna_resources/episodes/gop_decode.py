@@ -65,7 +65,7 @@ class DecoderBackend:
     decoders side by side). ``cuda``: NVDEC through FFmpeg's CUDA hwaccel; frames come back to host
     memory (NV12) for the same swscale conversion. ``auto``: cuda when a CUDA device answers, else cpu.
 
-    The CUDA path is verified only where a GPU was lent (see README); everywhere else ``auto`` is cpu.
+    The CUDA path is verified only where a GPU was lent (docs/training.md); everywhere else ``auto`` is cpu.
     """
 
     def __init__(self, name: BackendName = "cpu", device: str | None = None):

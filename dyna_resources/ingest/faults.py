@@ -1,5 +1,5 @@
-"""Two kinds of failure, kept apart (DESIGN.md §9): a fault of the file is a verdict, a fault of
-the machine is not.
+"""Two kinds of failure, kept apart (docs/ingest.md, "Faults are not verdicts"): a fault of the file
+is a verdict, a fault of the machine is not.
 
 - A **data** fault is a fact about the file (unreadable, bad values, a failed gate): the file is
   quarantined with its reason, final until the file or the pipeline version changes.

@@ -25,9 +25,10 @@ processes, which file mtimes alone cannot give without scanning the tree.
   the disk's own speed) against the checksums of a header bound to the page's own key: a page
   file copied, renamed or swapped under another key's name fails that and, like a bad block, is
   dropped, counted in ``corrupt_pages`` and refetched from the origin.
-- **Concurrency**: a miss takes the page's lock (a thread lock in the process, a byte-range
-  ``lockf`` slot across processes), re-checks, and only then fetches: concurrent misses for one
-  page cost one origin read. Missing pages of one read are fetched in parallel.
+- **Concurrency**: a miss takes the page's lock (a thread lock in the process, an open-file-
+  description byte-range lock on its slot of ``locks`` across processes), re-checks, and only then
+  fetches: concurrent misses for one page cost one origin read. Missing pages of one read are
+  fetched in parallel.
 - **Eviction**: before a page is added, least-recently-used pages are dropped until it fits under
   ``capacity_bytes`` and under its dataset's quota, so usage never exceeds either. Hits record
   access times in memory and write them to the index in batches (approximate LRU, like most caches).

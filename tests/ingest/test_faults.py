@@ -1,4 +1,4 @@
-"""Faults are not verdicts (DESIGN.md §9), on both registry backends: a worker killed mid-episode, a
+"""Faults are not verdicts (docs/ingest.md), on both registry backends: a worker killed mid-episode, a
 full MCAP volume and a file that kills every worker it meets, through the real ingest engine with
 real processes, a real SIGKILL and (where root can mount one) a real tmpfs that fills up.
 
