@@ -293,7 +293,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--seed", type=int, default=23)
     args = ap.parse_args(argv)
     size = size_of(args)
-    # full: 20-40 s. The fleet's episodes average ~84 s (1M hours in ~43M episodes, DESIGN.md §8);
+    # full: 20-40 s. The fleet's episodes average ~84 s (1M hours in ~43M episodes, the scale target);
     # what a run pays per episode (its process, file opens, registry rows, the post gates' keyframes)
     # weighs ~3x more here than in the corpus, and ~14x more at the 4-8 s used up to pipeline 1.5's
     # first figures (--duration 4,8 --episodes 24 --batches 6 reruns those). ~10 minutes on 2 cores.

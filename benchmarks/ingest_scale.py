@@ -55,7 +55,7 @@ import numpy as np
 
 from ._cli import add_size_flags, size_of
 
-EPISODE_S = 84.0  # 1M episode-hours ~ 43M episodes (DESIGN.md §8)
+EPISODE_S = 84.0  # 1M episode-hours ~ 43M episodes, the scale target
 LEGACY_BYTES_PER_S = 8.5e6  # 3 cameras 640x480 JPEG at 30 Hz + proprio
 CORPUS_EPISODES = 43_000_000
 FLEET_HOURS_PER_WEEK = 440_000
