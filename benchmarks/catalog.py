@@ -122,15 +122,16 @@ def _warehouse_asset(url: str, warehouse_path: str, home: str) -> dict:
     from dagster import DagsterInstance, materialize
 
     from dyna_assets.warehouse.assets import warehouse_episodes
-    from dyna_resources.faces import IngestResource, WarehouseResource
+    from dyna_resources.resources import HomeResource, IngestResource, WarehouseResource
 
     before = _rss_gb()
     t = time.perf_counter()
     with DagsterInstance.ephemeral() as instance:
+        dyna_home = HomeResource(root=home, registry_url=url)
         res = materialize([warehouse_episodes], instance=instance,
                           run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}}, resources={
-            "ingest": IngestResource(home_root=home, registry_url=url),
-            "warehouse": WarehouseResource(path=warehouse_path)})
+            "ingest": IngestResource(home=dyna_home),
+            "warehouse": WarehouseResource(home=dyna_home, path=warehouse_path)})
     md = res.asset_materializations_for_node("warehouse_episodes")[0].metadata
     return {"s": time.perf_counter() - t, "rows": md["rows"].value, "peak_gb": _rss_gb(), "rss_before_gb": before}
 
@@ -217,10 +218,11 @@ def _drift(url: str, home: Path, registry) -> dict:
     from dyna_assets.ingest.partitions import ingest_partitions
     from dyna_assets.ingest.sensors import version_drift_sensor
     from dyna_resources import versions
-    from dyna_resources.faces import IngestResource, LadderResource
+    from dyna_resources.resources import HomeResource, IngestResource, LadderResource
 
     keys = [p.key for p in registry.sealed_partitions_after(0)]
-    res = {"ingest": IngestResource(home_root=str(home), registry_url=url), "ladders": LadderResource()}
+    res = {"ingest": IngestResource(home=HomeResource(root=str(home), registry_url=url))}
+    res["ladders"] = LadderResource(home=res["ingest"].home)
     out = {"partitions": len(keys)}
     with DagsterInstance.ephemeral() as instance:
         instance.add_dynamic_partitions(ingest_partitions.name, keys)
@@ -228,10 +230,10 @@ def _drift(url: str, home: Path, registry) -> dict:
         try:
             for name, current in (("1pct", saved), ("100pct", NEWER_VERSION)):
                 versions.PIPELINE_VERSION = current
-                ctx = build_sensor_context(instance=instance, definitions=defs, resources=res)
-                t = time.perf_counter()
-                result = version_drift_sensor.evaluate_tick(ctx)
-                s = time.perf_counter() - t
+                with build_sensor_context(instance=instance, definitions=defs, resources=res) as ctx:
+                    t = time.perf_counter()
+                    result = version_drift_sensor.evaluate_tick(ctx)
+                    s = time.perf_counter() - t
                 requested = {ap.partition_key for req in result.run_requests or []
                              for ap in req.asset_graph_subset.iterate_asset_partitions()}
                 want = set(registry.outdated_partitions(schema_version=versions.SCHEMA_VERSION,

@@ -313,90 +313,82 @@ def main(argv: list[str]) -> int:
     from dyna_assets.definitions import defs
     from dyna_resources.catalog.registry import TRANSCODED
     from dyna_resources.episodes.sim import generate_fleet
-    from dyna_resources.faces import IngestResource, TranscodeResource
+    from dyna_assets.deployment import embedded_resources
+    from dyna_resources.resources import IngestResource, TranscodeResource
     from dyna_resources.ingest.gates import GateConfig
     from dyna_resources.ingest.ray_units import ray_cluster
     from dyna_resources.ingest.tick import LandingSettings
 
     subreaper = become_subreaper()
-    saved_env = {k: os.environ.get(k) for k in ("DYNA_HOME", "DYNA_REGISTRY_URL")}
     with tempfile.TemporaryDirectory(prefix="dyna-ingest-bench-", dir=args.workdir or None) as tmp:
         home = Path(tmp) / "home"
-        os.environ["DYNA_HOME"] = str(home)  # gates.yaml looked up here (absent: the defaults)
-        os.environ.pop("DYNA_REGISTRY_URL", None)  # registry: SQLite in the temporary home
-        try:
-            t = time.perf_counter()
-            generated = generate_fleet(home / "landing", n_eps, seed=args.seed, width=w, height=h, duration_s=dur,
-                           faults=FAULTS, workers=1 if size == "tiny" else ncpu,  # tiny: no process start-ups
-                           mark_complete=True)  # as uploaders do: landed at once, not after settle_s
-            gen_s = time.perf_counter() - t
-            landed = sorted((home / "landing").glob("*.h5"))
-            landed_bytes = sum(p.stat().st_size for p in landed)
-            target = max(1, landed_bytes // n_batches)
+        t = time.perf_counter()
+        generated = generate_fleet(home / "landing", n_eps, seed=args.seed, width=w, height=h, duration_s=dur,
+                       faults=FAULTS, workers=1 if size == "tiny" else ncpu,  # tiny: no process start-ups
+                       mark_complete=True)  # as uploaders do: landed at once, not after settle_s
+        gen_s = time.perf_counter() - t
+        landed = sorted((home / "landing").glob("*.h5"))
+        landed_bytes = sum(p.stat().st_size for p in landed)
+        target = max(1, landed_bytes // n_batches)
 
-            transcode = TranscodeResource()  # production settings and pool size (0: one worker per core)
-            # Phase 1 releases the batches that fill the band (target +-10 %), as every tick does;
-            # phase 2 flushes what is left (max_wait_s=0), as the wait timeout would later: the
-            # remainder becomes the last batch(es), which the batch balance leaves out. (Flushing in
-            # the first tick would release the remainder among the full batches, ordered by key.)
-            # Production landing settings (a short batch waits an hour), not the embedded 30 s.
-            ingest = IngestResource.with_landing(LandingSettings(target_batch_bytes=target), home_root=str(home))
-            flush = IngestResource(home_root=str(home), target_batch_bytes=target, max_wait_s=0)
-            instance = DagsterInstance.ephemeral()
-            quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
-            cursor = Path(tmp) / "landing_sensor.cursor"
+        transcode = TranscodeResource()  # production settings and pool size (0: one worker per core)
+        # Phase 1 releases the batches that fill the band (target +-10 %), as every tick does;
+        # phase 2 flushes what is left (max_wait_s=0), as the wait timeout would later: the
+        # remainder becomes the last batch(es), which the batch balance leaves out. (Flushing in
+        # the first tick would release the remainder among the full batches, ordered by key.)
+        # Production landing settings (a short batch waits an hour), not the embedded 30 s.
+        # the embedded resources of a temporary home (gates.yaml looked up there; registry: SQLite there)
+        embedded = embedded_resources({"DYNA_HOME": str(home)})
+        ingest = IngestResource.with_landing(LandingSettings(target_batch_bytes=target), home=embedded["home"])
+        flush = IngestResource(home=embedded["home"], target_batch_bytes=target, max_wait_s=0)
+        instance = DagsterInstance.ephemeral()
+        quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+        cursor = Path(tmp) / "landing_sensor.cursor"
 
-            # -- pipeline -------------------------------------------------------------------
-            with Probe(local_mod, "landing_tick_in_process") as ticks, Probe(local_mod, "materialize") as runs, \
-                    Probe(assets_mod, "inventory_batch") as pre, Probe(assets_mod, "transcode_batch") as tc:
-                c0, t0 = cpu_all(), time.perf_counter()
-                results = []
-                # The work units run on a local Ray cluster, as the embedded default runs them; its start
-                # and stop are inside the measurement, and so is every process it ran (reaped below).
-                with ray_cluster(num_cpus=ncpu) as cluster:
-                    for res in (ingest, flush):
-                        results += local_mod.ingest_landed(instance, defs, cursor_file=cursor, run_config=quiet,
-                                                           resources={**defs.resources, "ingest": res,
-                                                                      "transcode": transcode})
-                        if res is ingest:
-                            full_batches = len(res.stores().registry.batches_after(0))
-                reap_descendants()
-                wall_s, cpu_s = time.perf_counter() - t0, cpu_all() - c0
-            failed = [r.run_id for r in results if not r.success]
+        # -- pipeline -------------------------------------------------------------------
+        with Probe(local_mod, "landing_tick_in_process") as ticks, Probe(local_mod, "materialize") as runs, \
+                Probe(assets_mod, "inventory_batch") as pre, Probe(assets_mod, "transcode_batch") as tc:
+            c0, t0 = cpu_all(), time.perf_counter()
+            results = []
+            # The work units run on a local Ray cluster, as the embedded default runs them; its start
+            # and stop are inside the measurement, and so is every process it ran (reaped below).
+            with ray_cluster(num_cpus=ncpu) as cluster:
+                for res in (ingest, flush):
+                    results += local_mod.ingest_landed(instance, defs, cursor_file=cursor, run_config=quiet,
+                                                       resources={**embedded, "ingest": res,
+                                                                  "transcode": transcode})
+                    if res is ingest:
+                        full_batches = len(res.stores().registry.batches_after(0))
+            reap_descendants()
+            wall_s, cpu_s = time.perf_counter() - t0, cpu_all() - c0
+        failed = [r.run_id for r in results if not r.success]
 
-            registry = ingest.stores().registry
-            batches = registry.batches_after(0)
-            episodes = registry.episodes()
-            good = [e for e in episodes if e["status"] == TRANSCODED]
-            good.sort(key=lambda e: e["source_path"])
-            quarantined = registry.quarantined()
+        registry = ingest.stores().registry
+        batches = registry.batches_after(0)
+        episodes = registry.episodes()
+        good = [e for e in episodes if e["status"] == TRANSCODED]
+        good.sort(key=lambda e: e["source_path"])
+        quarantined = registry.quarantined()
 
-            # -- codec floor and post gates, same frames, this process --------------------------
-            video = transcode.settings().video
-            sources = [home / "landing" / e["source_path"] for e in good]
-            floor = codec_floor_parallel(sources, video, transcode.pool_size())
-            # every LONE_FLOOR_EVERY-th episode again alone (this process, nothing else of ours
-            # running): what the cores lose to each other, as a ratio on the same episodes
-            lone_sample = sources[::LONE_FLOOR_EVERY]
-            lone = codec_floor(lone_sample, video)
-            contention = sum(floor["per_episode"][str(q)] for q in lone_sample) / lone["cpu_s"] if lone["cpu_s"] else 1.0
-            post = post_gate_cost(good)
-            post_all = post_gate_cost(good, {"decodable": {"params": {"sample_gops": 0}}})
-            by_name = {g.path.name: g for g in generated}
-            quality = quality_at_bar([(by_name[Path(e["source_path"]).name], Path(e["mcap_path"])) for e in good])
-            video_b = sum(video_bytes(Path(e["mcap_path"])) for e in good)
-            h5_bytes = sum(e["source_bytes"] for e in good)
-            registry.close()
-            if (floor["frames"], floor["gops"]) != (post["frames"], post["gops"]):
-                raise RuntimeError(f"codec floor did {floor['frames']} frames in {floor['gops']} GOPs, the pipeline "
-                                   f"wrote {post['frames']} in {post['gops']}: not the same work")
-        finally:
-            for k, v in saved_env.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-
+        # -- codec floor and post gates, same frames, this process --------------------------
+        video = transcode.settings().video
+        sources = [home / "landing" / e["source_path"] for e in good]
+        floor = codec_floor_parallel(sources, video, transcode.pool_size())
+        # every LONE_FLOOR_EVERY-th episode again alone (this process, nothing else of ours
+        # running): what the cores lose to each other, as a ratio on the same episodes
+        lone_sample = sources[::LONE_FLOOR_EVERY]
+        lone = codec_floor(lone_sample, video)
+        contention = sum(floor["per_episode"][str(q)] for q in lone_sample) / lone["cpu_s"] if lone["cpu_s"] else 1.0
+        post = post_gate_cost(good)
+        post_all = post_gate_cost(good, {"decodable": {"params": {"sample_gops": 0}}})
+        by_name = {g.path.name: g for g in generated}
+        quality = quality_at_bar([(by_name[Path(e["source_path"]).name], Path(e["mcap_path"])) for e in good])
+        video_b = sum(video_bytes(Path(e["mcap_path"])) for e in good)
+        h5_bytes = sum(e["source_bytes"] for e in good)
+        registry.close()
+        if (floor["frames"], floor["gops"]) != (post["frames"], post["gops"]):
+            raise RuntimeError(f"codec floor did {floor['frames']} frames in {floor['gops']} GOPs, the pipeline "
+                               f"wrote {post['frames']} in {post['gops']}: not the same work")
     # -- figures ----------------------------------------------------------------------------
     episode_hours = sum(e["duration_s"] for e in good) / 3600
     mcap_bytes = sum(e["mcap_bytes"] or 0 for e in good)

@@ -109,7 +109,7 @@ def one_size(n: int, workdir: Path) -> dict:
 
     from dyna_assets.definitions import defs
     from dyna_assets.ingest.sensors import landing_sensor
-    from dyna_resources.faces import IngestResource
+    from dyna_resources.resources import HomeResource, IngestResource
     from dyna_resources.ingest.landing import LandingZone
     from dyna_resources.ingest.tick import LandingCursor, LandingSettings, landing_tick
 
@@ -118,7 +118,7 @@ def one_size(n: int, workdir: Path) -> dict:
     keys, total_bytes = make_zone(home / "landing", n)
     make_s = time.perf_counter() - t
     settings = LandingSettings()  # production
-    ingest = IngestResource.with_landing(settings, home_root=str(home))
+    ingest = IngestResource.with_landing(settings, home=HomeResource(root=str(home)))
     resources = {"ingest": ingest}  # what the landing sensor uses
     registry = ingest.stores().registry
     rss0 = _rss_mb()
@@ -128,8 +128,9 @@ def one_size(n: int, workdir: Path) -> dict:
         while True:
             before = registry.counts()["landed_files"]
             t = time.perf_counter()
-            ctx = build_sensor_context(instance=instance, cursor=cursor, definitions=defs, resources=resources)
-            result = landing_sensor(ctx)
+            with build_sensor_context(instance=instance, cursor=cursor, definitions=defs,
+                                      resources=resources) as ctx:
+                result = landing_sensor(ctx)
             for req in result.dynamic_partitions_requests or []:
                 instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
             dt = time.perf_counter() - t

@@ -18,7 +18,7 @@ from dagster import DagsterInstance, materialize
 
 from dyna_resources.episodes.sim import generate_fleet
 from dyna_resources.episodes.sim.fleet import arrival_folder
-from dyna_resources.faces import IngestResource
+from dyna_resources.resources import IngestResource
 from dyna_resources.home import DynaHome
 from dyna_resources.ingest.batches import batch_summary
 from dyna_resources.ingest.ray_units import ray_cluster
@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
                        height=args.height, duration_s=(6.0, 12.0), faults=FAULTS, workers=os.cpu_count() or 1,
                        mark_complete=True)
     landed = sum(p.stat().st_size for p in home.landing.rglob("*.h5"))
-    ingest = IngestResource(target_batch_bytes=max(1, landed // args.batches), max_wait_s=0)
+    ingest = IngestResource(home=defs.resources["home"], target_batch_bytes=max(1, landed // args.batches),
+                            max_wait_s=0)
     resources = {**defs.resources, "ingest": ingest}
 
     instance = DagsterInstance.get()
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = home.curation / "demo-clean.yaml"
     if not spec.exists():
         spec.write_text(SAMPLE_SPEC)
-    declared = home.curation / "datasets" / "demo-clean.yaml"  # publish the manifest as a dataset version
+    declared = home.dataset_declaration("demo-clean")  # publish the manifest as a dataset version
     if not declared.exists():
         declared.parent.mkdir(parents=True, exist_ok=True)
         declared.write_text("name: demo-clean\nversion: 1.0.0\nnotes: the make demo sample fleet\n")
@@ -170,7 +171,7 @@ def print_manifest(home: DynaHome, spec: Path, result) -> None:
     from trainer.manifest_loader import local_copy, open_manifest, rank_slice
 
     md = {k: getattr(v, "value", v) for k, v in result.asset_materializations_for_node("manifests")[0].metadata.items()}
-    node_copy = local_copy(md["arrow"], home.root / "node-cache")  # what local rank 0 of each node does
+    node_copy = local_copy(md["arrow"], home.node_cache)  # what local rank 0 of each node does
     table = open_manifest(node_copy)
     slices = [rank_slice(table, r, 4).num_rows for r in range(4)]
     print(f"manifest from {spec.name}: {md['rows']} segments of {md['episodes']} episodes "
@@ -321,7 +322,7 @@ def print_howto(home: DynaHome, files: list[Path]) -> None:
     print("Where things are:")
     print(f"  landing zone (HDF5):  {home.landing}")
     print(f"  MCAP episodes:        {home.mcap}")
-    print(f"  registry (SQLite):    {home.root / 'registry.sqlite'}  (episodes, partitions, work units, gates, quarantine)")
+    print(f"  registry (SQLite):    {home.registry_sqlite}  (episodes, partitions, work units, gates, quarantine)")
     print(f"  warehouse (DuckDB):   {home.root / 'warehouse.duckdb'}  (episodes, for curation queries)")
     print(f"  manifests:            {home.manifests}")
     print(f"  page cache:           {home.root / 'page-cache'}")

@@ -7,6 +7,9 @@
   settings come from the environment (secrets included, e.g. the password inside
   ``DYNA_REGISTRY_URL``), read through ``EnvVar`` at launch, and their presence is checked when
   the definitions load, so a missing one fails the deployment (and CI), not a run at 3 a.m.
+
+This is the one module of the graph that reads the environment: every other setting a resource,
+sensor or asset needs is resolved here and handed to it.
 """
 
 from __future__ import annotations
@@ -14,12 +17,14 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from dagster import EnvVar
+from dagster import DefaultSensorStatus, EnvVar
 from dagster_ray import Lifecycle
 
-from dyna_resources.faces import (CacheResource, GatesResource, HomeResource, IngestResource, LadderResource,
-                                  ReplicaResource, TrainerResource, TranscodeResource, WarehouseResource)
+from dyna_resources.home import DEFAULT_ROOT
 from dyna_resources.ingest.tick import LandingSettings
+from dyna_resources.resources import (CacheResource, GatesResource, HomeResource, IngestResource, LadderResource,
+                                      ReplicaResource, TrainerResource, TranscodeResource, WarehouseResource)
+from dyna_resources.storage.alluxio import ENV_PREFIX as ALLUXIO_ENV_PREFIX
 
 from .ray import EmbeddedRay
 
@@ -47,7 +52,7 @@ class MissingSettingsError(RuntimeError):
 def embedded_ray(environ: Mapping[str, str] | None = None) -> EmbeddedRay:
     """A local Ray cluster of this machine's cores for each step that fans out work units, or the
     cluster ``RAY_ADDRESS`` names (then Ray takes its size from that cluster)."""
-    env = os.environ if environ is None else environ
+    env = _environ(environ)
     options = {} if env.get("RAY_ADDRESS") else {"num_cpus": os.cpu_count() or 1, "include_dashboard": False}
     return EmbeddedRay(ray_init_options={**options, "log_to_driver": False}, lifecycle=Lifecycle(connect=False))
 
@@ -69,45 +74,83 @@ def production_ray(env: Mapping[str, str]):
         timeout=900.0, lifecycle=Lifecycle(connect=False))
 
 
-def embedded_resources() -> dict:
-    return {"home": HomeResource(), "ingest": IngestResource(), "gates": GatesResource(),
-            "transcode": TranscodeResource(), "warehouse": WarehouseResource(), "cache": CacheResource(),
-            "replica": ReplicaResource(), "trainer": TrainerResource(anchors="every"), "ladders": LadderResource(),
-            "ray": embedded_ray()}
+def _environ(environ: Mapping[str, str] | None) -> Mapping[str, str]:
+    return os.environ if environ is None else environ
+
+
+def _cache_settings(env: Mapping[str, str]) -> dict:
+    """The page cache's optional settings (both modes): size, pages, TTL, other origins, Alluxio."""
+    settings: dict = {"origin_routes": env.get("DYNA_ORIGIN_ROUTES", ""),
+                      "s3_endpoint_url": env.get("DYNA_S3_ENDPOINT_URL", ""),
+                      "alluxio": {k: v for k, v in env.items() if k.startswith(ALLUXIO_ENV_PREFIX)}}
+    for field, name in (("capacity_gb", "DYNA_CACHE_CAPACITY_GB"), ("page_mb", "DYNA_CACHE_PAGE_MB"),
+                        ("ttl_s", "DYNA_CACHE_TTL_S")):
+        if env.get(name):
+            settings[field] = float(env[name])
+    return settings
+
+
+def _trainer_settings(env: Mapping[str, str]) -> dict:
+    return {"omp_num_threads": int(env["OMP_NUM_THREADS"])} if env.get("OMP_NUM_THREADS", "").isdigit() else {}
+
+
+def embedded_resources(environ: Mapping[str, str] | None = None) -> dict:
+    """Everything under ``$DYNA_HOME`` (default ``./.dyna``); ``DYNA_REGISTRY_URL`` and the optional
+    settings above are honoured when set."""
+    env = _environ(environ)
+    home = HomeResource(root=env.get("DYNA_HOME") or DEFAULT_ROOT, manifest_store=env.get("DYNA_MANIFEST_STORE", ""),
+                        registry_url=env.get("DYNA_REGISTRY_URL", ""), model_store=env.get("DYNA_MODEL_STORE", ""))
+    return {"home": home, "ingest": IngestResource(home=home), "gates": GatesResource(home=home),
+            "transcode": TranscodeResource(),
+            "warehouse": WarehouseResource(home=home, path=env.get("DYNA_WAREHOUSE_PATH", "")),
+            "cache": CacheResource(home=home, root=env.get("DYNA_CACHE_DIR", ""), **_cache_settings(env)),
+            "replica": ReplicaResource(home=home, target=env.get("DYNA_REPLICA_STORE", ""),
+                                       endpoint_url=env.get("DYNA_S3_ENDPOINT_URL", "")),
+            "trainer": TrainerResource(anchors="every", checkpoint_store=env.get("DYNA_CHECKPOINT_STORE", ""),
+                                       **_trainer_settings(env)),
+            "ladders": LadderResource(home=home), "ray": embedded_ray(env)}
 
 
 def production_resources(environ: Mapping[str, str] | None = None) -> dict:
-    env = os.environ if environ is None else environ
+    env = _environ(environ)
     missing = [name for name in PRODUCTION_SETTINGS if not env.get(name)]
     if missing:
         raise MissingSettingsError(missing)
-    home = EnvVar("DYNA_HOME")
+    home = HomeResource(root=EnvVar("DYNA_HOME"), manifest_store=EnvVar("DYNA_MANIFEST_STORE"),
+                        registry_url=EnvVar("DYNA_REGISTRY_URL"), model_store=env.get("DYNA_MODEL_STORE", ""))
     return {
-        "home": HomeResource(root=home, manifest_store=EnvVar("DYNA_MANIFEST_STORE")),
+        "home": home,
         # a fleet uploads all day: full batches, a short one only after an hour (the embedded default: 30 s)
-        "ingest": IngestResource.with_landing(LandingSettings(), home_root=home,
-                                              registry_url=EnvVar("DYNA_REGISTRY_URL"),
+        "ingest": IngestResource.with_landing(LandingSettings(), home=home,
                                               # no shared volume for ingest: the fleet's bucket in, MCAPs out
                                               landing_url=env.get("DYNA_LANDING_URL", ""),
                                               mcap_store=env.get("DYNA_MCAP_STORE", ""),
                                               endpoint_url=env.get("DYNA_S3_ENDPOINT_URL", ""),
                                               scratch_dir=env.get("DYNA_SCRATCH_DIR", "")),
-        "gates": GatesResource(),
+        "gates": GatesResource(home=home),  # $DYNA_HOME/gates.yaml when present
         "transcode": TranscodeResource(),
-        "warehouse": WarehouseResource(path=EnvVar("DYNA_WAREHOUSE_PATH")),
-        "cache": CacheResource(root=EnvVar("DYNA_CACHE_DIR"), home_root=home),
-        "replica": ReplicaResource(home_root=home),  # DYNA_REPLICA_STORE / DYNA_S3_ENDPOINT_URL when set
-        "trainer": TrainerResource(checkpoint_store=EnvVar("DYNA_CHECKPOINT_STORE")),
-        "ladders": LadderResource(),  # $DYNA_HOME/step_ladders.yaml when present
+        "warehouse": WarehouseResource(home=home, path=EnvVar("DYNA_WAREHOUSE_PATH")),
+        "cache": CacheResource(home=home, root=EnvVar("DYNA_CACHE_DIR"), **_cache_settings(env)),
+        "replica": ReplicaResource(home=home, target=env.get("DYNA_REPLICA_STORE", ""),
+                                   endpoint_url=env.get("DYNA_S3_ENDPOINT_URL", "")),
+        "trainer": TrainerResource(checkpoint_store=EnvVar("DYNA_CHECKPOINT_STORE"), **_trainer_settings(env)),
+        "ladders": LadderResource(home=home),  # $DYNA_HOME/step_ladders.yaml when present
         "ray": production_ray(env),  # the ingest assets' work units (DYNA_RAY_* size its worker group)
     }
 
 
+def sensor_status(environ: Mapping[str, str] | None = None) -> DefaultSensorStatus:
+    """Every sensor's default status: running, unless ``DYNA_SENSORS=stopped`` (tests that drive
+    Dagster by hand)."""
+    stopped = _environ(environ).get("DYNA_SENSORS", "running") == "stopped"
+    return DefaultSensorStatus.STOPPED if stopped else DefaultSensorStatus.RUNNING
+
+
 def resources(environ: Mapping[str, str] | None = None) -> dict:
-    env = os.environ if environ is None else environ
+    env = _environ(environ)
     mode = env.get("DYNA_ENV", "embedded") or "embedded"
     if mode == "embedded":
-        return embedded_resources()
+        return embedded_resources(env)
     if mode == "production":
         return production_resources(env)
     raise ValueError(f"DYNA_ENV={mode!r}: expected 'embedded' or 'production'")
@@ -115,7 +158,7 @@ def resources(environ: Mapping[str, str] | None = None) -> dict:
 
 def executor(environ: Mapping[str, str] | None = None):
     """Production runs each step in its own pod (sized by the asset's dagster-k8s/config tags)."""
-    env = os.environ if environ is None else environ
+    env = _environ(environ)
     if env.get("DYNA_ENV") == "production":
         from dagster_k8s import k8s_job_executor
 

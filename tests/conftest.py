@@ -1,4 +1,7 @@
 import dataclasses
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pyarrow as pa
@@ -8,6 +11,21 @@ from dyna_resources.episodes.codec import VideoSettings
 from dyna_resources.episodes.mcap_reader import EpisodeReader
 from dyna_resources.episodes.sim import EpisodeSpec, write_episode
 from dyna_resources.episodes.transcode import TranscodeSettings, transcode_episode
+
+# No test may use the user's home (`make test` exports DYNA_HOME=./.dyna): this process's default home is
+# an empty throwaway folder, set before any test module loads the definitions, and must stay empty.
+# A test that needs a home makes its own.
+UNUSED_HOME = tempfile.mkdtemp(prefix="dyna-tests-unused-home-")
+os.environ["DYNA_HOME"] = UNUSED_HOME
+
+
+@pytest.fixture(scope="session", autouse=True)
+def default_home_stays_unused():
+    yield
+    written = sorted(str(p.relative_to(UNUSED_HOME)) for p in Path(UNUSED_HOME).rglob("*"))
+    shutil.rmtree(UNUSED_HOME, ignore_errors=True)
+    assert not written, f"tests wrote into the default home $DYNA_HOME={UNUSED_HOME} (each test makes its own): " \
+                        f"{written[:20]}"
 
 
 def small_spec(episode_id: str = "ep-test-000001", **overrides) -> EpisodeSpec:

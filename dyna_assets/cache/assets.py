@@ -9,7 +9,7 @@ import json
 from dagster import (AssetCheckResult, AssetCheckSpec, AssetExecutionContext, DataVersion, MaterializeResult,
                      MetadataValue, asset)
 
-from dyna_resources.faces import CacheResource, HomeResource, ReplicaResource
+from dyna_resources.resources import CacheResource, HomeResource, ReplicaResource
 from dyna_resources.storage.prewarm import prewarm_manifest
 from dyna_resources.storage.replicate import replicate
 from trainer.manifest_loader import local_copy, open_manifest
@@ -23,7 +23,7 @@ def _manifest(context: AssetExecutionContext, home: HomeResource):
     """This partition's (checked) name and manifest, through the node's verified local copy (what every
     rank maps)."""
     name = partition_key(context, "curation spec")
-    path = local_copy(home.manifest_arrow_url(name), home.home().root / "node-cache")
+    path = local_copy(home.manifest_arrow_url(name), home.home().node_cache)
     return name, path, open_manifest(path)
 
 
@@ -39,7 +39,7 @@ def cache_sets(context: AssetExecutionContext, home: HomeResource, cache: CacheR
     manifest_sha = path.stem
     read_set = cache.read_set()
     version = hashlib.sha256(json.dumps([manifest_sha, list(read_set.groups)]).encode()).hexdigest()
-    front = cache.alluxio()
+    front = cache.alluxio_front()
     if front is not None:
         report = front.load(sorted(set(table.column("uri").to_pylist())))
         return MaterializeResult(

@@ -4,13 +4,13 @@ import json
 
 from dagster import AssetKey, AssetRecordsFilter, RunRequest, SensorEvaluationContext, SensorResult, SkipReason, sensor
 
-from ..ingest.sensors import default_status
+from ..deployment import sensor_status
 
 DATA_VERSION_TAG = "dagster/data_version"  # the tag Dagster stamps on a materialization's DataVersion
 BATCH = 1000
 
 
-@sensor(asset_selection=[AssetKey("cache_sets")], minimum_interval_seconds=30, default_status=default_status(),
+@sensor(asset_selection=[AssetKey("cache_sets")], minimum_interval_seconds=30, default_status=sensor_status(),
         description="When a manifests partition is materialized with a new DataVersion (its content hash), "
                     "prewarm its cache set; a rebuild with the same content requests nothing.")
 def manifest_prewarm_sensor(context: SensorEvaluationContext):

@@ -8,7 +8,7 @@ from dagster import (AssetExecutionContext, DataVersion, DynamicPartitionsDefini
 
 from dyna_resources.catalog.curation import CurationSpec, CurationSpecError, curate, missing_episodes
 from dyna_resources.catalog.manifest import write_manifest
-from dyna_resources.faces import HomeResource, WarehouseResource
+from dyna_resources.resources import HomeResource, WarehouseResource
 
 from .. import k8s
 from ..partitions import partition_key

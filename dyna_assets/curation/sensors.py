@@ -4,14 +4,14 @@ import hashlib
 
 from dagster import AssetKey, RunRequest, SensorEvaluationContext, SensorResult, sensor
 
-from dyna_resources.faces import HomeResource
+from dyna_resources.resources import HomeResource
 from dyna_resources.keys import RULE, is_safe_key
 
-from ..ingest.sensors import default_status
+from ..deployment import sensor_status
 from .assets import curation_specs
 
 
-@sensor(asset_selection=[AssetKey("manifests")], minimum_interval_seconds=30, default_status=default_status(),
+@sensor(asset_selection=[AssetKey("manifests")], minimum_interval_seconds=30, default_status=sensor_status(),
         description="Curation spec files ($DYNA_HOME/curation/*.yaml) → one manifests partition each; a new or "
                     "changed spec requests a build (run key = the spec's content hash).")
 def curation_spec_sensor(context: SensorEvaluationContext, home: HomeResource):

@@ -27,16 +27,14 @@ from dagster import (
 )
 
 from dyna_resources.catalog.datasets import DatasetError, DatasetRegistry
-from dyna_resources.catalog.registry import registry_url_from_env
-from dyna_resources.faces import HomeResource
+from dyna_resources.resources import HomeResource
 
 from .. import k8s
 from ..curation.assets import curation_specs
 from ..partitions import partition_key
 
 
-def dataset_declaration(curation_dir: Path, spec: str) -> dict | None:
-    path = curation_dir / "datasets" / f"{spec}.yaml"
+def dataset_declaration(path: Path) -> dict | None:
     if not path.exists():
         return None
     data = yaml.safe_load(path.read_text())
@@ -52,14 +50,14 @@ def dataset_declaration(curation_dir: Path, spec: str) -> dict | None:
 def datasets(context: AssetExecutionContext, home: HomeResource):
     spec = partition_key(context, "curation spec")
     h = home.home()
-    declared = dataset_declaration(h.curation, spec)
+    declared = dataset_declaration(h.dataset_declaration(spec))
     if declared is None:
         return MaterializeResult(metadata={"published": False, "reason": "nothing to publish: no "
                                            f"curation/datasets/{spec}.yaml"})
     base = f"{home.manifests_url().rstrip('/')}/{spec}"
     with fsspec.open(f"{base}.json", "rt") as f:
         sidecar = json.load(f)
-    reg = DatasetRegistry(registry_url_from_env(h.root), home.manifests_url())
+    reg = DatasetRegistry(home.resolved_registry_url(), home.manifests_url())
     try:
         try:
             ref, new = reg.publish(declared["name"], declared["version"], spec,

@@ -12,7 +12,7 @@ from dagster import (AssetExecutionContext, AssetSpec, BackfillPolicy, DataVersi
 from dagster_ray import RayResource
 
 from dyna_resources import versions
-from dyna_resources.faces import GatesResource, IngestResource, TranscodeResource
+from dyna_resources.resources import GatesResource, IngestResource, TranscodeResource
 from dyna_resources.ingest.batches import batch_summary
 from dyna_resources.ingest.gates import POST_GATES, PRE_GATES
 from dyna_resources.ingest.partitions import PartitionReport, UnitJob, ingest_partition

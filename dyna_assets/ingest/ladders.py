@@ -15,7 +15,7 @@ from dagster import (
     multi_asset,
 )
 
-from dyna_resources.faces import IngestResource, LadderResource
+from dyna_resources.resources import IngestResource, LadderResource
 from dyna_resources.ladders.config import SEGMENTER_VERSION
 from dyna_resources.ladders.run import LadderReport, ladder_batch
 

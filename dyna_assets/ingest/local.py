@@ -14,9 +14,10 @@ from .sensors import landing_sensor
 def landing_tick_in_process(instance: DagsterInstance, defs: Definitions, cursor: str | None,
                             resources: Mapping | None = None):
     given = dict(resources or defs.resources)  # only what the sensor uses: others (Ray) start nothing here
-    ctx = build_sensor_context(instance=instance, cursor=cursor, definitions=defs,
-                               resources={k: given[k] for k in landing_sensor.required_resource_keys})
-    result = landing_sensor(ctx)
+    # a context manager: resources with nested resources (each holds ``home``) are set up as generators
+    with build_sensor_context(instance=instance, cursor=cursor, definitions=defs,
+                              resources={k: given[k] for k in landing_sensor.required_resource_keys}) as ctx:
+        result = landing_sensor(ctx)
     for req in result.dynamic_partitions_requests or []:
         instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
     return result

@@ -5,7 +5,7 @@ Execute) or in a job; its engine is dyna_resources/ingest/presence.py."""
 
 from dagster import AssetCheckExecutionContext, AssetCheckResult, AssetCheckSeverity, MetadataValue, asset_check
 
-from dyna_resources.faces import IngestResource
+from dyna_resources.resources import IngestResource
 from dyna_resources.ingest.presence import check_partition_mcaps
 
 from .partitions import ingest_partition_keys, ingest_partitions

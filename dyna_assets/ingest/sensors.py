@@ -5,18 +5,16 @@ configuration wrote."""
 
 import hashlib
 import json
-import os
 
-from dagster import (AssetKey, DefaultSensorStatus, RunRequest, SensorEvaluationContext, SensorResult, SkipReason,
+from dagster import (AssetKey, RunRequest, SensorEvaluationContext, SensorResult, SkipReason,
                      sensor)
-from dagster._core.definitions.assets.graph.asset_graph_subset import AssetGraphSubset
-from dagster._core.definitions.events import AssetKeyPartitionKey
-from dagster._core.execution.backfill import BulkActionsFilter, BulkActionStatus
 
 from dyna_resources import versions
-from dyna_resources.faces import IngestResource, LadderResource
+from dyna_resources.resources import IngestResource, LadderResource
 from dyna_resources.ingest.tick import LandingCursor, landing_tick
 
+from ..dagster_private import backfill_request, backfills_in_flight
+from ..deployment import sensor_status
 from .partitions import ingest_partitions
 
 INGEST_ASSETS = [AssetKey("raw_episodes"), AssetKey("mcap_episodes"), AssetKey("step_ladders")]
@@ -24,13 +22,7 @@ DRIFT_ASSETS = [AssetKey("mcap_episodes"), AssetKey("step_ladders")]  # what a d
 DRIFT_TAG = "dyna/drift"
 
 
-def default_status() -> DefaultSensorStatus:
-    # DYNA_SENSORS=stopped leaves them off (tests that drive Dagster by hand); on otherwise.
-    stopped = os.environ.get("DYNA_SENSORS", "running") == "stopped"
-    return DefaultSensorStatus.STOPPED if stopped else DefaultSensorStatus.RUNNING
-
-
-@sensor(asset_selection=INGEST_ASSETS, minimum_interval_seconds=30, default_status=default_status(),
+@sensor(asset_selection=INGEST_ASSETS, minimum_interval_seconds=30, default_status=sensor_status(),
         description="New raw files → registry → byte-balanced work units → ingest partitions (a few TiB "
                     "each) → one Dagster partition and run per sealed partition (at most max_runs_per_tick "
                     "per tick; the run queue staggers them).")
@@ -54,7 +46,7 @@ def landing_sensor(context: SensorEvaluationContext, ingest: IngestResource):
 
 # The daemon only accepts a backfill request (RunRequest.for_asset_graph_subset) from a sensor that declares
 # the assets it may target, and refuses a subset reaching outside them.
-@sensor(asset_selection=DRIFT_ASSETS, minimum_interval_seconds=60, default_status=default_status(),
+@sensor(asset_selection=DRIFT_ASSETS, minimum_interval_seconds=60, default_status=sensor_status(),
         description="Ingest partitions holding episodes of an outdated PIPELINE/SCHEMA_VERSION → ONE backfill "
                     "of mcap_episodes + step_ladders for exactly those partitions, plus step_ladders alone for "
                     "partitions whose ladders an older segmenter/config wrote (never while one is in flight).")
@@ -72,9 +64,7 @@ def version_drift_sensor(context: SensorEvaluationContext, ingest: IngestResourc
     relabel = known([p for p in registry.outdated_ladder_partitions(ladder_version) if p not in stale_set])
     if not stale and not relabel:
         return SkipReason("every ingest partition is at the current versions")
-    # Filtered here, not by the storage's tag filter: that one misses backfill tags on SQLite storage.
-    in_flight = [b for b in context.instance.get_backfills(filters=BulkActionsFilter(
-        statuses=[BulkActionStatus.REQUESTED])) if b.tags.get(DRIFT_TAG) == "true"]
+    in_flight = backfills_in_flight(context.instance, DRIFT_TAG)
     if in_flight:
         return SkipReason(f"drift backfill {in_flight[0].backfill_id} still in flight")
     want = {"schema": versions.SCHEMA_VERSION, "pipeline": versions.PIPELINE_VERSION, "batches": stale,
@@ -84,13 +74,12 @@ def version_drift_sensor(context: SensorEvaluationContext, ingest: IngestResourc
         return SkipReason(f"{len(stale) + len(relabel)} stale partitions were already backfilled once at these "
                           "versions; see that backfill's failures")
     mcap, ladder = DRIFT_ASSETS
-    wanted = {AssetKeyPartitionKey(k, b) for b in stale for k in (mcap, ladder)}
-    wanted |= {AssetKeyPartitionKey(ladder, b) for b in relabel}
-    subset = AssetGraphSubset.from_asset_partition_set(wanted, context.repository_def.asset_graph)
+    wanted = [(k, b) for b in stale for k in (mcap, ladder)] + [(ladder, b) for b in relabel]
     context.update_cursor(fingerprint)
     context.log.info(f"backfilling {len(stale)} stale partitions to pipeline {versions.PIPELINE_VERSION}: "
                      f"{stale[:20]}; re-segmenting {len(relabel)} partitions to ladder {ladder_version}: "
                      f"{relabel[:20]}")
-    return RunRequest.for_asset_graph_subset(subset, tags={DRIFT_TAG: "true", "dyna/trigger": "drift",
-                                                           "dyna/pipeline_version": versions.PIPELINE_VERSION,
-                                                           "dyna/ladder_version": ladder_version})
+    return backfill_request(wanted, context.repository_def.asset_graph,
+                            tags={DRIFT_TAG: "true", "dyna/trigger": "drift",
+                                  "dyna/pipeline_version": versions.PIPELINE_VERSION,
+                                  "dyna/ladder_version": ladder_version})

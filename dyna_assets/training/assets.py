@@ -7,7 +7,7 @@ import json
 
 from dagster import AssetExecutionContext, Failure, MaterializeResult, MetadataValue, PipesSubprocessClient, asset
 
-from dyna_resources.faces import CacheResource, HomeResource, TrainerResource
+from dyna_resources.resources import CacheResource, HomeResource, TrainerResource
 from trainer.train import FATAL_FILE
 
 from .. import k8s

@@ -10,7 +10,6 @@ No ``from __future__ import annotations`` here: Dagster reads the context annota
 """
 
 import hashlib
-import os
 from pathlib import Path
 
 from dagster import (
@@ -25,7 +24,7 @@ from dagster import (
     asset,
 )
 
-from dyna_resources.faces import HomeResource
+from dyna_resources.resources import HomeResource
 from dyna_resources.keys import UnsafeKeyError, check_key
 
 from .. import k8s
@@ -45,7 +44,7 @@ class EvaluationConfig(Config):
 
 
 class ReleaseConfig(Config):
-    store_url: str = ""  # empty: $DYNA_MODEL_STORE, else the home folder (file://); releases go under models/
+    store_url: str = ""  # empty: the deployment's model store ($DYNA_MODEL_STORE), else the home folder; under models/
     name: str = ""  # empty: the curation spec
     step: int = -1  # -1: the checkpoint the latest evaluation of this partition evaluated
 
@@ -116,7 +115,7 @@ def evaluations(context: AssetExecutionContext, config: EvaluationConfig, home: 
     context.log.info(f"evaluating {run_dir} ({config.evaluation}) on {url}")
     res = evaluate_checkpoint(run_dir, url, step=None if config.step < 0 else config.step,
                               evaluation=config.evaluation, batch_size=config.batch_size,
-                              cache_dir=home.home().root / "node-cache")
+                              cache_dir=home.home().node_cache)
     metrics = res["evaluation"]["metrics"]
     md = {
         "evaluation": config.evaluation,
@@ -166,7 +165,7 @@ def released_models(context: AssetExecutionContext, config: ReleaseConfig, home:
         run_dir, step = Path(evaluated[0]["run_dir"]), int(evaluated[0]["checkpoint_step"])
     else:
         run_dir, step = _run_dir(context), None
-    store = config.store_url or os.environ.get("DYNA_MODEL_STORE") or f"file://{home.home().root}"
+    store = config.store_url or home.model_store_url()
     folder = export_weights(run_dir, step)
     rel = publish(folder, store, name)
     context.log.info(f"{'already released' if rel.already_released else 'released'}: {rel.url}")

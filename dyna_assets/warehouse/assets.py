@@ -6,7 +6,7 @@ No ``from __future__ import annotations`` here: Dagster reads the context annota
 from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset
 
 from dyna_resources.catalog.cdc import sync
-from dyna_resources.faces import IngestResource, WarehouseResource
+from dyna_resources.resources import IngestResource, WarehouseResource
 
 from .. import k8s
 

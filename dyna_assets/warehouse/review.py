@@ -8,7 +8,7 @@ from collections import Counter
 
 from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset
 
-from dyna_resources.faces import IngestResource
+from dyna_resources.resources import IngestResource
 
 from .. import k8s
 

@@ -3,13 +3,13 @@
 from dagster import AssetKey, RunRequest, SensorEvaluationContext, SkipReason, sensor
 
 from dyna_resources.catalog.cdc import pending
-from dyna_resources.faces import IngestResource
+from dyna_resources.resources import IngestResource
 
-from ..ingest.sensors import default_status
+from ..deployment import sensor_status
 
 
 @sensor(asset_selection=[AssetKey("warehouse_episodes")], minimum_interval_seconds=10,
-        default_status=default_status(),
+        default_status=sensor_status(),
         description="Registry changes pending → one warehouse sync run (run key = oldest pending change, so a "
                     "burst never launches twice; DuckDB writers are serialized by the duckdb pool).")
 def warehouse_sync_sensor(context: SensorEvaluationContext, ingest: IngestResource):

@@ -30,26 +30,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import fsspec
-from sqlalchemy import (
-    Column,
-    DateTime,
-    Float,
-    Integer,
-    MetaData,
-    String,
-    Table,
-    Text,
-    create_engine,
-    event,
-    inspect,
-    select,
-)
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, IntegrityError
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 
 from dyna_resources.storage.stores import Store
 from dyna_resources.versions import PIPELINE_VERSION, SCHEMA_VERSION
 
+from . import schema
 from .curation import NAME
 
 # Strict semver 2.0 MAJOR.MINOR.PATCH with an optional pre-release; no build metadata (semver
@@ -57,25 +44,7 @@ from .curation import NAME
 _IDENT = r"(?:0|[1-9]\d*|\d*[A-Za-z-][0-9A-Za-z-]*)"
 SEMVER = re.compile(rf"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(?:-({_IDENT}(?:\.{_IDENT})*))?$")
 
-metadata = MetaData()
-datasets_table = Table(
-    "datasets", metadata,
-    Column("name", String(128), primary_key=True),
-    Column("version", String(128), primary_key=True),
-    Column("spec_name", String(128), nullable=False),
-    Column("spec_sha256", String(64), nullable=False),
-    Column("manifest_sha256", String(64), nullable=False),
-    Column("manifest_parquet_sha256", String(64), nullable=True),  # NULL: published before it was recorded
-    Column("manifest_arrow_url", Text, nullable=False),
-    Column("manifest_parquet_url", Text, nullable=False),
-    Column("pipeline_versions", Text, nullable=False),  # JSON
-    Column("schema_version", String(32), nullable=False),
-    Column("rows", Integer, nullable=False),
-    Column("episodes", Integer, nullable=False),
-    Column("segment_hours", Float, nullable=False),
-    Column("published_at", DateTime(timezone=True), nullable=False),
-    Column("notes", Text, nullable=False, default=""),
-)
+datasets_table = schema.datasets
 
 
 class DatasetError(ValueError):
@@ -192,22 +161,8 @@ class DatasetRegistry:
     (needed to publish only: a published row holds full URLs)."""
 
     def __init__(self, url: str, store_url: str | None = None):
-        try:
-            parsed = make_url(url)
-        except ArgumentError:
-            raise ValueError("registry URL is not a valid SQLAlchemy URL") from None  # may hold a password
-        kwargs: dict = {}
-        if parsed.get_backend_name() == "sqlite":
-            if parsed.database and parsed.database != ":memory:":
-                Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-            kwargs["connect_args"] = {"timeout": 60}
-        else:
-            kwargs["pool_pre_ping"] = True
-        self.engine = create_engine(parsed, **kwargs)
-        if parsed.get_backend_name() == "sqlite":
-            event.listen(self.engine, "connect", _sqlite_wal)
-        metadata.create_all(self.engine, checkfirst=True)  # CREATE TABLE IF NOT EXISTS
-        _add_missing_columns(self.engine)
+        self.engine = schema.open_engine(url)
+        schema.create_tables(self.engine, [datasets_table])
         self._store_url = store_url
 
     def close(self) -> None:
@@ -421,20 +376,3 @@ def _ref(row) -> DatasetRef:
                       pipeline_versions=json.loads(row["pipeline_versions"]), schema_version=row["schema_version"],
                       rows=row["rows"], episodes=row["episodes"], segment_hours=row["segment_hours"],
                       published_at=published, notes=row["notes"], parquet_sha256=row["manifest_parquet_sha256"])
-
-
-def _add_missing_columns(engine) -> None:
-    """Additive migration, as in the registry: a column an older database lacks is added, nullable."""
-    have = {c["name"] for c in inspect(engine).get_columns(datasets_table.name)}
-    with engine.begin() as c:
-        for col in datasets_table.columns:
-            if col.name not in have:
-                ddl = col.type.compile(dialect=engine.dialect)
-                c.exec_driver_sql(f"ALTER TABLE {datasets_table.name} ADD COLUMN {col.name} {ddl}")
-
-
-def _sqlite_wal(dbapi_conn, _record) -> None:
-    cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
-    cur.execute("PRAGMA busy_timeout=60000")
-    cur.close()

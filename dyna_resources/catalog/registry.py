@@ -22,11 +22,11 @@ from operator import itemgetter
 from pathlib import Path
 
 import orjson
-from sqlalchemy import String, and_, bindparam, create_engine, event, func, not_, or_, select, update
+from sqlalchemy import String, and_, bindparam, func, not_, or_, select, update
 from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError
 
-from . import bulk, bulk_marker, changelog, partition_versions, pipelined
+from . import bulk, bulk_aside, changelog, partition_versions, pipelined
 from . import schema as t
 from .partition_versions import partition_versions as pv_summary
 
@@ -311,23 +311,10 @@ def _partition(r) -> IngestPartition:
 
 class Registry:
     def __init__(self, url: str):
+        self.url = t.parse_url(url)
+        self.engine: Engine = t.open_engine(self.url)
         try:
-            self.url = make_url(url)
-        except ArgumentError:
-            raise ValueError("registry URL is not a valid SQLAlchemy URL") from None  # never echo it: it may hold a password
-        kwargs: dict = {"future": True}
-        if self.url.get_backend_name() == "sqlite":
-            if self.url.database and self.url.database != ":memory:":
-                Path(self.url.database).parent.mkdir(parents=True, exist_ok=True)
-            kwargs["connect_args"] = {"timeout": 60}
-        else:
-            kwargs["pool_pre_ping"] = True
-        self.engine: Engine = create_engine(self.url, **kwargs)
-        if self.url.get_backend_name() == "sqlite":
-            event.listen(self.engine, "connect", _sqlite_pragmas)
-        try:
-            t.metadata.create_all(self.engine)
-            _add_missing_columns(self.engine)
+            t.create_tables(self.engine, t.metadata.sorted_tables)  # the whole catalog: one schema
             _fold_legacy_gate_rows(self.engine)
             partition_versions.install(self.engine)  # what the drift sensor asks, in O(partitions)
             if self.backend == "sqlite":
@@ -703,7 +690,7 @@ class Registry:
         summary and change log are written set-based (bulk_marker.py); PostgreSQL's triggers are
         statement-level already and its change log is the WAL."""
         if self.backend == "sqlite" and episode_ids:
-            return bulk_marker.triggers_aside(c, episode_ids, inserted)
+            return bulk_aside.triggers_aside(c, episode_ids, inserted)
         return nullcontext()
 
     def _score(self, c, scored: dict[str, str], results: dict, whole: dict, partial: dict) -> None:
@@ -958,7 +945,7 @@ class Registry:
         """Row counts of every table (tests and the demo use them to prove no duplicates)."""
         with self._begin() as c:
             return {tab.name: c.execute(select(func.count()).select_from(tab)).scalar_one()
-                    for tab in t.metadata.sorted_tables}
+                    for tab in t.REGISTRY_TABLES}
 
 
 _OPENED: dict[str, Registry] = {}  # per process: one engine per URL, reused by every unit a worker runs
@@ -982,21 +969,6 @@ def _reopen(url: str, has_password: bool) -> Registry:
 def _of_batches(column, keys: str | Sequence[str]):
     """``column`` is one work unit's key, or any of several (a partition's units)."""
     return column == keys if isinstance(keys, str) else column.in_(list(keys))
-
-
-def _add_missing_columns(engine: Engine) -> None:
-    """Additive migration: a column the code knows and an older database lacks is added
-    (nullable, so old rows stay valid). Columns are never dropped or changed here."""
-    from sqlalchemy import inspect
-
-    insp = inspect(engine)
-    with engine.begin() as c:
-        for table in t.metadata.sorted_tables:
-            have = {col["name"] for col in insp.get_columns(table.name)}
-            for col in table.columns:
-                if col.name not in have:
-                    ddl = col.type.compile(dialect=engine.dialect)
-                    c.exec_driver_sql(f'ALTER TABLE {table.name} ADD COLUMN {col.name} {ddl}')
 
 
 LEGACY_PAGE = 50_000  # rows of the old per-gate table read at a time
@@ -1045,14 +1017,6 @@ def _write_folded(c, backend: str, groups: list[list[dict]]) -> None:
                       "pipeline_version": r["pipeline_version"]} for r in g])
         rows.append(_gate_row(o, first["episode_id"], first["checked_at"]))
     bulk.upsert(c, backend, t.gate_results, rows, ["source_path", "stage"])
-
-
-def _sqlite_pragmas(dbapi_conn, _record) -> None:
-    cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")  # readers never block the writer: many runs share one file
-    cur.execute("PRAGMA synchronous=NORMAL")
-    cur.execute("PRAGMA busy_timeout=60000")
-    cur.close()
 
 
 def registry_url_from_env(home_root: str | Path) -> str:

@@ -1,4 +1,6 @@
-"""Tables of the registry, the system of record (SQLAlchemy Core: one definition for SQLite and PostgreSQL).
+"""Tables of the catalog database, the system of record (SQLAlchemy Core: one definition for SQLite and
+PostgreSQL), and its engine: the registry (``registry.py``) and the dataset versions (``datasets.py``) share
+one schema, one engine set-up and one additive migration.
 
 Times are UTC epoch seconds (float) so both backends store and compare them the same way.
 Paths of landed files are relative to the landing root (``site-a/2026/ep-000001.h5``).
@@ -8,7 +10,12 @@ the registry checks every value against :func:`string_limits` itself: one limit 
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Boolean, Column, Float, Index, Integer, MetaData, String, Table, Text
+from pathlib import Path
+
+from sqlalchemy import (BigInteger, Boolean, Column, DateTime, Float, Index, Integer, MetaData, String, Table, Text,
+                        create_engine, event, inspect)
+from sqlalchemy.engine import URL, Engine, make_url
+from sqlalchemy.exc import ArgumentError
 
 metadata = MetaData()
 
@@ -156,6 +163,78 @@ quarantine = Table(
     Column("quarantined_at", Float, nullable=False),
     Index("ix_quarantine_batch", "batch_key"),
 )
+
+
+# A published dataset version: name@version of a manifest, immutable once written (datasets.py).
+datasets = Table(
+    "datasets", metadata,
+    Column("name", String(128), primary_key=True),
+    Column("version", String(128), primary_key=True),
+    Column("spec_name", String(128), nullable=False),
+    Column("spec_sha256", String(64), nullable=False),
+    Column("manifest_sha256", String(64), nullable=False),
+    Column("manifest_parquet_sha256", String(64), nullable=True),  # NULL: published before it was recorded
+    Column("manifest_arrow_url", Text, nullable=False),
+    Column("manifest_parquet_url", Text, nullable=False),
+    Column("pipeline_versions", Text, nullable=False),  # JSON
+    Column("schema_version", String(32), nullable=False),
+    Column("rows", Integer, nullable=False),
+    Column("episodes", Integer, nullable=False),
+    Column("segment_hours", Float, nullable=False),
+    Column("published_at", DateTime(timezone=True), nullable=False),
+    Column("notes", Text, nullable=False, default=""),
+)
+
+# The registry's own tables (what ``Registry.counts`` reports); the datasets table is the dataset registry's.
+REGISTRY_TABLES = tuple(tab for tab in metadata.sorted_tables if tab is not datasets)
+
+
+def parse_url(url: str | URL) -> URL:
+    try:
+        return make_url(url)
+    except ArgumentError:
+        raise ValueError("registry URL is not a valid SQLAlchemy URL") from None  # never echo it: it may hold a password
+
+
+def open_engine(url: str | URL) -> Engine:
+    """The engine of the catalog database at ``url``: SQLite in WAL mode with a generous busy timeout (many
+    runs share one file; its folder is made), PostgreSQL with liveness checks on checkout."""
+    parsed = parse_url(url)
+    kwargs: dict = {"future": True}
+    sqlite = parsed.get_backend_name() == "sqlite"
+    if sqlite:
+        if parsed.database and parsed.database != ":memory:":
+            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        kwargs["connect_args"] = {"timeout": 60}
+    else:
+        kwargs["pool_pre_ping"] = True
+    engine = create_engine(parsed, **kwargs)
+    if sqlite:
+        event.listen(engine, "connect", _sqlite_pragmas)
+    return engine
+
+
+def create_tables(engine: Engine, tables: list[Table]) -> None:
+    """CREATE TABLE IF NOT EXISTS for ``tables``, then the additive migration: a column the code knows and
+    an older database lacks is added (nullable, so old rows stay valid). Columns are never dropped or
+    changed here."""
+    metadata.create_all(engine, tables=tables, checkfirst=True)
+    insp = inspect(engine)
+    with engine.begin() as c:
+        for table in tables:
+            have = {col["name"] for col in insp.get_columns(table.name)}
+            for col in table.columns:
+                if col.name not in have:
+                    ddl = col.type.compile(dialect=engine.dialect)
+                    c.exec_driver_sql(f"ALTER TABLE {table.name} ADD COLUMN {col.name} {ddl}")  # schema names
+
+
+def _sqlite_pragmas(dbapi_conn, _record) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")  # readers never block the writer: many runs share one file
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA busy_timeout=60000")
+    cur.close()
 
 
 def string_limits(table: Table) -> dict[str, int]:

@@ -30,9 +30,10 @@ from foxglove_schemas_protobuf.CompressedVideo_pb2 import CompressedVideo
 import zstandard
 from mcap.data_stream import ReadDataStream
 from mcap.exceptions import McapError
-from mcap.reader import _read_summary_from_stream_reader
-from mcap.records import ChunkIndex, Metadata
+from mcap.records import (AttachmentIndex, Channel, ChunkIndex, Footer, Metadata, MetadataIndex, Schema,
+                          Statistics)
 from mcap.stream_reader import CRCValidationError, StreamReader
+from mcap.summary import Summary
 from mcap.writer import MCAP0_MAGIC
 
 from . import blocks
@@ -53,6 +54,27 @@ from .topics import (
 
 FOOTER_RECORD_SIZE = 1 + 8 + 8 + 8 + 4
 TAIL_READ = 64 * 1024  # one request at open usually covers footer and summary
+
+
+def _summary_of(section: bytes) -> Summary | None:
+    """The records of an MCAP summary section held in memory, collected into a ``Summary`` (None when its
+    footer says there is none). The library does this only privately (``mcap.reader.
+    _read_summary_from_stream_reader``) or for a whole seekable file; we fetch the section ourselves."""
+    summary = Summary()
+    slots = {Schema: summary.schemas, Channel: summary.channels}
+    lists = {AttachmentIndex: summary.attachment_indexes, ChunkIndex: summary.chunk_indexes,
+             MetadataIndex: summary.metadata_indexes}
+    for record in StreamReader(io.BytesIO(section), skip_magic=True).records:
+        kind = type(record)
+        if kind in slots:
+            slots[kind][record.id] = record
+        elif kind in lists:
+            lists[kind].append(record)
+        elif kind is Statistics:
+            summary.statistics = record
+        elif kind is Footer:
+            return summary if record.summary_start else None
+    return summary
 
 
 @dataclass
@@ -215,7 +237,7 @@ class EpisodeReader:
             crc = zlib.crc32(section[: footer_at - (summary_start - tail_start) + 1 + 8 + 8 + 8])
             if crc != summary_crc:
                 raise McapFormatError(self.path, f"summary CRC mismatch ({crc:#x} != {summary_crc:#x})")
-        summary = _read_summary_from_stream_reader(StreamReader(io.BytesIO(section), skip_magic=True))
+        summary = _summary_of(section)
         if summary is None or not summary.chunk_indexes:
             raise McapFormatError(self.path, "summary has no chunk index")
         self.summary = summary

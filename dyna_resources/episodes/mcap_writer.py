@@ -2,8 +2,9 @@
 
 What the mcap library's ``Writer`` lacked: it has a single chunk builder and one
 compression for the whole file, so two groups written side by side would share
-chunks. This writer reuses the library's record classes and ``ChunkBuilder``; only
-the bookkeeping of several open chunks is ours.
+chunks, and its chunk builder is private (``mcap._chunk_builder``). This writer reuses the
+library's public record classes; the bookkeeping of several open chunks, and the few lines of
+one chunk's builder (:class:`_ChunkRecords`), are ours.
 
 A group's chunk closes when a message arrives for a later time window of that group
 (windows are fixed-length from ``t0_ns``), on ``close_group``, or at ``finish``. So at
@@ -19,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import IO
 
 import zstandard
-from mcap._chunk_builder import ChunkBuilder
 from mcap.data_stream import RecordBuilder
 from mcap.opcode import Opcode
 from mcap.records import (
@@ -30,6 +30,7 @@ from mcap.records import (
     Footer,
     Header,
     Message,
+    MessageIndex,
     Metadata,
     MetadataIndex,
     Schema,
@@ -44,12 +45,42 @@ except ImportError:  # lz4 is optional; zstd and none always work
     lz4 = None
 
 
+class _ChunkRecords:
+    """The records of one open chunk and its message index, per channel: (log time, offset in the chunk)."""
+
+    def __init__(self) -> None:
+        self.records = RecordBuilder()
+        self.message_indices: dict[int, MessageIndex] = {}
+        self.message_start_time = 0
+        self.message_end_time = 0
+        self.num_messages = 0
+
+    def add_message(self, message: Message) -> None:
+        t = message.log_time
+        self.message_start_time = t if self.num_messages == 0 else min(self.message_start_time, t)
+        self.message_end_time = max(self.message_end_time, t)
+        index = self.message_indices.get(message.channel_id)
+        if index is None:
+            index = self.message_indices[message.channel_id] = MessageIndex(channel_id=message.channel_id, records=[])
+        index.records.append((t, self.records.count))
+        self.num_messages += 1
+        message.write(self.records)
+
+    def end(self) -> bytes:
+        return self.records.end()
+
+    def reset(self) -> None:
+        self.records.end()
+        self.message_indices = {}
+        self.message_start_time = self.message_end_time = self.num_messages = 0
+
+
 @dataclass
 class _Group:
     name: str
     compression: str
     window_ns: int | None  # None: chunks close only when told
-    builder: ChunkBuilder = field(default_factory=ChunkBuilder)
+    builder: _ChunkRecords = field(default_factory=_ChunkRecords)
     window: int | None = None  # index of the window the open chunk belongs to
 
 

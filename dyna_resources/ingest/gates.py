@@ -17,13 +17,13 @@ that would fail it is caught at transcode time instead and quarantined there.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import numpy as np
 import yaml
+
+from .quality import QualityConfig, QualityConfigError
 
 PRE_GATES = ("readable", "required_streams", "timestamps_monotonic", "max_duration", "min_frames", "finite_values",
              "frame_drops", "dead_camera", "min_duration")
@@ -85,9 +85,7 @@ class GateConfig:
     gates: Mapping[str, GateSetting] = field(default_factory=lambda: dict(DEFAULTS))
     quality: Mapping = field(default_factory=dict)  # the ``quality:`` section: see quality.QualityConfig
 
-    def quality_config(self):
-        from .quality import QualityConfig
-
+    def quality_config(self) -> QualityConfig:
         return QualityConfig.from_mapping(self.quality)
 
     def __getitem__(self, name: str) -> GateSetting:
@@ -105,8 +103,6 @@ class GateConfig:
         """Defaults overlaid with ``{gate: {enabled, action, blocking, max_failed_fraction, params}}``;
         a boolean instead of a mapping switches the gate on or off; ``quality`` holds the quality
         score settings."""
-        from .quality import QualityConfig, QualityConfigError
-
         gates = dict(DEFAULTS)
         overrides = dict(overrides or {})
         quality = overrides.pop("quality", None) or {}
@@ -173,35 +169,3 @@ class GateResult:
     def as_record(self, pipeline_version: str) -> dict:
         return {"gate": self.gate, "passed": self.passed, "action": self.action, "detail": self.detail,
                 "pipeline_version": pipeline_version}
-
-
-# -- measurements the gates judge ------------------------------------------------------------
-
-def drop_fraction(ts_ns: np.ndarray) -> float:
-    """Share of a regular stream's frames that are missing, from gaps in its timestamps."""
-    if len(ts_ns) < 3:
-        return 0.0
-    d = np.diff(ts_ns.astype(np.int64))
-    period = float(np.median(d))
-    if period <= 0:
-        return 0.0
-    missing = np.rint(d[d > 1.5 * period] / period).astype(np.int64) - 1
-    dropped = int(missing.sum())
-    return dropped / (len(ts_ns) + dropped)
-
-
-def non_finite(a: np.ndarray) -> tuple[int, int, int, int]:
-    """(NaN count, +inf count, -inf count, first row holding any of them or -1) of a 2-D block."""
-    nan, pos, neg = np.isnan(a), np.isposinf(a), np.isneginf(a)
-    bad = np.flatnonzero((nan | pos | neg).any(axis=1))
-    return int(nan.sum()), int(pos.sum()), int(neg.sum()), int(bad[0]) if len(bad) else -1
-
-
-def flat_frames(lumas: list[np.ndarray], flat_std: float) -> list[int]:
-    """Indices of sampled frames that carry no picture (dark or frozen to one level)."""
-    return [i for i, y in enumerate(lumas) if float(y.std()) < flat_std]
-
-
-def size_ratio_ok(bytes_out: int, bytes_in: int, lo: float, hi: float) -> tuple[bool, float]:
-    r = bytes_out / bytes_in if bytes_in else math.inf
-    return lo <= r <= hi, r

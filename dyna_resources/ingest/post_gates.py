@@ -21,7 +21,8 @@ import numpy as np
 from ..episodes.codec import is_keyframe
 from ..episodes.errors import EpisodeError
 from ..episodes.mcap_reader import EpisodeReader
-from .gates import GateConfig, GateResult, size_ratio_ok
+from .gates import GateConfig, GateResult
+from .measures import size_ratio_ok
 
 
 @dataclass(frozen=True)

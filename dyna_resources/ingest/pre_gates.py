@@ -16,7 +16,8 @@ import simplejpeg
 
 from ..episodes.errors import CorruptFrameError, EpisodeError, MissingStreamError, TimestampError
 from ..episodes.raw_format import RawEpisode, file_sha256
-from .gates import GateConfig, GateResult, drop_fraction, flat_frames, non_finite
+from .gates import GateConfig, GateResult
+from .measures import drop_fraction, flat_frames, non_finite
 
 SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 

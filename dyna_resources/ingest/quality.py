@@ -70,7 +70,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from .gates import drop_fraction
+from .measures import drop_fraction
 
 PASS, REVIEW, FAIL = "pass", "review", "fail"
 SCORES = ("smoothness", "sensor_health", "task")

@@ -32,6 +32,10 @@ from pathlib import Path
 
 import yaml
 
+# The segmenters a configuration may name; segment.register_segmenter adds to it (the functions
+# live in segment.py, which imports this module).
+SEGMENTER_NAMES: set[str] = {"heuristic"}
+
 EVENTS = ("grip_close", "grip_open", "motion_start", "motion_stop")
 CHECKS = ("holding", "kept_hold")
 SEGMENTER_VERSION = "1"  # bump when the heuristic's logic changes: every ladder becomes stale
@@ -123,8 +127,6 @@ class LadderConfig:
 
     @classmethod
     def from_mapping(cls, data: Mapping | None, *, source: str = "step ladder config") -> LadderConfig:
-        from .segment import SEGMENTERS
-
         if data is not None and not isinstance(data, Mapping):
             raise LadderConfigError(f"{source}: expected a mapping")
         data = dict(data or {})
@@ -138,8 +140,9 @@ class LadderConfig:
                 raise LadderConfigError(f"{source}: {key} must be a mapping")
             merged[key].update(part)
         merged["segmenter"] = str(data.get("segmenter", DEFAULTS["segmenter"]))
-        if merged["segmenter"] not in SEGMENTERS:
-            raise LadderConfigError(f"{source}: segmenter: unknown {merged['segmenter']!r}; known: {sorted(SEGMENTERS)}")
+        if merged["segmenter"] not in SEGMENTER_NAMES:
+            raise LadderConfigError(f"{source}: segmenter: unknown {merged['segmenter']!r}; "
+                                    f"known: {sorted(SEGMENTER_NAMES)}")
         for name, value in merged["thresholds"].items():
             if name not in DEFAULTS["thresholds"]:
                 raise LadderConfigError(f"{source}: thresholds.{name}: unknown; known: {sorted(DEFAULTS['thresholds'])}")

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .config import LadderConfig, Procedure
+from .config import SEGMENTER_NAMES, LadderConfig, Procedure
 
 SUCCESS, FAILURE, DONE, INCOMPLETE, AFTER_FAILURE = "success", "failure", "done", "incomplete", "after_failure"
 
@@ -222,6 +222,7 @@ def register_segmenter(name: str, fn: Segmenter) -> None:
     if not re.fullmatch(r"[A-Za-z0-9_-]{1,40}", name):
         raise ValueError(f"segmenter name {name!r}: use letters, digits, '-' and '_' (at most 40)")
     SEGMENTERS[name] = fn
+    SEGMENTER_NAMES.add(name)
 
 
 def segment(streams: Mapping, start_ns: int, end_ns: int, task: str, config: LadderConfig) -> list[Step]:

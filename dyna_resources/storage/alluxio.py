@@ -50,7 +50,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,7 +74,7 @@ CLIENT_OPTIONS = frozenset({
     "http_max_retries", "http_timeouts", "read_buffer_size_mb", "mcap_max_prefetch_blocks",
     "mcap_prefetch_policy",
 })
-_ENV = "DYNA_ALLUXIO_"
+ENV_PREFIX = "DYNA_ALLUXIO_"
 _ENV_NAMES = frozenset({
     "WORKER_HOSTS", "WORKER_HTTP_PORT", "LOAD_BALANCE_DOMAIN", "ORIGIN", "ORIGIN_ENDPOINT_URL", "OPTIONS",
     "PROBE_TIMEOUT_S", "REQUEST_TIMEOUT_S", "RETRY_AFTER_S", "POLL_INTERVAL_S", "ETCD_HOSTS", "ETCD_PORT",
@@ -239,32 +239,32 @@ class AlluxioConfig:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> AlluxioConfig | None:
         """The configuration in ``DYNA_ALLUXIO_*`` (see the module doc); ``None`` if none is set."""
         env = os.environ if environ is None else environ
-        given = {k[len(_ENV):]: v for k, v in env.items() if k.startswith(_ENV) and v.strip()}
+        given = {k[len(ENV_PREFIX):]: v for k, v in env.items() if k.startswith(ENV_PREFIX) and v.strip()}
         if not given:
             return None
         unknown = sorted(set(given) - _ENV_NAMES)
         if unknown:
-            raise AlluxioConfigError(f"unknown variable(s) {[_ENV + n for n in unknown]}; "
-                                     f"known: {sorted(_ENV + n for n in _ENV_NAMES)}")
+            raise AlluxioConfigError(f"unknown variable(s) {[ENV_PREFIX + n for n in unknown]}; "
+                                     f"known: {sorted(ENV_PREFIX + n for n in _ENV_NAMES)}")
         if "ETCD_HOSTS" in given or "ETCD_PORT" in given:
             raise AlluxioConfigError(
-                f"{_ENV}ETCD_HOSTS: alluxiofs 1.1.17 has no etcd discovery (its etcd_hosts argument is "
-                f"ignored); list the workers in {_ENV}WORKER_HOSTS=host:port,… or give a DNS name in "
-                f"{_ENV}LOAD_BALANCE_DOMAIN")
+                f"{ENV_PREFIX}ETCD_HOSTS: alluxiofs 1.1.17 has no etcd discovery (its etcd_hosts argument is "
+                f"ignored); list the workers in {ENV_PREFIX}WORKER_HOSTS=host:port,… or give a DNS name in "
+                f"{ENV_PREFIX}LOAD_BALANCE_DOMAIN")
         kwargs: dict[str, Any] = {}
         if "WORKER_HTTP_PORT" in given:
-            kwargs["worker_http_port"] = _port(_ENV + "WORKER_HTTP_PORT", given["WORKER_HTTP_PORT"])
+            kwargs["worker_http_port"] = _port(ENV_PREFIX + "WORKER_HTTP_PORT", given["WORKER_HTTP_PORT"])
         if "WORKER_HOSTS" in given:
             kwargs["worker_hosts"] = parse_worker_hosts(
                 given["WORKER_HOSTS"], kwargs.get("worker_http_port", DEFAULT_WORKER_HTTP_PORT),
-                source=_ENV + "WORKER_HOSTS")
+                source=ENV_PREFIX + "WORKER_HOSTS")
         if "LOAD_BALANCE_DOMAIN" in given:
             kwargs["load_balance_domain"] = given["LOAD_BALANCE_DOMAIN"]
         if "WORKER_HOSTS" not in given and "LOAD_BALANCE_DOMAIN" not in given:
-            raise AlluxioConfigError(f"{_ENV}* is set but names no workers: set {_ENV}WORKER_HOSTS=host:port,… "
-                                     f"or {_ENV}LOAD_BALANCE_DOMAIN")
+            raise AlluxioConfigError(f"{ENV_PREFIX}* is set but names no workers: set {ENV_PREFIX}WORKER_HOSTS=host:port,… "
+                                     f"or {ENV_PREFIX}LOAD_BALANCE_DOMAIN")
         if "ORIGIN" not in given:
-            raise AlluxioConfigError(f"{_ENV}ORIGIN is required: the under-store root the Alluxio cluster "
+            raise AlluxioConfigError(f"{ENV_PREFIX}ORIGIN is required: the under-store root the Alluxio cluster "
                                      "caches (gs://bucket/prefix, s3://…, file:///…)")
         kwargs["origin"] = given["ORIGIN"].strip()
         endpoint = given.get("ORIGIN_ENDPOINT_URL")
@@ -275,17 +275,17 @@ class AlluxioConfig:
             try:
                 options = json.loads(given["OPTIONS"])
             except json.JSONDecodeError as e:
-                raise AlluxioConfigError(f"{_ENV}OPTIONS is not valid JSON: {e}") from None
+                raise AlluxioConfigError(f"{ENV_PREFIX}OPTIONS is not valid JSON: {e}") from None
             if not isinstance(options, dict):
-                raise AlluxioConfigError(f"{_ENV}OPTIONS must be a JSON object, got {type(options).__name__}")
+                raise AlluxioConfigError(f"{ENV_PREFIX}OPTIONS must be a JSON object, got {type(options).__name__}")
             kwargs["client_options"] = options
         for name in ("PROBE_TIMEOUT_S", "REQUEST_TIMEOUT_S", "RETRY_AFTER_S", "POLL_INTERVAL_S"):
             if name in given:
-                kwargs[name.lower()] = _positive(_ENV + name, given[name])
+                kwargs[name.lower()] = _positive(ENV_PREFIX + name, given[name])
         try:
             return cls(**kwargs)
         except AlluxioConfigError as e:
-            raise AlluxioConfigError(f"{_ENV}*: {e}") from None
+            raise AlluxioConfigError(f"{ENV_PREFIX}*: {e}") from None
 
 
 # ---- the load report --------------------------------------------------------------------------
@@ -344,10 +344,13 @@ class AlluxioFront:
 
     ``origin_fs``: a ready fsspec filesystem for the origin (tests, emulators). Thread-safe; after a
     fork (DataLoader workers) or unpickling, the alluxiofs clients and the thread pool are rebuilt
-    and the counters start at zero."""
+    and the counters start at zero. ``clock``: the monotonic clock of the ``retry_after_s`` window
+    (tests pass one they advance)."""
 
-    def __init__(self, config: AlluxioConfig, *, origin_fs: Any = None):
+    def __init__(self, config: AlluxioConfig, *, origin_fs: Any = None,
+                 clock: Callable[[], float] = time.monotonic):
         self.config = config
+        self.clock = clock
         self.origin = Store.from_url(config.origin, endpoint_url=config.origin_endpoint_url, fs=origin_fs)
         self._init_runtime()
 
@@ -362,11 +365,12 @@ class AlluxioFront:
         self.last_error: str | None = None
 
     def __getstate__(self):
-        return {"config": self.config, "origin": self.origin}
+        return {"config": self.config, "origin": self.origin, "clock": self.clock}
 
     def __setstate__(self, state):
         self.config = state["config"]
         self.origin = state["origin"]
+        self.clock = state.get("clock", time.monotonic)
         self._init_runtime()
 
     def __repr__(self) -> str:
@@ -462,7 +466,7 @@ class AlluxioFront:
             down_until = self._down_until
         if down_until == 0:
             return True
-        if down_until is not None and time.monotonic() < down_until:
+        if down_until is not None and self.clock() < down_until:
             return False
         reason = self._probe()
         if reason is None:
@@ -477,7 +481,7 @@ class AlluxioFront:
     def _mark_down(self, reason: str) -> None:
         with self._lock:
             was_up = self._down_until in (None, 0)
-            self._down_until = time.monotonic() + self.config.retry_after_s
+            self._down_until = self.clock() + self.config.retry_after_s
             self.last_error = redact(reason)
         if was_up:
             log.warning("Alluxio front %s: reads go to the origin %s for %g s: %s",

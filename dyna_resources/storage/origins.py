@@ -71,15 +71,21 @@ class Origins:
 
     @classmethod
     def from_env(cls) -> Origins:
-        """``DYNA_ORIGIN_ROUTES`` = ``logical=physical[,logical=physical...]``;
-        ``DYNA_S3_ENDPOINT_URL``: endpoint of every s3:// origin (an S3-compatible store)."""
-        routes = {}
-        for item in filter(None, (s.strip() for s in os.environ.get("DYNA_ORIGIN_ROUTES", "").split(","))):
+        """``DYNA_ORIGIN_ROUTES`` and ``DYNA_S3_ENDPOINT_URL``: see :meth:`from_settings`."""
+        return cls.from_settings(os.environ.get("DYNA_ORIGIN_ROUTES", ""), os.environ.get("DYNA_S3_ENDPOINT_URL", ""))
+
+    @classmethod
+    def from_settings(cls, routes: str, s3_endpoint_url: str = "") -> Origins:
+        """:param routes: ``logical=physical[,logical=physical...]`` (``DYNA_ORIGIN_ROUTES``).
+        :param s3_endpoint_url: endpoint of every s3:// origin, an S3-compatible store
+            (``DYNA_S3_ENDPOINT_URL``); empty: AWS."""
+        parsed = {}
+        for item in filter(None, (s.strip() for s in routes.split(","))):
             logical, sep, physical = item.partition("=")
             if not sep or not logical or not physical:
                 raise ValueError(f"DYNA_ORIGIN_ROUTES: expected logical=physical, got {redact(item)!r}")
-            routes[logical] = physical
-        return cls(routes=routes, s3_endpoint_url=os.environ.get("DYNA_S3_ENDPOINT_URL") or None)
+            parsed[logical] = physical
+        return cls(routes=parsed, s3_endpoint_url=s3_endpoint_url or None)
 
     # ---- resolution ---------------------------------------------------------------------------
     def physical(self, url: str) -> tuple[str, Route | None]:

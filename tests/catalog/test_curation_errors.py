@@ -9,7 +9,7 @@ from dagster import DagsterInstance, materialize
 from dyna_assets.curation.assets import manifests
 from dyna_resources.catalog.curation import MAX_SEGMENTS_PER_EPISODE, CurationSpec, CurationSpecError
 from dyna_resources.catalog.warehouse import Warehouse
-from dyna_resources.faces import HomeResource, WarehouseResource
+from dyna_resources.resources import HomeResource, WarehouseResource
 
 S = 1_000_000_000
 
@@ -43,7 +43,7 @@ def build(home, spec_yaml: str):
         instance.add_dynamic_partitions("curation_specs", ["s"])
         return materialize([manifests], instance=instance, partition_key="s", raise_on_error=False,
                            resources={"home": HomeResource(root=str(home)),
-                                      "warehouse": WarehouseResource(home_root=str(home))})
+                                      "warehouse": WarehouseResource(home=HomeResource(root=str(home)))})
 
 
 def refusal(home, spec_yaml: str) -> str:

@@ -32,10 +32,11 @@ EMPTY = {name: 0 for name in TABLES}
 def table_names(registry) -> set[str]:
     """The registry's tables of record; besides them the per-partition version summary (derived) and,
     on SQLite, the CDC change log, its consumers' positions (PostgreSQL uses logical decoding) and
-    the bulk writes' marker (empty outside a bulk write's transaction)."""
+    the bulk writes' marker (empty outside a bulk write's transaction); and the dataset versions'
+    table, which shares the catalog's one schema (``schema.py``) and is the dataset registry's."""
     names = set(inspect(registry.engine).get_table_names())
-    assert "partition_versions" in names
-    names.discard("partition_versions")
+    assert {"partition_versions", "datasets"} <= names
+    names -= {"partition_versions", "datasets"}
     if registry.backend == "sqlite":
         assert {"change_log", "change_log_consumers", "episode_bulk_writes"} <= names
         names -= {"change_log", "change_log_consumers", "episode_bulk_writes"}

@@ -76,7 +76,7 @@ def test_review_pool_asset_lists_the_pool_with_reasons(tmp_path, monkeypatch):
 
     from dyna_assets.warehouse.review import review_pool
     from dyna_resources.catalog.registry import Registry
-    from dyna_resources.faces import IngestResource
+    from dyna_resources.resources import HomeResource, IngestResource
 
     monkeypatch.delenv("DYNA_REGISTRY_URL", raising=False)
     home = tmp_path / "home"
@@ -86,7 +86,7 @@ def test_review_pool_asset_lists_the_pool_with_reasons(tmp_path, monkeypatch):
     reg.review("ep-2", "accept", "ana")
     reg.close()
     with DagsterInstance.ephemeral() as instance:
-        result = materialize([review_pool], instance=instance, resources={"ingest": IngestResource(home_root=str(home))})
+        result = materialize([review_pool], instance=instance, resources={"ingest": IngestResource(home=HomeResource(root=str(home)))})
         (m,) = result.asset_materializations_for_node("review_pool")
         assert m.metadata["episodes"].value == 1  # ep-3: ep-2 was decided, ep-1 passed, ep-4 failed
         assert m.metadata["by_reason"].value == {"frame_drop_fraction": 1}

@@ -9,7 +9,7 @@ from dagster import DagsterInstance, materialize
 
 from dyna_assets.definitions import defs
 from dyna_resources.catalog.manifest import write_manifest
-from dyna_resources.faces import CacheResource, HomeResource
+from dyna_assets.deployment import embedded_resources
 
 
 def manifest_home(tmp_path, uris):
@@ -21,11 +21,12 @@ def manifest_home(tmp_path, uris):
     return home
 
 
-def run(home, instance):
+def run(home, instance, **settings):
+    """cache_sets on the embedded resources of ``home``, with ``settings`` in their environment."""
+    res = embedded_resources({"DYNA_HOME": str(home), **settings})
     instance.add_dynamic_partitions("curation_specs", ["spec-a"])
     return materialize([defs.get_assets_def("cache_sets")], instance=instance, partition_key="spec-a",
-                       resources={"home": HomeResource(root=str(home)), "cache": CacheResource(home_root=str(home))},
-                       raise_on_error=False)
+                       resources={"home": res["home"], "cache": res["cache"]}, raise_on_error=False)
 
 
 def test_missing_mcap_fails_the_complete_check_not_the_run(tmp_path):
@@ -39,16 +40,15 @@ def test_missing_mcap_fails_the_complete_check_not_the_run(tmp_path):
         assert "gone.mcap" in str(m.metadata["errors"].value) and m.metadata["files"].value == 0
 
 
-def test_unreachable_alluxio_cluster_fails_the_prewarm_naming_it(tmp_path, monkeypatch):
+def test_unreachable_alluxio_cluster_fails_the_prewarm_naming_it(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     home = manifest_home(tmp_path, [f"file://{tmp_path}/ep.mcap"])
-    monkeypatch.setenv("DYNA_ALLUXIO_WORKER_HOSTS", f"127.0.0.1:{port}")
-    monkeypatch.setenv("DYNA_ALLUXIO_ORIGIN", f"file://{tmp_path}")
-    monkeypatch.setenv("DYNA_ALLUXIO_PROBE_TIMEOUT_S", "0.2")
+    alluxio = {"DYNA_ALLUXIO_WORKER_HOSTS": f"127.0.0.1:{port}", "DYNA_ALLUXIO_ORIGIN": f"file://{tmp_path}",
+               "DYNA_ALLUXIO_PROBE_TIMEOUT_S": "0.2"}
     with DagsterInstance.ephemeral() as instance:
-        result = run(home, instance)
+        result = run(home, instance, **alluxio)
         assert not result.success
         (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
         assert f"127.0.0.1:{port}" in str(failure.step_failure_data.error)

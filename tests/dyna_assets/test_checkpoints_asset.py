@@ -8,14 +8,14 @@ from dagster import DagsterInstance, materialize
 
 from dyna_assets.definitions import defs
 from dyna_resources.catalog.manifest import write_manifest
-from dyna_resources.faces import CacheResource, HomeResource, TrainerResource
+from dyna_resources.resources import CacheResource, HomeResource, TrainerResource
 
 
 def test_checkpoints_asset_trains_through_pipes_and_records_lineage(tmp_path, mcap_fleet):
     _, manifest = mcap_fleet
     home = tmp_path / "home"
     write_manifest(manifest, home / "manifests", "spec-t")
-    res = {"home": HomeResource(root=str(home)), "cache": CacheResource(home_root=str(home)),
+    res = {"home": HomeResource(root=str(home)), "cache": CacheResource(home=HomeResource(root=str(home))),
            "trainer": TrainerResource(nproc_per_node=1, max_restarts=0, steps=6, batch_size=2, workers=0,
                                       checkpoint_every=3, image_size=32)}
     with DagsterInstance.ephemeral() as instance:
@@ -59,7 +59,7 @@ def test_an_object_gone_from_the_store_fails_training_by_name_and_torchrun_does_
     home = tmp_path / "home"
     write_manifest(segment_rows(copies), home / "manifests", "spec-gone")
     copies[1].unlink()
-    res = {"home": HomeResource(root=str(home)), "cache": CacheResource(home_root=str(home)),
+    res = {"home": HomeResource(root=str(home)), "cache": CacheResource(home=HomeResource(root=str(home))),
            "trainer": TrainerResource(nproc_per_node=1, max_restarts=2, steps=6, batch_size=2, workers=0,
                                       checkpoint_every=3, image_size=32)}
     with DagsterInstance.ephemeral() as instance:

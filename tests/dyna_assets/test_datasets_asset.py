@@ -12,7 +12,7 @@ from dagster import DagsterInstance, materialize
 from dyna_assets.datasets.assets import datasets
 from dyna_resources.catalog.datasets import DatasetRegistry, ManifestIntegrityError
 from dyna_resources.catalog.manifest import write_manifest
-from dyna_resources.faces import HomeResource
+from dyna_resources.resources import HomeResource
 
 H = 3_600_000_000_000
 
@@ -87,7 +87,7 @@ def test_publish_versions_diff_and_immutability(home):
 
 
 def test_training_names_its_data_by_dataset_version(home):
-    from dyna_resources.faces import CacheResource, TrainerResource
+    from dyna_resources.resources import CacheResource, TrainerResource
 
     v1 = write(home, [("e1", "pick", 1), ("e2", "fold", 2)])
     declare(home, "1.0.0")
@@ -96,7 +96,7 @@ def test_training_names_its_data_by_dataset_version(home):
         run(home, instance)
     write(home, [("e9", "pick", 3)])  # the spec's manifest moves on; the dataset version does not
     h = HomeResource(root=str(home))
-    training = TrainerResource(dataset="mix@1.0.0").prepare(h, CacheResource(home_root=str(home)), "spec-a")
+    training = TrainerResource(dataset="mix@1.0.0").prepare(h, CacheResource(home=HomeResource(root=str(home))), "spec-a")
     assert training.config["lineage"]["dataset"] == "mix@1.0.0"
     assert training.config["lineage"]["manifest_sha256"] == v1.sha256
     assert "/datasets/mix/1.0.0/" in training.config["manifest"]
@@ -110,4 +110,4 @@ def test_training_names_its_data_by_dataset_version(home):
     meta["sha256"], meta["arrow_bytes"] = hashlib.sha256(forged).hexdigest(), len(forged)
     sidecar.write_text(json.dumps(meta))
     with pytest.raises(ManifestIntegrityError, match="published as " + v1.sha256):
-        TrainerResource(dataset="mix@1.0.0").prepare(h, CacheResource(home_root=str(home)), "spec-a")
+        TrainerResource(dataset="mix@1.0.0").prepare(h, CacheResource(home=HomeResource(root=str(home))), "spec-a")

@@ -10,14 +10,15 @@ import shutil
 from pathlib import Path
 
 from dagster import AssetKey, DagsterInstance, DagsterRunStatus, RunsFilter, materialize
-from dagster._core.execution.backfill import BulkActionStatus
 
+from dyna_assets.dagster_private import FINISHED, BulkActionStatus, requested_partitions
 from dyna_assets.definitions import defs
 from dyna_assets.ingest.sensors import DRIFT_TAG
 from dyna_resources import versions
 from dyna_resources.catalog.registry import TRANSCODED, Registry
 from dyna_resources.episodes.mcap_reader import EpisodeReader
-from dyna_resources.faces import IngestResource
+from dyna_assets.deployment import embedded_resources
+from dyna_resources.resources import IngestResource
 from dyna_resources.ingest.landing import LandingZone
 from dyna_resources.ingest.tick import LandingCursor, LandingSettings, landing_tick
 
@@ -26,8 +27,6 @@ from .deploy_harness import Services, copy_code, service_env, wait_for, write_in
 ONE_BATCH_PER_TICK = LandingSettings(settle_s=0, target_batch_bytes=1 << 40, max_wait_s=0, reconcile_every=0)
 INGEST = ("raw_episodes", "mcap_episodes", "step_ladders")
 NEW_VERSION = f"{versions.PIPELINE_VERSION}.drift-check"
-FINISHED = {BulkActionStatus.COMPLETED, BulkActionStatus.COMPLETED_SUCCESS, BulkActionStatus.COMPLETED_FAILED,
-            BulkActionStatus.FAILED, BulkActionStatus.CANCELED}
 
 
 def _bump_pipeline_version(code: Path) -> None:
@@ -72,7 +71,8 @@ def test_daemon_backfills_exactly_the_stale_batches_after_a_pipeline_version_bum
     assert len(batches) == 3
     stale, current = batches[:2], batches[2]
     assets = [defs.get_assets_def(k) for k in INGEST]
-    res = {**defs.resources, "ingest": IngestResource(home_root=str(dyna_home), units_on="process")}  # setup, in this process
+    res = embedded_resources({"DYNA_HOME": str(dyna_home)})
+    res["ingest"] = IngestResource(home=res["home"], units_on="process")  # setup, in this process
     with DagsterInstance.get() as instance:
         instance.add_dynamic_partitions("ingest_partitions", batches)
         for b in stale:
@@ -110,8 +110,7 @@ def test_daemon_backfills_exactly_the_stale_batches_after_a_pipeline_version_bum
             assert backfill.backfill_id == launched.backfill_id
             assert backfill.status == BulkActionStatus.COMPLETED_SUCCESS, backfill
             assert backfill.tags["dyna/pipeline_version"] == NEW_VERSION  # the new revision's sensor
-            targeted = backfill.asset_backfill_data.target_subset
-            assert {(ap.asset_key, ap.partition_key) for ap in targeted.iterate_asset_partitions()} == {
+            assert requested_partitions(backfill) == {
                 (AssetKey(a), b) for a in ("mcap_episodes", "step_ladders") for b in stale}
             runs = instance.get_runs(RunsFilter(tags={"dagster/backfill": backfill.backfill_id}))
             assert runs and all(r.status == DagsterRunStatus.SUCCESS for r in runs), runs

@@ -15,7 +15,8 @@ from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, materia
 
 from dyna_assets.definitions import defs
 from dyna_resources.catalog.registry import TRANSCODED, Registry
-from dyna_resources.faces import IngestResource
+from dyna_assets.deployment import embedded_resources
+from dyna_resources.resources import IngestResource
 from dyna_resources.ingest.landing import LandingZone
 from dyna_resources.ingest.tick import LandingCursor, LandingSettings, landing_tick
 
@@ -108,7 +109,8 @@ def _deployment(episode_factory, tmp_path, monkeypatch, seed: int) -> tuple[Path
     (batch,) = [b.key for b in plan.sealed]
     with DagsterInstance.get() as instance:
         instance.add_dynamic_partitions("ingest_partitions", [batch])
-        res = {**defs.resources, "ingest": IngestResource(home_root=str(dyna_home), units_on="process")}  # setup, in this process
+        res = embedded_resources({"DYNA_HOME": str(dyna_home)})
+        res["ingest"] = IngestResource(home=res["home"], units_on="process")  # setup, in this process
         assert materialize([defs.get_assets_def("raw_episodes")], instance=instance, partition_key=batch,
                            resources=res).success
     return dyna_home, env, registry, batch

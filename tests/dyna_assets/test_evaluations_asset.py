@@ -10,7 +10,7 @@ from dagster import DagsterInstance, materialize
 from dyna_assets.definitions import defs
 from dyna_assets.training.evaluations import evaluations, released_models
 from dyna_resources.catalog.manifest import write_manifest
-from dyna_resources.faces import CacheResource, HomeResource, TrainerResource
+from dyna_resources.resources import CacheResource, HomeResource, TrainerResource
 
 
 def _md(result, name):
@@ -22,7 +22,7 @@ def test_evaluations_and_releases_trace_to_dataset_and_code(tmp_path, mcap_fleet
     _, manifest = mcap_fleet
     home = tmp_path / "home"
     write_manifest(manifest, home / "manifests", "spec-e")
-    base = {"home": HomeResource(root=str(home)), "cache": CacheResource(home_root=str(home))}
+    base = {"home": HomeResource(root=str(home)), "cache": CacheResource(home=HomeResource(root=str(home)))}
     trainer = {"nproc_per_node": 1, "max_restarts": 0, "batch_size": 2, "workers": 0, "checkpoint_every": 4,
                "image_size": 32}
     with DagsterInstance.ephemeral() as instance:

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 from dagster import AssetKey, DagsterInstance, build_sensor_context, materialize
-from dagster._core.execution.backfill import PartitionBackfill
 
+from dyna_assets.dagster_private import record_backfill
 from dyna_assets.definitions import defs
 from dyna_assets.deployment import embedded_ray
 from dyna_assets.ingest.sensors import landing_sensor, version_drift_sensor
 from dyna_resources import versions
 from dyna_resources.episodes.mcap_reader import EpisodeReader
-from dyna_resources.faces import GatesResource, IngestResource, LadderResource, TranscodeResource
+from dyna_resources.resources import GatesResource, HomeResource, IngestResource, LadderResource, TranscodeResource
 from dyna_resources.ingest.ray_units import ray_cluster
 
 ASSETS = [defs.get_assets_def(k) for k in ("raw_episodes", "mcap_episodes", "step_ladders")]
@@ -51,14 +51,15 @@ def resources(home, target_bytes=None, partition_bytes=None, units_on="ray", inf
         (home / "gates.yaml").write_text("# every gate at its default\n")
     if not (home / "step_ladders.yaml").exists():
         (home / "step_ladders.yaml").write_text("# the embedded procedures and thresholds\n")
+    home_res = HomeResource(root=str(home))
     return {
-        "ingest": IngestResource(home_root=str(home), target_batch_bytes=target_bytes or landed * 2, max_wait_s=0,
+        "ingest": IngestResource(home=home_res, target_batch_bytes=target_bytes or landed * 2, max_wait_s=0,
                                  max_runs_per_tick=8, partition_bytes=partition_bytes or landed * 4,
                                  units_on=units_on, infra_retries=infra_retries, infra_retry_wait_s=0.5,
                                  settle_s=0),  # the fixture copies every file in whole before the first tick
-        "gates": GatesResource(file=str(home / "gates.yaml"), gates=gates),
+        "gates": GatesResource(home=home_res, file=str(home / "gates.yaml"), gates=gates),
         "transcode": TranscodeResource(workers=2, preset="veryfast", gop_frames=30, unit_memory_gb=0.5),
-        "ladders": LadderResource(file=str(home / "step_ladders.yaml"), pictures=2),
+        "ladders": LadderResource(home=home_res, file=str(home / "step_ladders.yaml"), pictures=2),
         "ray": embedded_ray(),
     }
 
@@ -68,10 +69,15 @@ def for_sensor(sensor, res):
     return {k: res[k] for k in sensor.required_resource_keys}
 
 
+def run_sensor(sensor, instance, res, cursor=None):
+    """One evaluation of the sensor's body on a real instance, its resources set up as the daemon does."""
+    with build_sensor_context(instance=instance, cursor=cursor, definitions=defs,
+                              resources=for_sensor(sensor, res)) as ctx:
+        return sensor(ctx)
+
+
 def tick(instance, res, cursor=None):
-    ctx = build_sensor_context(instance=instance, cursor=cursor, definitions=defs,
-                               resources=for_sensor(landing_sensor, res))
-    result = landing_sensor(ctx)
+    result = run_sensor(landing_sensor, instance, res, cursor)
     for req in result.dynamic_partitions_requests:
         instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
     return result
@@ -313,15 +319,17 @@ def test_drift_sensor_backfills_exactly_the_stale_partitions_once(home, monkeypa
         old = keys[:3]
         for k in old:  # the truncated file's batch fails its readable gate as a whole (1 of 1): that is fine here
             materialize(ASSETS, instance=instance, partition_key=k, resources=res, raise_on_error=False)
-        ctx = lambda cursor=None: build_sensor_context(instance=instance, cursor=cursor,  # noqa: E731
-                                                       definitions=defs,
-                                                       resources=for_sensor(version_drift_sensor, res))
-        assert "current versions" in version_drift_sensor(ctx()).skip_message
+        def drift(cursor=None):
+            """The sensor's result and the cursor it left on its context."""
+            with build_sensor_context(instance=instance, cursor=cursor, definitions=defs,
+                                      resources=for_sensor(version_drift_sensor, res)) as ctx:
+                return version_drift_sensor(ctx), ctx.cursor
+
+        assert "current versions" in drift()[0].skip_message
         monkeypatch.setattr(versions, "PIPELINE_VERSION", "9.9-test")
         for k in keys[3:]:  # batches ingested after the change are not stale
             materialize(ASSETS, instance=instance, partition_key=k, resources=res, raise_on_error=False)
-        c = ctx()
-        req = version_drift_sensor(c)
+        req, cursor = drift()
         stale_with_episodes = [k for k in old if res["ingest"].stores().registry.partition_episodes(k)]
         got = sorted({ap.partition_key for ap in req.asset_graph_subset.iterate_asset_partitions()})
         assert got == sorted(stale_with_episodes) and len(got) >= 2
@@ -329,12 +337,10 @@ def test_drift_sensor_backfills_exactly_the_stale_partitions_once(home, monkeypa
             AssetKey("mcap_episodes"), AssetKey("step_ladders")}  # a new MCAP gets a new ladder
         assert req.tags["dyna/drift"] == "true"
         # same state again: never a second backfill for the same partitions and versions
-        assert "already backfilled" in version_drift_sensor(ctx(c.cursor)).skip_message
+        assert "already backfilled" in drift(cursor)[0].skip_message
         # while a drift backfill is in flight nothing new is launched either
-        instance.add_backfill(PartitionBackfill.from_asset_graph_subset(
-            backfill_id="drift1", backfill_timestamp=0.0, tags=req.tags, dynamic_partitions_store=instance,
-            asset_graph_subset=req.asset_graph_subset, title=None, description=None, run_config=None))
-        assert "in flight" in version_drift_sensor(ctx()).skip_message
+        record_backfill(instance, req, "drift1")
+        assert "in flight" in drift()[0].skip_message
         # redoing the stale partitions makes the corpus current: only their episodes are re-transcoded
         for k in stale_with_episodes:
             r = materialize([ASSETS[1]], instance=instance, partition_key=k, resources=res)
@@ -349,11 +355,12 @@ def test_drift_sensor_resegments_only_the_ladders_when_the_ladder_config_changes
         keys = [r.partition_key for r in tick(instance, res).run_requests]
         for k in keys:
             materialize(ASSETS, instance=instance, partition_key=k, resources=res, raise_on_error=False)
-        ctx = lambda: build_sensor_context(instance=instance, definitions=defs,  # noqa: E731
-                                           resources=for_sensor(version_drift_sensor, res))
-        assert "current versions" in version_drift_sensor(ctx()).skip_message
+        def drift():
+            return run_sensor(version_drift_sensor, instance, res)
+
+        assert "current versions" in drift().skip_message
         (home / "step_ladders.yaml").write_text("thresholds: {min_pause_s: 0.15}\n")
-        req = version_drift_sensor(ctx())
+        req = drift()
         with_episodes = [k for k in keys if res["ingest"].stores().registry.partition_episodes(k)]
         parts = list(req.asset_graph_subset.iterate_asset_partitions())
         assert {ap.asset_key for ap in parts} == {AssetKey("step_ladders")}  # no video is re-encoded
@@ -363,7 +370,7 @@ def test_drift_sensor_resegments_only_the_ladders_when_the_ladder_config_changes
         for k in with_episodes:
             r = materialize([ladder], instance=instance, partition_key=k, resources=res)
             assert md(r, "step_ladders", k)["segmented_this_run"] == 1
-        assert "current versions" in version_drift_sensor(ctx()).skip_message
+        assert "current versions" in drift().skip_message
 
 
 def test_drift_sensor_as_dagster_evaluates_it_requests_exactly_the_stale_partitions_of_both_kinds(home, monkeypatch):
@@ -390,9 +397,9 @@ def test_drift_sensor_as_dagster_evaluates_it_requests_exactly_the_stale_partiti
         old_ladder = new_pipeline[1:]
 
         def evaluate(cursor=None):
-            ctx = build_sensor_context(instance=instance, cursor=cursor, definitions=defs,
-                                       resources=for_sensor(version_drift_sensor, res))
-            return version_drift_sensor.evaluate_tick(ctx)
+            with build_sensor_context(instance=instance, cursor=cursor, definitions=defs,
+                                      resources=for_sensor(version_drift_sensor, res)) as ctx:
+                return version_drift_sensor.evaluate_tick(ctx)
 
         data = evaluate()
         (req,) = data.run_requests
@@ -405,7 +412,8 @@ def test_drift_sensor_as_dagster_evaluates_it_requests_exactly_the_stale_partiti
 
 def test_unreachable_registry_fails_the_run_and_names_it_without_the_password(home):
     res = resources(home)
-    res["ingest"] = IngestResource(home_root=str(home), registry_url="postgresql+psycopg2://dyna:s3cret@127.0.0.1:1/reg")
+    res["ingest"] = IngestResource(home=HomeResource(root=str(home),
+                                                             registry_url="postgresql+psycopg2://dyna:s3cret@127.0.0.1:1/reg"))
     with DagsterInstance.ephemeral() as instance:
         instance.add_dynamic_partitions("ingest_partitions", ["20261129T10-000001"])
         result = materialize(ASSETS, instance=instance, partition_key="20261129T10-000001", resources=res,
@@ -418,28 +426,25 @@ def test_unreachable_registry_fails_the_run_and_names_it_without_the_password(ho
 
 def test_warehouse_follows_the_registry_and_its_sensor_fires_only_when_changes_are_pending(home):
     from dyna_assets.warehouse.sensors import warehouse_sync_sensor
-    from dyna_resources.faces import WarehouseResource
+    from dyna_resources.resources import WarehouseResource
 
-    res = {**resources(home), "warehouse": WarehouseResource(home_root=str(home))}
+    res = {**resources(home), "warehouse": WarehouseResource(home=HomeResource(root=str(home)))}
     wh_asset = defs.get_assets_def("warehouse_episodes")
     with DagsterInstance.ephemeral() as instance:
         (req,) = tick(instance, res).run_requests
-        sensor_ctx = lambda sensor: build_sensor_context(instance=instance, definitions=defs,  # noqa: E731
-                                                         resources=for_sensor(sensor, res))
         assert materialize(ASSETS, instance=instance, partition_key=req.partition_key, resources=res).success
-        fired = warehouse_sync_sensor(sensor_ctx(warehouse_sync_sensor))
+        fired = run_sensor(warehouse_sync_sensor, instance, res)
         assert fired.run_key.startswith("cdc-") and fired.tags["dyna/trigger"] == "cdc"
         result = materialize([wh_asset], instance=instance, resources=res)
         m = md(result, "warehouse_episodes", None)
         assert m["rows"] == 4 and m["rows_by_status"] == {"transcoded": 4}
-        assert "up to date" in warehouse_sync_sensor(sensor_ctx(warehouse_sync_sensor)).skip_message
+        assert "up to date" in run_sensor(warehouse_sync_sensor, instance, res).skip_message
         with res["warehouse"].open(read_only=True) as wh:
             assert [e["episode_id"] for e in wh.episodes()] == [f"ep-g{i}" for i in range(4)]
             assert wh.episodes() == sorted(res["ingest"].stores().registry.episodes(), key=lambda e: e["episode_id"])
 
         # a curation spec file becomes a manifests partition; its build is one query over the warehouse
         from dyna_assets.curation.sensors import curation_spec_sensor
-        from dyna_resources.faces import HomeResource
         from trainer.manifest_loader import open_manifest, rank_slice
 
         res["home"] = HomeResource(root=str(home))
@@ -447,7 +452,7 @@ def test_warehouse_follows_the_registry_and_its_sensor_fires_only_when_changes_a
         (home / "curation" / "first-two.yaml").write_text(
             "name: first-two\nwhere: {episode_id: {in: [ep-g0, ep-g1]}}\nsegments: {length_s: 0.5, stride_s: 0.5}\n")
         (home / "curation" / "bad name!.yaml").write_text("name: x\n")
-        sr = curation_spec_sensor(sensor_ctx(curation_spec_sensor))
+        sr = run_sensor(curation_spec_sensor, instance, res)
         assert [r.partition_key for r in sr.run_requests] == ["first-two"]
         instance.add_dynamic_partitions("curation_specs", ["first-two"])
         built = materialize([defs.get_assets_def("manifests")], instance=instance, resources=res,
@@ -461,11 +466,11 @@ def test_warehouse_follows_the_registry_and_its_sensor_fires_only_when_changes_a
 
         # the manifest's working set is prewarmed into the node cache; its files are copied to the second origin
         from dyna_assets.cache.sensors import manifest_prewarm_sensor
-        from dyna_resources.faces import CacheResource, ReplicaResource
+        from dyna_resources.resources import CacheResource, ReplicaResource
 
-        res["cache"] = CacheResource(home_root=str(home), page_mb=0.25)
-        res["replica"] = ReplicaResource(home_root=str(home))
-        fired = manifest_prewarm_sensor(sensor_ctx(manifest_prewarm_sensor))
+        res["cache"] = CacheResource(home=HomeResource(root=str(home)), page_mb=0.25)
+        res["replica"] = ReplicaResource(home=HomeResource(root=str(home)))
+        fired = run_sensor(manifest_prewarm_sensor, instance, res)
         assert [r.partition_key for r in fired.run_requests] == ["first-two"]
         assert not manifest_prewarm_sensor(build_sensor_context(instance=instance, cursor=fired.cursor)).run_requests
         cache_sets = defs.get_assets_def("cache_sets")
@@ -488,10 +493,10 @@ def test_an_mcap_deleted_behind_the_registry_fails_the_partitions_check_and_no_m
     from dagster import AssetSelection
 
     from dyna_assets.ingest.presence import mcaps_present
-    from dyna_resources.faces import HomeResource, WarehouseResource
+    from dyna_resources.resources import HomeResource, WarehouseResource
     from trainer.manifest_loader import open_manifest
 
-    res = {**resources(home, units_on="process"), "warehouse": WarehouseResource(home_root=str(home)),
+    res = {**resources(home, units_on="process"), "warehouse": WarehouseResource(home=HomeResource(root=str(home))),
            "home": HomeResource(root=str(home))}
     with DagsterInstance.ephemeral() as instance:
         (req,) = tick(instance, res).run_requests

@@ -14,7 +14,8 @@ from dagster import AssetKey, DagsterInstance, materialize
 
 from dyna_assets.definitions import defs
 from dyna_resources.catalog.registry import TRANSCODED, Registry
-from dyna_resources.faces import IngestResource
+from dyna_assets.deployment import embedded_resources
+from dyna_resources.resources import IngestResource
 from dyna_resources.ingest.gates import POST_GATES, PRE_GATES
 from dyna_resources.ingest.landing import LandingZone
 from dyna_resources.ingest.tick import LandingCursor, LandingSettings, landing_tick
@@ -68,7 +69,8 @@ def test_sigkill_mid_batch_then_relaunch_completes_without_duplicates(episode_fa
     (batch,) = [b.key for b in plan.sealed]
     with DagsterInstance.get() as instance:
         instance.add_dynamic_partitions("ingest_partitions", [batch])
-        res = {**defs.resources, "ingest": IngestResource(home_root=str(home), units_on="process")}  # setup, in this process
+        res = embedded_resources({"DYNA_HOME": str(home)})
+        res["ingest"] = IngestResource(home=res["home"], units_on="process")  # setup, in this process
         assert materialize([defs.get_assets_def("raw_episodes")], instance=instance, partition_key=batch,
                            resources=res).success
 

@@ -14,13 +14,21 @@ from pathlib import Path
 import pytest
 from dagster import AssetChecksDefinition, AssetSelection, DagsterInstance, materialize
 
-from dyna_assets.definitions import defs
+from dyna_assets.definitions import build_definitions, defs
 from dyna_resources.catalog.warehouse import Warehouse
 from dyna_resources.keys import MAX_KEY_LENGTH, UnsafeKeyError, check_key
 
-# the graph's assets with the project's resources bound, as the webserver and daemon run them
-ASSETS = {a.node_def.name: a for a in defs.resolve_asset_graph().assets_defs}
-PARTITIONED = sorted((a for a in ASSETS.values() if a.partitions_def is not None), key=lambda a: a.node_def.name)
+
+
+def project_assets() -> dict:
+    """The graph's assets with the project's resources bound, loaded from the environment as the webserver
+    and daemon load them (so after ``world`` has set ``DYNA_HOME``)."""
+    return {a.node_def.name: a for a in build_definitions().resolve_asset_graph().assets_defs}
+
+
+# the graph's shape (which assets are partitioned, and how) does not depend on the environment
+PARTITIONED = sorted((a for a in defs.resolve_asset_graph().assets_defs if a.partitions_def is not None),
+                     key=lambda a: a.node_def.name)
 EXPECTED = {"raw_episodes", "mcap_episodes", "step_ladders", "manifests", "datasets", "cache_sets", "mcap_replica",
             "checkpoints", "evaluations", "released_models"}
 HOSTILE = ["..", "../../elsewhere/x", "{elsewhere}/x", "{escape}", "/../../../../elsewhere/x", "a/b", "a\x00b", "",
@@ -55,7 +63,7 @@ def world(tmp_path, monkeypatch):
     (elsewhere / "x.yaml").write_text("name: x\n")
     Warehouse(home / "warehouse.duckdb").close()
     monkeypatch.setenv("DYNA_HOME", str(home))
-    return tmp_path, home, elsewhere
+    return tmp_path, home, elsewhere, project_assets()
 
 
 def outside(tmp_path: Path, home: Path) -> dict:
@@ -64,12 +72,13 @@ def outside(tmp_path: Path, home: Path) -> dict:
             for p in tmp_path.rglob("*") if p.is_file() and home not in p.parents}
 
 
-def _runnable(asset) -> tuple[str, list, AssetSelection | None]:
-    """(the name its failures give, what to materialize, the selection): a partitioned asset check runs
-    beside its asset, selected alone."""
+def _runnable(shape, assets: dict) -> tuple[str, list, AssetSelection | None]:
+    """(the name its failures give, what to materialize, the selection) for the asset or check ``shape``
+    names, taken from ``assets``: a partitioned asset check runs beside its asset, selected alone."""
+    asset = assets[shape.node_def.name]
     if isinstance(asset, AssetChecksDefinition):
         (key,) = asset.check_keys
-        return f"{key.asset_key.to_user_string()}.{key.name}", [ASSETS[key.asset_key.path[-1]], asset], \
+        return f"{key.asset_key.to_user_string()}.{key.name}", [assets[key.asset_key.path[-1]], asset], \
             AssetSelection.checks(asset)
     return asset.node_def.name, [asset], None
 
@@ -80,9 +89,9 @@ def failures(result) -> list:
 
 @pytest.mark.parametrize("asset", PARTITIONED, ids=lambda a: a.node_def.name)
 def test_every_partitioned_asset_refuses_unsafe_keys(world, asset):
-    tmp_path, home, elsewhere = world
+    tmp_path, home, elsewhere, assets = world
     before = outside(tmp_path, home)
-    name, nodes, selection = _runnable(asset)
+    name, nodes, selection = _runnable(asset, assets)
     with DagsterInstance.ephemeral() as instance:
         for raw in HOSTILE:
             key = hostile(raw, home, elsewhere)
@@ -105,11 +114,11 @@ def test_every_partitioned_asset_refuses_unsafe_keys(world, asset):
 
 def test_manifests_no_longer_reads_or_writes_outside_the_home(world):
     """The issue's reproduction: the spec beside the home is not read, no manifest lands beside it."""
-    tmp_path, home, elsewhere = world
+    tmp_path, home, elsewhere, assets = world
     with DagsterInstance.ephemeral() as instance:
         for key in (escape_key(home, elsewhere), "../../elsewhere/x", f"{elsewhere}/x"):
             instance.add_dynamic_partitions("curation_specs", [key])
-            result = materialize([ASSETS["manifests"]], instance=instance, partition_key=key,
+            result = materialize([assets["manifests"]], instance=instance, partition_key=key,
                                  raise_on_error=False)
             (failure,) = failures(result)
             assert "contains a path separator" in str(failure.step_failure_data.error)
@@ -130,7 +139,7 @@ def test_the_ingest_assets_are_partitioned_by_ingest_partition():
 def test_a_ranged_backfill_run_with_one_unsafe_key_uses_none_of_them(world, asset):
     """Backfills of ingest partitions run ranges of keys: one unsafe key refuses the run before any partition."""
     good, bad = "20261129-000001", "20261129-000002/../../x"
-    _, nodes, selection = _runnable(asset)
+    _, nodes, selection = _runnable(asset, world[3])
     with DagsterInstance.ephemeral() as instance:
         instance.add_dynamic_partitions("ingest_partitions", [good, bad])
         result = materialize(nodes, instance=instance, raise_on_error=False, selection=selection,
@@ -143,13 +152,13 @@ def test_a_ranged_backfill_run_with_one_unsafe_key_uses_none_of_them(world, asse
 
 def test_safe_keys_still_build(world):
     """The keys the sensors make (batch keys, spec file stems) pass, and such a spec builds its manifest."""
-    _, home, _ = world
+    _, home, _, assets = world
     for key in ("20261129-000123", "20261129T14-000123", "pick-place.real_v2", "a" * MAX_KEY_LENGTH):
         assert check_key(key) == key
     (home / "curation" / "pick-place.real_v2.yaml").write_text("name: pick-place.real_v2\n")
     with DagsterInstance.ephemeral() as instance:
         instance.add_dynamic_partitions("curation_specs", ["pick-place.real_v2"])
-        result = materialize([ASSETS["manifests"]], instance=instance,
+        result = materialize([assets["manifests"]], instance=instance,
                              partition_key="pick-place.real_v2")
         assert result.success
     assert (home / "manifests" / "pick-place.real_v2.arrow").is_file()
@@ -174,7 +183,7 @@ def test_names_from_run_config_are_checked_like_keys(world, asset, config, what)
     """Run config is API input too: a manifest or release name that would become a path is refused first."""
     with DagsterInstance.ephemeral() as instance:
         instance.add_dynamic_partitions("curation_specs", ["spec-ok"])
-        result = materialize([ASSETS[asset]], instance=instance, partition_key="spec-ok", raise_on_error=False,
+        result = materialize([world[3][asset]], instance=instance, partition_key="spec-ok", raise_on_error=False,
                              run_config={"ops": {asset: {"config": config}}})
         (failure,) = failures(result)
         assert f"{what} '../../elsewhere/x' refused: contains a path separator" in str(failure.step_failure_data.error)

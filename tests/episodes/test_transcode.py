@@ -1,3 +1,5 @@
+import contextlib
+import io
 import os
 import shutil
 import subprocess
@@ -128,6 +130,39 @@ def test_chunks_never_mix_topic_groups(transcoded):
                 assert ci.compression == "" and len(topics) == 3
             else:
                 assert ci.compression == "zstd" and not any(is_camera_topic(t) for t in topics)
+
+
+def test_our_summary_and_message_indexes_are_the_librarys(transcoded):
+    """What the reader parses itself (the summary section) and what the writer builds itself (a chunk's
+    records and message index) agree with the mcap library's own reader, record for record."""
+    _, out, _ = transcoded
+    with open(out, "rb") as f:
+        theirs = make_reader(f).get_summary()
+        messages = [(c.id, m.log_time) for _, c, m in make_reader(f).iter_messages(log_time_order=False)]
+    with EpisodeReader(out) as r:
+        ours = r.summary
+    assert ours.chunk_indexes == theirs.chunk_indexes and len(ours.chunk_indexes) >= 6
+    assert ours.channels == theirs.channels and ours.schemas == theirs.schemas
+    assert ours.statistics == theirs.statistics and ours.metadata_indexes == theirs.metadata_indexes
+    assert ours.statistics.message_count == len(messages)
+    indexed = sorted((cid, t) for ci in ours.chunk_indexes for cid in ci.message_index_offsets
+                     for t in _message_index_times(out, ci, cid))
+    assert indexed == sorted(messages)
+
+
+def _message_index_times(path, chunk_index, channel_id) -> list[int]:
+    """The log times a chunk's message index lists for one channel, read with the library's record parser."""
+    from mcap.exceptions import EndOfFile
+    from mcap.records import MessageIndex
+    from mcap.stream_reader import StreamReader
+
+    with open(path, "rb") as f:
+        f.seek(chunk_index.chunk_start_offset + chunk_index.chunk_length)
+        section = f.read(chunk_index.message_index_length)
+    records, stream = [], StreamReader(io.BytesIO(section), skip_magic=True).records
+    with contextlib.suppress(EndOfFile):  # a bare index section has no footer to end it
+        records.extend(stream)
+    return [t for r in records if isinstance(r, MessageIndex) and r.channel_id == channel_id for t, _ in r.records]
 
 
 def test_reading_proprio_touches_only_proprio_chunks(transcoded):

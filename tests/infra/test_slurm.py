@@ -347,7 +347,7 @@ def test_real_slurm_gives_up_at_the_cap(slurm, tmp_path):
 
 
 def test_trainer_resource_launches_through_the_slurm_template(tmp_path):
-    from dyna_resources.faces import TrainerResource
+    from dyna_resources.resources import TrainerResource
 
     config = tmp_path / "run" / "config.json"
     config.parent.mkdir()

@@ -10,7 +10,8 @@ from dyna_assets.ingest.local import landing_tick_in_process
 from dyna_assets.ingest.sensors import landing_sensor
 from dyna_resources.catalog.registry import Registry
 from dyna_resources.cli import main as cli
-from dyna_resources.faces import IngestResource
+from dyna_assets.deployment import embedded_resources
+from dyna_resources.resources import IngestResource
 from dyna_resources.ingest import landing as landing_mod
 from dyna_resources.ingest.landing import LandingZone, StoreUnavailableError
 from dyna_resources.ingest.tick import LandingCursor, LandingSettings, landing_tick
@@ -192,8 +193,8 @@ def test_a_short_drop_is_released_within_a_minute_embedded_and_after_an_hour_in_
 
 def test_generated_drops_sort_after_the_landing_cursor_so_the_next_tick_sees_them(tmp_path, capsys):
     home = tmp_path / "home"
-    ingest = IngestResource(home_root=str(home), target_batch_bytes=1 << 40, max_wait_s=0)
-    res = {**defs.resources, "ingest": ingest}
+    res = embedded_resources({"DYNA_HOME": str(home)})
+    ingest = res["ingest"] = IngestResource(home=res["home"], target_batch_bytes=1 << 40, max_wait_s=0)
     cursor = None
     with DagsterInstance.ephemeral() as instance:
         for seed, landed in ((0, 2), (1, 4), (0, 6)):  # the same seed again: the same episode names, a new drop

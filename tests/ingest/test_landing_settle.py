@@ -14,7 +14,7 @@ from dyna_assets.definitions import defs
 from dyna_assets.deployment import embedded_ray
 from dyna_assets.ingest.sensors import landing_sensor
 from dyna_resources.catalog.registry import TRANSCODED, Registry
-from dyna_resources.faces import GatesResource, IngestResource, LadderResource, TranscodeResource
+from dyna_resources.resources import GatesResource, HomeResource, IngestResource, LadderResource, TranscodeResource
 from dyna_resources.ingest.batches import inventory_batch
 from dyna_resources.ingest.gates import GateConfig
 from dyna_resources.ingest.landing import COMPLETION_MARKER, LandingZone
@@ -116,11 +116,11 @@ def test_the_landing_sensor_on_a_real_instance_lands_a_slow_upload_once_whole_af
     dst.parent.mkdir(parents=True)
     (home / "gates.yaml").write_text("# every gate at its default\n")
     (home / "step_ladders.yaml").write_text("# the embedded procedures and thresholds\n")
-    ingest = IngestResource(home_root=str(home), target_batch_bytes=1 << 40, max_wait_s=0, settle_s=1.0,
+    ingest = IngestResource(home=HomeResource(root=str(home)), target_batch_bytes=1 << 40, max_wait_s=0, settle_s=1.0,
                             units_on="process")
-    res = {"ingest": ingest, "gates": GatesResource(file=str(home / "gates.yaml")),
+    res = {"ingest": ingest, "gates": GatesResource(home=ingest.home, file=str(home / "gates.yaml")),
            "transcode": TranscodeResource(workers=1, preset="veryfast", gop_frames=30),
-           "ladders": LadderResource(file=str(home / "step_ladders.yaml"), pictures=0),
+           "ladders": LadderResource(home=ingest.home, file=str(home / "step_ladders.yaml"), pictures=0),
            "ray": embedded_ray()}  # units_on="process": never connected
     chunk, rate = 40_000, 400_000  # bytes a write, bytes a second
 
@@ -139,10 +139,11 @@ def test_the_landing_sensor_on_a_real_instance_lands_a_slow_upload_once_whole_af
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             growing = writer.is_alive()
-            ctx = build_sensor_context(instance=instance, cursor=cursor, definitions=defs, resources={"ingest": ingest})
             # the sensor's body on a real instance, as tests/dyna_assets do; its requests are resolved against
             # partitions it adds in the same result, which evaluate_tick outside the daemon does not see
-            result = landing_sensor(ctx)
+            with build_sensor_context(instance=instance, cursor=cursor, definitions=defs,
+                                      resources={"ingest": ingest}) as ctx:
+                result = landing_sensor(ctx)
             cursor = result.cursor
             for req in result.dynamic_partitions_requests:
                 instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))

@@ -179,16 +179,16 @@ def test_the_ingest_assets_run_their_units_on_ray_against_the_buckets(ray_with_s
 
     from dyna_assets.definitions import defs
     from dyna_assets.deployment import embedded_ray
-    from dyna_resources.faces import GatesResource, IngestResource, TranscodeResource
+    from dyna_resources.resources import GatesResource, HomeResource, IngestResource, TranscodeResource
 
     raw = bucket.store(bucket.landing)
     for i in range(3):
         raw.put_file(episode_factory(episode_id=f"ep-ray{i}", seed=740 + i, duration_s=2.0).path,
                      f"2026-11-29/ep-ray{i}.h5")
-    ingest = IngestResource(home_root=str(tmp_path / "home"), landing_url=bucket.landing, mcap_store=bucket.mcap,
+    ingest = IngestResource(home=HomeResource(root=str(tmp_path / "home")), landing_url=bucket.landing, mcap_store=bucket.mcap,
                             endpoint_url=bucket.endpoint or "", scratch_dir=str(tmp_path / "scratch"),
                             target_batch_bytes=1, partition_bytes=1 << 40, max_wait_s=0)  # 3 units, 1 partition
-    res = {"ingest": ingest, "gates": GatesResource(), "ray": embedded_ray(),
+    res = {"ingest": ingest, "gates": GatesResource(home=ingest.home), "ray": embedded_ray(),
            "transcode": TranscodeResource(preset="veryfast", gop_frames=30, unit_memory_gb=0.5)}
     stores = ingest.stores()
     (partition,) = landing_tick(LandingCursor(), stores.landing, stores.registry, ingest.landing_settings()).sealed

@@ -150,12 +150,12 @@ def test_config_rejects_an_unknown_choice():
 
 def test_trainer_resource_passes_the_switch_without_changing_the_run(tmp_path, mcap_fleet):
     """The ``checkpoints`` asset's face: switching to start_fresh trains the same run folder."""
-    from dyna_resources.faces import CacheResource, HomeResource, TrainerResource
+    from dyna_resources.resources import CacheResource, HomeResource, TrainerResource
 
     _, manifest = mcap_fleet
     home = tmp_path / "home"
     write_manifest(manifest, home / "manifests", "spec-t")
-    faces = {"home": HomeResource(root=str(home)), "cache": CacheResource(home_root=str(home))}
+    faces = {"home": HomeResource(root=str(home)), "cache": CacheResource(home=HomeResource(root=str(home)))}
     default = TrainerResource(steps=6).prepare(**faces, partition="spec-t")
     assert default.config["all_checkpoints_damaged"] == "error"
     fresh = TrainerResource(steps=6, all_checkpoints_damaged="start_fresh").prepare(**faces, partition="spec-t")

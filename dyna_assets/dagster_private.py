@@ -1,0 +1,58 @@
+"""The Dagster internals this project needs, in one place (checked against Dagster 1.13).
+
+What the public API lacks:
+
+- A sensor that backfills chosen (asset, partition) pairs of several assets in ONE backfill (the
+  drift sensor: ``mcap_episodes`` and ``step_ladders`` of the stale partitions, ``step_ladders``
+  alone of the re-segmented ones) can say so only with ``RunRequest.for_asset_graph_subset`` and
+  an ``AssetGraphSubset``; Dagster keeps both private ("AssetGraphSubset is not part of the public
+  API", its docstring says). The public ``RunRequest(partition_key=...)`` launches one run per
+  partition, outside the backfill daemon and its page in the UI.
+- Listing the backfills in flight: ``DagsterInstance.get_backfills`` is public, its filter
+  (``BulkActionsFilter``) and the statuses (``BulkActionStatus``) are not exported.
+- Tests record a backfill in flight as the daemon would, with ``PartitionBackfill``.
+
+``tests/dyna_assets/test_dagster_private.py`` exercises every name here on a real instance, so an
+upgrade that moves or changes one fails there, by name, before any sensor does.
+"""
+
+from collections.abc import Iterable, Mapping
+
+from dagster import AssetKey, DagsterInstance, RunRequest
+from dagster._core.definitions.assets.graph.asset_graph_subset import AssetGraphSubset
+from dagster._core.definitions.events import AssetKeyPartitionKey
+from dagster._core.execution.backfill import BulkActionsFilter, BulkActionStatus, PartitionBackfill
+
+__all__ = ["BulkActionStatus", "FINISHED", "backfill_request", "backfills_in_flight", "record_backfill",
+           "requested_partitions"]
+
+FINISHED = frozenset({BulkActionStatus.COMPLETED, BulkActionStatus.COMPLETED_SUCCESS,
+                      BulkActionStatus.COMPLETED_FAILED, BulkActionStatus.FAILED, BulkActionStatus.CANCELED})
+
+
+def backfill_request(pairs: Iterable[tuple[AssetKey, str]], asset_graph, tags: Mapping[str, str]) -> RunRequest:
+    """A sensor's request for one backfill of exactly the (asset, partition key) ``pairs``."""
+    subset = AssetGraphSubset.from_asset_partition_set({AssetKeyPartitionKey(k, p) for k, p in pairs}, asset_graph)
+    return RunRequest.for_asset_graph_subset(subset, tags=dict(tags))
+
+
+def requested_partitions(subset_holder) -> set[tuple[AssetKey, str | None]]:
+    """The (asset, partition key) pairs of a backfill request, or of a backfill's target."""
+    subset = getattr(subset_holder, "asset_graph_subset", None)
+    if subset is None:
+        subset = subset_holder.asset_backfill_data.target_subset
+    return {(ap.asset_key, ap.partition_key) for ap in subset.iterate_asset_partitions()}
+
+
+def backfills_in_flight(instance: DagsterInstance, tag: str) -> list:
+    """Requested (not yet finished) backfills carrying ``tag: "true"``; filtered here, not by the storage's
+    tag filter, which misses backfill tags on SQLite storage."""
+    requested = instance.get_backfills(filters=BulkActionsFilter(statuses=[BulkActionStatus.REQUESTED]))
+    return [b for b in requested if b.tags.get(tag) == "true"]
+
+
+def record_backfill(instance: DagsterInstance, request: RunRequest, backfill_id: str) -> None:
+    """Record ``request``'s backfill as in flight, as the sensor daemon does when it takes the request."""
+    instance.add_backfill(PartitionBackfill.from_asset_graph_subset(
+        backfill_id=backfill_id, backfill_timestamp=0.0, tags=request.tags, dynamic_partitions_store=instance,
+        asset_graph_subset=request.asset_graph_subset, title=None, description=None, run_config=None))

@@ -1,0 +1,173 @@
+"""How a training run is prepared and launched: its data resolved and checked, its config written,
+its run folder keyed, its command built. No Dagster import: ``checkpoints`` (Dagster) and the tests
+call :func:`prepare_run`; what it returns says what to run, where, and whether it resumes.
+
+The run folder is keyed by the manifest's hash and the config, so preparing again with the same
+inputs finds the same folder (the run resumes, or is found finished), and any change starts anew.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, get_args
+
+from dyna_resources import versions
+from dyna_resources.catalog.datasets import ManifestIntegrityError, resolve_manifest_url
+from dyna_resources.home import DynaHome
+
+from .dataset import SampleSpec
+from .manifest_loader import local_copy
+from .model import ModelConfig
+from .train import LoaderConfig, TrainConfig
+
+Launcher = Literal["torchrun", "slurm"]
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class TrainerSettings:
+    """What a ``checkpoints`` partition trains and how the trainer is launched."""
+
+    # -- launch --
+    nproc_per_node: int = 1  # trainer processes on the node (torchrun)
+    max_restarts: int = 2  # torchrun's in-place restarts, each resuming from the latest complete checkpoint
+    launcher: Launcher = "torchrun"  # torchrun (local) | slurm (sbatch --wait of infra/slurm/train.sbatch.j2)
+    slurm_partition: str = ""
+    slurm_nodes: int = 1
+    slurm_gpus_per_node: int = 8
+    slurm_time_limit: str = ""
+    slurm_max_attempts: int = 3  # whole-job requeues, each resuming from the latest checkpoint
+    omp_num_threads: int = 0  # OMP_NUM_THREADS of the trainer; 0: half this machine's cores
+    # -- training --
+    steps: int = 60
+    batch_size: int = 8
+    workers: int = 1  # DataLoader workers per rank
+    checkpoint_every: int = 20
+    keep_checkpoints: int = 3
+    checkpoint_store: str = ""  # a store URL checkpoints are uploaded to; empty: they stay in the run folder
+    # checkpoints exist but none is intact: "error" fails the run naming the damaged files, "start_fresh"
+    # trains the same run folder from step 0 (TrainConfig.all_checkpoints_damaged; not part of the run's key)
+    all_checkpoints_damaged: str = "error"
+    optimizer_mode: str = "auto"  # auto | global | node_local (Muon's sharding, by node count when auto)
+    image_size: int = 64
+    # How samples are read: "gop" (each GOP window decoded once for every sample in it) or "random"
+    # (fully random, live GOP decoders per episode); where they sit: "end" (one per segment) or "every"
+    # (one every anchor_every_s inside each segment); read_stream: a training stream's name ("" = archive).
+    loader: str = "gop"
+    anchors: str = "end"
+    anchor_every_s: float = 0.1
+    mix_units: float = 3.0
+    read_stream: str = ""
+    seed: int = 0
+    dataset: str = ""  # name@version from the dataset registry; empty: the partition's current manifest
+
+    def __post_init__(self):
+        if self.launcher not in get_args(Launcher):
+            raise ValueError(f"launcher {self.launcher!r}: expected one of {', '.join(map(repr, get_args(Launcher)))}")
+
+
+@dataclass(frozen=True)
+class TrainingRun:
+    """A prepared run: its folder (holding ``config.json``), the command and environment to launch it."""
+
+    run_dir: Path
+    config: dict
+    command: list[str]
+    env: dict[str, str]
+    resuming: bool  # the folder holds a checkpoint: the launch resumes from it
+
+    @property
+    def config_path(self) -> Path:
+        return self.run_dir / "config.json"
+
+
+def launch_command(settings: TrainerSettings, config_path: Path) -> list[str]:
+    """The command that runs the trainer on ``config_path``: ``torchrun`` on this node (plain Python
+    for one process and no restarts), or ``sbatch --wait`` of the Slurm template."""
+    if settings.launcher == "slurm":
+        from infra.slurm.launcher import SlurmLauncher
+        from infra.slurm.launcher import launch_command as slurm_command
+
+        slurm = SlurmLauncher(partition=settings.slurm_partition, nodes=settings.slurm_nodes,
+                              gpus_per_node=settings.slurm_gpus_per_node, time_limit=settings.slurm_time_limit,
+                              max_attempts=settings.slurm_max_attempts, in_place_restarts=settings.max_restarts,
+                              workdir=str(REPO))
+        return slurm_command(config_path, config_path.parent, slurm)
+    train = ["-m", "trainer.train", "--config", str(config_path)]
+    if settings.nproc_per_node == 1 and settings.max_restarts == 0:
+        return [sys.executable, *train]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={settings.nproc_per_node}", f"--max-restarts={settings.max_restarts}", *train]
+
+
+def prepare_run(settings: TrainerSettings, home: DynaHome, spec: str, *, manifest_url: str, registry_url: str,
+                cache_dir: str) -> TrainingRun:
+    """Resolve the run's data, write its config into its (keyed) run folder and build its command.
+
+    :param settings: what to train and how to launch it.
+    :param home: the home folder: the node's manifest copies and the run folders live there.
+    :param spec: the curation spec (the ``checkpoints`` partition) the run trains on.
+    :param manifest_url: the spec's current manifest (Arrow IPC); not read when ``settings.dataset``
+        names a published dataset version instead.
+    :param registry_url: the registry holding published datasets.
+    :param cache_dir: the node page cache the trainer reads through.
+    :raises ManifestIntegrityError: the dataset's manifest is not the bytes that were published.
+    """
+    dataset = ""
+    if settings.dataset:  # training names data by name@version, never by path
+        # The download below hashes the Arrow file anyway: check that hash against the one recorded
+        # at publish instead of reading the file twice.
+        manifest_url, published_sha = resolve_manifest_url(settings.dataset, registry_url, verify=False)
+        dataset = settings.dataset
+    manifest_sha = local_copy(manifest_url, home.node_cache).stem
+    if dataset and manifest_sha != published_sha:
+        raise ManifestIntegrityError(f"dataset {dataset}: {manifest_url} has SHA-256 {manifest_sha}, "
+                                     f"published as {published_sha}")
+    size = (settings.image_size, settings.image_size)
+    cfg = TrainConfig(
+        manifest=manifest_url, run_dir="", steps=settings.steps, batch_size=settings.batch_size, seed=settings.seed,
+        optimizer_mode=settings.optimizer_mode, workers=settings.workers, checkpoint_every=settings.checkpoint_every,
+        keep_checkpoints=settings.keep_checkpoints, checkpoint_store=settings.checkpoint_store,
+        all_checkpoints_damaged=settings.all_checkpoints_damaged,  # type: ignore[arg-type]
+        cache_dir=cache_dir, model=ModelConfig(image_size=size),
+        sample=SampleSpec(image_size=size, anchors=settings.anchors, anchor_every_s=settings.anchor_every_s,
+                          stream=settings.read_stream or None),
+        loader=LoaderConfig(kind=settings.loader, mix_units=settings.mix_units),  # type: ignore[arg-type]
+        lineage={"curation_spec": spec, "dataset": dataset or f"manifest:{manifest_sha[:16]}",
+                 "manifest": manifest_url, "manifest_sha256": manifest_sha,
+                 "schema_version": versions.SCHEMA_VERSION, "pipeline_version": versions.PIPELINE_VERSION,
+                 "code_commit": code_commit()})
+    run_dir = home.run_dir(spec, run_key(cfg))
+    cfg.run_dir = str(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config_path = run_dir / "config.json"
+    config_path.write_text(cfg.to_json())
+    threads = settings.omp_num_threads or max(1, (os.cpu_count() or 1) // 2)
+    env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # torchrun's restarts hang without it
+           "OMP_NUM_THREADS": str(threads)}
+    return TrainingRun(run_dir=run_dir, config=json.loads(cfg.to_json()), command=launch_command(settings, config_path),
+                       env=env, resuming=(run_dir / "checkpoints" / "latest").exists())
+
+
+def run_key(cfg: TrainConfig) -> str:
+    """The run folder's name: a hash of what the run trains (not of how it is launched)."""
+    return hashlib.sha256(cfg.identity_json().encode()).hexdigest()[:12]
+
+
+def code_commit() -> str:
+    """The checkout's commit (``-dirty`` with uncommitted changes), or ``unknown`` outside git."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return head.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
