@@ -15,7 +15,7 @@ from typing import Any
 
 from dagster import ConfigurableResource
 
-from trainer.launch import TrainerSettings, TrainingRun, launch_command, prepare_run
+from trainer.launch import TrainerSettings, TrainingRun, launch_command, plan_run, prepare_run
 
 from .catalog.registry import Registry
 from .catalog.warehouse import Warehouse
@@ -301,3 +301,9 @@ class TrainerResource(ConfigurableResource):
         """The run of curation spec ``partition`` on its current manifest (or on ``dataset``), ready to launch."""
         return prepare_run(self.settings(), home.home(), partition, manifest_url=home.manifest_arrow_url(partition),
                            registry_url=home.resolved_registry_url(), cache_dir=cache.root_dir())
+
+    def run_dir(self, home: HomeResource, cache: CacheResource, partition: str) -> Path:
+        """The run folder ``prepare`` would use for ``partition`` now (nothing written)."""
+        cfg = plan_run(self.settings(), home.home(), partition, manifest_url=home.manifest_arrow_url(partition),
+                       registry_url=home.resolved_registry_url(), cache_dir=cache.root_dir())
+        return Path(cfg.run_dir)

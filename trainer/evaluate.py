@@ -16,6 +16,7 @@ import hashlib
 import importlib
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -124,9 +125,66 @@ def dataset_ref(lineage: dict) -> dict:
     return out
 
 
+@dataclass(frozen=True)
+class EvaluationResult:
+    """One evaluation of one checkpoint on one manifest, with what it traces to. ``path``: where it was
+    recorded (``run_dir/evaluations/``), empty when not recorded."""
+
+    evaluation: str
+    metrics: dict
+    checkpoint: dict  # checkpoint_ref
+    lineage: dict  # the checkpoint's training lineage
+    dataset: dict  # dataset_ref
+    code_commit: str
+    heldout_manifest: str
+    heldout_manifest_sha256: str
+    heldout_is_training_data: bool  # the same data the model trained on is no held-out set: said, not hidden
+    path: str = ""
+
+    def as_record(self) -> dict:
+        """The JSON written beside the checkpoints."""
+        return {"evaluation": {"name": self.evaluation, "metrics": self.metrics}, "checkpoint": self.checkpoint,
+                "lineage": self.lineage, "dataset": self.dataset, "code_commit": self.code_commit or None,
+                "heldout_manifest": self.heldout_manifest, "heldout_manifest_sha256": self.heldout_manifest_sha256,
+                "heldout_is_training_data": self.heldout_is_training_data}
+
+    @classmethod
+    def from_record(cls, record: dict, path: str = "") -> EvaluationResult:
+        return cls(evaluation=record["evaluation"]["name"], metrics=record["evaluation"]["metrics"],
+                   checkpoint=record["checkpoint"], lineage=record["lineage"], dataset=record["dataset"],
+                   code_commit=record.get("code_commit") or "", heldout_manifest=record["heldout_manifest"],
+                   heldout_manifest_sha256=record["heldout_manifest_sha256"],
+                   heldout_is_training_data=record["heldout_is_training_data"], path=path)
+
+    @property
+    def version(self) -> str:
+        """What makes this evaluation this one: checkpoint x held-out manifest x evaluation."""
+        return hashlib.sha256(f"{self.checkpoint['sha256']}:{self.heldout_manifest_sha256}:{self.evaluation}"
+                              .encode()).hexdigest()
+
+    def as_metadata(self) -> dict:
+        """Flat values for an asset's metadata (the asset wraps dicts as JSON)."""
+        md = {
+            "evaluation": self.evaluation, "metrics": self.metrics, "checkpoint": self.checkpoint,
+            "checkpoint_step": self.checkpoint["step"], "checkpoint_sha256": self.checkpoint["sha256"],
+            "lineage": self.lineage, "dataset": self.dataset, "dataset_ref": self.dataset.get("ref", ""),
+            "manifest_sha256": self.dataset.get("manifest_sha256", ""), "code_commit": self.code_commit,
+            "heldout_manifest": self.heldout_manifest, "heldout_manifest_sha256": self.heldout_manifest_sha256,
+            "heldout_is_training_data": self.heldout_is_training_data,
+            "run_dir": self.checkpoint.get("run_dir", ""), "result_path": self.path,
+        }
+        if self.heldout_is_training_data:
+            md["note"] = ("evaluated on the training manifest: not held out (set heldout_manifest to a held-out "
+                          "curation spec's manifest for a real held-out error)")
+        for k in ("action_mse", "latent_mse"):
+            if isinstance(self.metrics.get(k), (int, float)):
+                md[k] = float(self.metrics[k])
+        return md
+
+
 def evaluate_checkpoint(run_dir: str | Path, manifest_url: str, *, step: int | None = None,
                         evaluation: str = DEFAULT, batch_size: int = 8, cache_dir: str | Path | None = None,
-                        open_file=None, record: bool = True) -> dict:
+                        open_file=None, record: bool = True) -> EvaluationResult:
     """Run ``evaluation`` on checkpoint ``step`` (default: latest) of ``run_dir`` against the manifest at
     ``manifest_url`` (its Arrow IPC URL). With ``record``, the result is also written to
     ``run_dir/evaluations/``, next to the checkpoints it describes."""
@@ -138,30 +196,59 @@ def evaluate_checkpoint(run_dir: str | Path, manifest_url: str, *, step: int | N
     metrics = resolve(evaluation)(model, open_manifest(local), cfg.sample, batch_size=batch_size,
                                   open_file=open_file)
     lineage = dict(info.extra.get("lineage", {}))
-    result = {
-        "evaluation": {"name": evaluation, "metrics": metrics},
-        "checkpoint": checkpoint_ref(run_dir, info),
-        "lineage": lineage,
-        "dataset": dataset_ref(lineage),
-        "code_commit": lineage.get("code_commit"),
-        "heldout_manifest": manifest_url,
-        "heldout_manifest_sha256": heldout_sha,
-        # the same data the model trained on is no held-out set: say so instead of hiding it
-        "heldout_is_training_data": heldout_sha == lineage.get("manifest_sha256"),
-    }
-    if record:
-        out = run_dir / "evaluations" / f"step-{info.step:09d}-{_slug(evaluation)}-{heldout_sha[:12]}.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(result, indent=1))
-        tmp.replace(out)
-        result["path"] = str(out)
-    return result
+    result = EvaluationResult(
+        evaluation=evaluation, metrics=metrics, checkpoint=checkpoint_ref(run_dir, info), lineage=lineage,
+        dataset=dataset_ref(lineage), code_commit=lineage.get("code_commit") or "", heldout_manifest=manifest_url,
+        heldout_manifest_sha256=heldout_sha, heldout_is_training_data=heldout_sha == lineage.get("manifest_sha256"))
+    if not record:
+        return result
+    out = run_dir / "evaluations" / f"step-{info.step:09d}-{_slug(evaluation)}-{heldout_sha[:12]}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result.as_record(), indent=1))
+    tmp.replace(out)
+    return EvaluationResult.from_record(result.as_record(), path=str(out))
+
+
+def latest_recorded(run_dir: str | Path) -> EvaluationResult | None:
+    """The evaluation last recorded in ``run_dir/evaluations/`` (by write time), or None."""
+    found = sorted((Path(run_dir) / "evaluations").glob("*.json"), key=lambda p: p.stat().st_mtime_ns)
+    return EvaluationResult.from_record(json.loads(found[-1].read_text()), str(found[-1])) if found else None
+
+
+def _row(md: dict, this: bool = False) -> str:
+    metrics, ck, ds = md.get("metrics") or {}, md.get("checkpoint") or {}, md.get("dataset") or {}
+
+    def num(k):
+        v = metrics.get(k)
+        return f"{v:.5g}" if isinstance(v, (int, float)) else "–"
+
+    held = (md.get("heldout_manifest_sha256") or "")[:12]
+    return (f"| {ck.get('step', '?')}{' (this)' if this else ''} | `{(ck.get('sha256') or '')[:12]}` | "
+            f"{ds.get('ref') or ''} | `{(md.get('code_commit') or '')[:12]}` | "
+            f"{md.get('evaluation', '?')} | `{held}` | {num('action_mse')} | {num('latent_mse')} |")
+
+
+def comparison_table(current: dict, earlier: list[dict]) -> str:
+    """Markdown: this evaluation (``EvaluationResult.as_metadata``), then earlier ones (newest first, one row
+    per checkpoint x held-out manifest x evaluation)."""
+    head = ("| step | checkpoint | dataset | code | evaluation | held-out | action MSE | latent MSE |\n"
+            "|---|---|---|---|---|---|---|---|")
+
+    def ident(md):
+        return ((md.get("checkpoint") or {}).get("sha256"), md.get("heldout_manifest_sha256"), md.get("evaluation"))
+
+    seen, rows = {ident(current)}, [_row(current, this=True)]
+    for md in earlier:
+        if ident(md) not in seen:
+            seen.add(ident(md))
+            rows.append(_row(md))
+    return "\n".join([head, *rows])
 
 
 def _slug(name: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in name)
 
 
-__all__ = ["DEFAULT", "ENTRY_POINT_GROUP", "EVALUATIONS", "checkpoint_ref", "dataset_ref", "evaluate",
-           "evaluate_checkpoint", "load_model", "register", "resolve"]
+__all__ = ["DEFAULT", "ENTRY_POINT_GROUP", "EVALUATIONS", "EvaluationResult", "checkpoint_ref", "comparison_table",
+           "dataset_ref", "evaluate", "evaluate_checkpoint", "latest_recorded", "load_model", "register", "resolve"]

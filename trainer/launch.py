@@ -106,9 +106,10 @@ def launch_command(settings: TrainerSettings, config_path: Path) -> list[str]:
             f"--nproc-per-node={settings.nproc_per_node}", f"--max-restarts={settings.max_restarts}", *train]
 
 
-def prepare_run(settings: TrainerSettings, home: DynaHome, spec: str, *, manifest_url: str, registry_url: str,
-                cache_dir: str) -> TrainingRun:
-    """Resolve the run's data, write its config into its (keyed) run folder and build its command.
+def plan_run(settings: TrainerSettings, home: DynaHome, spec: str, *, manifest_url: str, registry_url: str,
+             cache_dir: str) -> TrainConfig:
+    """The run's config, its ``run_dir`` the keyed run folder (nothing written there: ``prepare_run`` does;
+    ``evaluations`` and ``released_models`` use this to find the run ``checkpoints`` trained).
 
     :param settings: what to train and how to launch it.
     :param home: the home folder: the node's manifest copies and the run folders live there.
@@ -143,8 +144,16 @@ def prepare_run(settings: TrainerSettings, home: DynaHome, spec: str, *, manifes
                  "manifest": manifest_url, "manifest_sha256": manifest_sha,
                  "schema_version": versions.SCHEMA_VERSION, "pipeline_version": versions.PIPELINE_VERSION,
                  "code_commit": code_commit()})
-    run_dir = home.run_dir(spec, run_key(cfg))
-    cfg.run_dir = str(run_dir)
+    cfg.run_dir = str(home.run_dir(spec, run_key(cfg)))
+    return cfg
+
+
+def prepare_run(settings: TrainerSettings, home: DynaHome, spec: str, *, manifest_url: str, registry_url: str,
+                cache_dir: str) -> TrainingRun:
+    """Resolve the run's data (:func:`plan_run`), write its config into its keyed run folder and build its
+    command."""
+    cfg = plan_run(settings, home, spec, manifest_url=manifest_url, registry_url=registry_url, cache_dir=cache_dir)
+    run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = run_dir / "config.json"
     config_path.write_text(cfg.to_json())

@@ -3,9 +3,6 @@
 No ``from __future__ import annotations`` here: Dagster reads the context annotation at runtime.
 """
 
-import hashlib
-import json
-
 from dagster import (AssetCheckResult, AssetCheckSpec, AssetExecutionContext, DataVersion, MaterializeResult,
                      MetadataValue, asset)
 
@@ -38,7 +35,7 @@ def cache_sets(context: AssetExecutionContext, home: HomeResource, cache: CacheR
     name, path, table = _manifest(context, home)
     manifest_sha = path.stem
     read_set = cache.read_set()
-    version = hashlib.sha256(json.dumps([manifest_sha, list(read_set.groups)]).encode()).hexdigest()
+    version = read_set.data_version(manifest_sha)
     front = cache.alluxio_front()
     if front is not None:
         report = front.load(sorted(set(table.column("uri").to_pylist())))
@@ -60,24 +57,9 @@ def cache_sets(context: AssetExecutionContext, home: HomeResource, cache: CacheR
     for url, why in report.errors.items():
         context.log.warning(f"not prewarmed: {url}: {why}")
     return MaterializeResult(
-        metadata={
-            "backend": "page-cache",
-            "cache_dir": MetadataValue.path(root),
-            "manifest_sha256": manifest_sha,
-            "groups": MetadataValue.json(list(read_set.groups)),
-            "files": report.files,
-            "segments": report.segments,
-            "working_set_bytes": report.ranges_bytes,
-            "pages": report.pages,
-            "page_bytes": report.bytes,
-            "fetched_pages": report.fetched_pages,
-            "fetched_bytes": report.fetched_bytes,
-            "already_warm_pages": report.warm_pages,
-            "seconds": round(report.seconds, 3),
-            "fetched_MBps": round(report.fetched_MBps, 1),
-            "dataset_bytes_cached": usage.get(name, 0),
-            "errors": MetadataValue.json(report.errors),
-        },
+        metadata={"backend": "page-cache", "cache_dir": MetadataValue.path(root), "manifest_sha256": manifest_sha,
+                  "groups": MetadataValue.json(list(read_set.groups)), **report.as_metadata(),
+                  "dataset_bytes_cached": usage.get(name, 0), "errors": MetadataValue.json(report.errors)},
         check_results=[AssetCheckResult(passed=not report.errors, metadata={"files_not_prewarmed": len(report.errors)})],
         data_version=DataVersion(version),
     )

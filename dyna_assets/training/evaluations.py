@@ -1,7 +1,7 @@
 """Evaluations bound to checkpoints, and released models; one partition per curation spec.
 
-``evaluations`` evaluates the latest checkpoint of the partition's training run (the one the latest
-``checkpoints`` materialization names) on a held-out manifest and records the result with the
+``evaluations`` evaluates the latest checkpoint of the partition's training run (its folder computed from
+the spec's manifest and the trainer settings, as ``checkpoints`` computes it) on a held-out manifest and records the result with the
 checkpoint, the dataset version and the code commit, plus a table comparing it with the partition's
 earlier evaluations. ``released_models`` exports the evaluated checkpoint's weights once to the origin
 store. The engines are ``trainer.evaluate`` and ``trainer.release``.
@@ -9,7 +9,6 @@ store. The engines are ``trainer.evaluate`` and ``trainer.release``.
 No ``from __future__ import annotations`` here: Dagster reads the context annotation at runtime.
 """
 
-import hashlib
 from pathlib import Path
 
 from dagster import (
@@ -24,7 +23,7 @@ from dagster import (
     asset,
 )
 
-from dyna_resources.resources import HomeResource
+from dyna_resources.resources import CacheResource, HomeResource, TrainerResource
 from dyna_resources.keys import UnsafeKeyError, check_key
 
 from .. import k8s
@@ -56,11 +55,13 @@ def _latest_metadata(context: AssetExecutionContext, key: str, limit: int = 1) -
     return [{k: getattr(v, "value", v) for k, v in r.asset_materialization.metadata.items()} for r in records]
 
 
-def _run_dir(context: AssetExecutionContext) -> Path:
-    found = _latest_metadata(context, "checkpoints")
-    if not found or "checkpoints_dir" not in found[0]:
-        raise RuntimeError(f"no checkpoints materialization for partition {context.partition_key!r}: train first")
-    return Path(found[0]["checkpoints_dir"]).parent
+def _run_dir(trainer: TrainerResource, home: HomeResource, cache: CacheResource, spec: str) -> Path:
+    """The partition's training run folder, computed as ``checkpoints`` computes it (a key of what it trains)."""
+    run_dir = trainer.run_dir(home, cache, spec)
+    if not (run_dir / "checkpoints").is_dir():
+        raise Failure(description=f"no training run of curation spec {spec!r} on its current manifest and trainer "
+                                  f"settings ({run_dir}): materialize checkpoints first", allow_retries=False)
+    return run_dir
 
 
 def _checked(name: str, what: str) -> str:
@@ -71,82 +72,29 @@ def _checked(name: str, what: str) -> str:
         raise Failure(description=str(e), allow_retries=False) from None
 
 
-def _row(md: dict, this: bool = False) -> str:
-    metrics, ck, ds = md.get("metrics") or {}, md.get("checkpoint") or {}, md.get("dataset") or {}
-
-    def num(k):
-        v = metrics.get(k)
-        return f"{v:.5g}" if isinstance(v, (int, float)) else "–"
-
-    held = (md.get("heldout_manifest_sha256") or "")[:12]
-    return (f"| {ck.get('step', '?')}{' (this)' if this else ''} | `{(ck.get('sha256') or '')[:12]}` | "
-            f"{ds.get('ref') or ''} | `{(md.get('code_commit') or '')[:12]}` | "
-            f"{md.get('evaluation', '?')} | `{held}` | {num('action_mse')} | {num('latent_mse')} |")
-
-
-def comparison_table(current: dict, earlier: list[dict]) -> str:
-    """Markdown: this evaluation, then earlier ones of the partition (newest first, one row per
-    checkpoint x held-out manifest x evaluation)."""
-    head = ("| step | checkpoint | dataset | code | evaluation | held-out | action MSE | latent MSE |\n"
-            "|---|---|---|---|---|---|---|---|")
-
-    def ident(md):
-        return ((md.get("checkpoint") or {}).get("sha256"), md.get("heldout_manifest_sha256"), md.get("evaluation"))
-
-    seen, rows = {ident(current)}, [_row(current, this=True)]
-    for md in earlier:
-        if ident(md) not in seen:
-            seen.add(ident(md))
-            rows.append(_row(md))
-    return "\n".join([head, *rows])
-
-
 @asset(partitions_def=curation_specs, deps=["checkpoints"], group_name="training", tags={"dyna/stage": "evaluate"},
        op_tags=k8s.EVALUATE,
        description="The partition's latest checkpoint evaluated on a held-out manifest (offline action-prediction "
                    "error by default; pluggable), recorded with the checkpoint, dataset version and code commit, "
                    "and compared with the partition's earlier evaluations.")
-def evaluations(context: AssetExecutionContext, config: EvaluationConfig, home: HomeResource):
-    from trainer.evaluate import evaluate_checkpoint
+def evaluations(context: AssetExecutionContext, config: EvaluationConfig, home: HomeResource, cache: CacheResource,
+                trainer: TrainerResource):
+    from trainer.evaluate import comparison_table, evaluate_checkpoint
 
-    held = config.heldout_manifest or partition_key(context, "curation spec")
+    spec = partition_key(context, "curation spec")
+    held = config.heldout_manifest or spec
     url = held if held.endswith(".arrow") else home.manifest_arrow_url(_checked(held, "held-out manifest name"))
-    run_dir = _run_dir(context)
+    run_dir = _run_dir(trainer, home, cache, spec)
     context.log.info(f"evaluating {run_dir} ({config.evaluation}) on {url}")
-    res = evaluate_checkpoint(run_dir, url, step=None if config.step < 0 else config.step,
-                              evaluation=config.evaluation, batch_size=config.batch_size,
-                              cache_dir=home.home().node_cache)
-    metrics = res["evaluation"]["metrics"]
-    md = {
-        "evaluation": config.evaluation,
-        "metrics": metrics,
-        "checkpoint": res["checkpoint"],
-        "checkpoint_step": res["checkpoint"]["step"],
-        "checkpoint_sha256": res["checkpoint"]["sha256"],
-        "lineage": res["lineage"],
-        "dataset": res["dataset"],
-        "dataset_ref": res["dataset"].get("ref", ""),
-        "manifest_sha256": res["dataset"].get("manifest_sha256", ""),
-        "code_commit": res["code_commit"] or "",
-        "heldout_manifest": url,
-        "heldout_manifest_sha256": res["heldout_manifest_sha256"],
-        "heldout_is_training_data": res["heldout_is_training_data"],
-        "run_dir": str(run_dir),
-        "result_path": res["path"],
-    }
-    if res["heldout_is_training_data"]:
-        md["note"] = ("evaluated on the training manifest: not held out (set heldout_manifest to a held-out "
-                      "curation spec's manifest for a real held-out error)")
+    result = evaluate_checkpoint(run_dir, url, step=None if config.step < 0 else config.step,
+                                 evaluation=config.evaluation, batch_size=config.batch_size,
+                                 cache_dir=home.home().node_cache)
+    md = result.as_metadata()
     table = comparison_table(md, _latest_metadata(context, "evaluations", HISTORY))
-    for k in ("action_mse", "latent_mse"):
-        if isinstance(metrics.get(k), (int, float)):
-            md[k] = float(metrics[k])
     out = {k: MetadataValue.json(v) if isinstance(v, (dict, list)) else v for k, v in md.items()}
-    out["result_path"] = MetadataValue.path(res["path"])
+    out["result_path"] = MetadataValue.path(result.path)
     out["comparison"] = MetadataValue.md(table)
-    version = hashlib.sha256(f"{md['checkpoint_sha256']}:{md['heldout_manifest_sha256']}:{config.evaluation}"
-                             .encode()).hexdigest()
-    return MaterializeResult(metadata=out, data_version=DataVersion(version))
+    return MaterializeResult(metadata=out, data_version=DataVersion(result.version))
 
 
 @asset(partitions_def=curation_specs, deps=["evaluations"], group_name="training", tags={"dyna/stage": "release"},
@@ -154,17 +102,16 @@ def evaluations(context: AssetExecutionContext, config: EvaluationConfig, home: 
        description="The evaluated checkpoint's weights (no optimizer state) with their lineage, published once, "
                    "content-addressed, to the origin store: sites and inference replicas pull the same bytes "
                    "through their cache instead of from the training cluster.")
-def released_models(context: AssetExecutionContext, config: ReleaseConfig, home: HomeResource):
+def released_models(context: AssetExecutionContext, config: ReleaseConfig, home: HomeResource, cache: CacheResource,
+                    trainer: TrainerResource):
+    from trainer.evaluate import latest_recorded
     from trainer.release import export_weights, publish
 
-    name = _checked(config.name, "release name") if config.name else partition_key(context, "curation spec")
-    evaluated = _latest_metadata(context, "evaluations")
-    if config.step >= 0:
-        run_dir, step = _run_dir(context), config.step
-    elif evaluated:
-        run_dir, step = Path(evaluated[0]["run_dir"]), int(evaluated[0]["checkpoint_step"])
-    else:
-        run_dir, step = _run_dir(context), None
+    spec = partition_key(context, "curation spec")
+    name = _checked(config.name, "release name") if config.name else spec
+    run_dir = _run_dir(trainer, home, cache, spec)
+    evaluated = latest_recorded(run_dir)  # what the run folder says was evaluated last, not earlier metadata
+    step = config.step if config.step >= 0 else (evaluated.checkpoint["step"] if evaluated else None)
     store = config.store_url or home.model_store_url()
     folder = export_weights(run_dir, step)
     rel = publish(folder, store, name)
@@ -183,7 +130,7 @@ def released_models(context: AssetExecutionContext, config: ReleaseConfig, home:
         "manifest_sha256": side["dataset"].get("manifest_sha256", ""),
         "code_commit": side.get("code_commit") or "",
     }
-    if evaluated and int(evaluated[0]["checkpoint_step"]) == side["source"]["step"]:
-        md["evaluation"] = MetadataValue.json({k: evaluated[0].get(k) for k in ("evaluation", "metrics",
-                                                                              "heldout_manifest_sha256")})
+    if evaluated and evaluated.checkpoint["step"] == side["source"]["step"]:
+        md["evaluation"] = MetadataValue.json({"evaluation": evaluated.evaluation, "metrics": evaluated.metrics,
+                                               "heldout_manifest_sha256": evaluated.heldout_manifest_sha256})
     return MaterializeResult(metadata=md, data_version=DataVersion(rel.sha256))

@@ -30,6 +30,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import fsspec
+import yaml
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
@@ -376,3 +377,65 @@ def _ref(row) -> DatasetRef:
                       pipeline_versions=json.loads(row["pipeline_versions"]), schema_version=row["schema_version"],
                       rows=row["rows"], episodes=row["episodes"], segment_hours=row["segment_hours"],
                       published_at=published, notes=row["notes"], parquet_sha256=row["manifest_parquet_sha256"])
+
+
+# ---- declaring and publishing a curation spec's manifest -----------------------------------------
+@dataclass(frozen=True)
+class DatasetDeclaration:
+    """``<curation>/datasets/<spec>.yaml``: the dataset version a spec's current manifest is published as."""
+
+    name: str
+    version: str
+    notes: str = ""
+
+    @classmethod
+    def load(cls, path: Path) -> DatasetDeclaration | None:
+        """The declaration at ``path``; None when there is none."""
+        if not path.exists():
+            return None
+        data = yaml.safe_load(path.read_text())
+        if not isinstance(data, dict) or set(data) - {"name", "version", "notes"} or not {"name", "version"} <= set(data):
+            raise DatasetError(f"{path}: expected a mapping with name, version and optional notes")
+        return cls(name=str(data["name"]), version=str(data["version"]), notes=str(data.get("notes") or ""))
+
+
+@dataclass(frozen=True)
+class Publication:
+    """What publishing a spec's manifest did: the version, whether it was new, and the diff against the
+    version before it (None for a dataset's first)."""
+
+    ref: DatasetRef
+    new: bool
+    previous: DatasetRef | None
+    diff: DatasetDiff | None
+
+    def as_metadata(self) -> dict:
+        """Plain values; ``diff`` lists at most 100 episodes each way (``n_added``/``n_removed`` count them all)."""
+        md: dict = {"published": True, "new": self.new, "dataset": self.ref.ref, "sha256": self.ref.sha256,
+                    "rows": self.ref.rows, "episodes": self.ref.episodes, "segment_hours": self.ref.segment_hours,
+                    "arrow": self.ref.arrow_url, "pipeline_versions": self.ref.pipeline_versions}
+        if self.diff is not None and self.previous is not None:
+            d = self.diff.as_dict()
+            md["previous"] = self.previous.ref
+            md["diff"] = {**d, "episodes_added": d["episodes_added"][:100],
+                          "episodes_removed": d["episodes_removed"][:100],
+                          "n_added": len(self.diff.episodes_added), "n_removed": len(self.diff.episodes_removed)}
+            md["diff_summary"] = self.diff.markdown()
+        return md
+
+
+def publish_manifest(registry_url: str, manifests_url: str, spec: str, declared: DatasetDeclaration,
+                     spec_text: str) -> Publication:
+    """Publish spec ``spec``'s current manifest (``<manifests_url>/<spec>.arrow``, ``.parquet`` and its
+    ``.json`` sidecar) as ``declared``, and diff it against the version before."""
+    base = f"{manifests_url.rstrip('/')}/{spec}"
+    with fsspec.open(f"{base}.json", "rt") as f:
+        sidecar = json.load(f)
+    reg = DatasetRegistry(registry_url, manifests_url)
+    try:
+        ref, new = reg.publish(declared.name, declared.version, spec, spec_text, sidecar,
+                               arrow_url=f"{base}.arrow", parquet_url=f"{base}.parquet", notes=declared.notes)
+        previous = reg.previous(ref.ref)
+        return Publication(ref, new, previous, reg.diff(previous.ref, ref.ref) if previous else None)
+    finally:
+        reg.close()

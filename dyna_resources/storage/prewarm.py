@@ -14,6 +14,8 @@ Plain Python, no Dagster import.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -45,6 +47,10 @@ class ReadSet:
     # The video the run reads: None, the archive cameras; a training stream's name (``dyna
     # training-streams``), that stream's cameras instead. Training streams are never warmed otherwise.
     video_stream: str | None = None
+
+    def data_version(self, manifest_sha256: str) -> str:
+        """The version of a cache set: the manifest's bytes and the topic groups warmed of it."""
+        return hashlib.sha256(json.dumps([manifest_sha256, list(self.groups)]).encode()).hexdigest()
 
     def __post_init__(self):
         unknown = set(self.groups) - {g.name for g in self.profile.groups}
@@ -97,6 +103,14 @@ class PrewarmReport:
     @property
     def fetched_MBps(self) -> float:
         return self.fetched_bytes / 1e6 / self.seconds if self.seconds > 0 else 0.0
+
+    def as_metadata(self) -> dict:
+        """The figures a cache set's materialization shows, by the names its metadata has always used."""
+        return {"files": self.files, "segments": self.segments, "working_set_bytes": self.ranges_bytes,
+                "pages": self.pages, "page_bytes": self.bytes, "fetched_pages": self.fetched_pages,
+                "fetched_bytes": self.fetched_bytes, "already_warm_pages": self.warm_pages,
+                "seconds": round(self.seconds, 3), "fetched_MBps": round(self.fetched_MBps, 1),
+                "errors": dict(self.errors)}
 
     def as_dict(self) -> dict:
         d = dict(self.__dict__)

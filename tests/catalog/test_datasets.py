@@ -229,3 +229,16 @@ def test_versions_published_before_the_parquet_hash_check_their_arrow_copy(tmp_p
             reg.resolve("mix@1.0.0")
     finally:
         reg.close()
+
+
+def test_a_dataset_declaration_is_read_or_refused_naming_its_file(tmp_path):
+    from dyna_resources.catalog.datasets import DatasetDeclaration
+
+    path = tmp_path / "spec-a.yaml"
+    assert DatasetDeclaration.load(path) is None  # no declaration: nothing to publish
+    path.write_text("name: mix\nversion: 1.2.0\n")
+    assert DatasetDeclaration.load(path) == DatasetDeclaration("mix", "1.2.0", "")
+    for bad in ("name: mix\n", "[1, 2]\n", "name: mix\nversion: 1.0.0\nowner: me\n"):
+        path.write_text(bad)
+        with pytest.raises(DatasetError, match=f"{path}: expected a mapping with name, version"):
+            DatasetDeclaration.load(path)

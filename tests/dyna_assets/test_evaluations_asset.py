@@ -28,20 +28,23 @@ def test_evaluations_and_releases_trace_to_dataset_and_code(tmp_path, mcap_fleet
     with DagsterInstance.ephemeral() as instance:
         instance.add_dynamic_partitions("curation_specs", ["spec-e"])
 
+        def deployed(steps):  # the deployment's trainer settings: evaluations find the run they trained
+            return {**base, "trainer": TrainerResource(steps=steps, **trainer)}
+
         def train(steps):
             r = materialize([defs.get_assets_def("checkpoints")], instance=instance, partition_key="spec-e",
-                            resources={**base, "trainer": TrainerResource(steps=steps, **trainer)})
+                            resources=deployed(steps))
             assert r.success
             return _md(r, "checkpoints")
 
-        def evaluate_and_release():
+        def evaluate_and_release(steps):
             r = materialize([evaluations, released_models], instance=instance, partition_key="spec-e",
-                            resources=base)
+                            resources=deployed(steps))
             assert r.success
             return _md(r, "evaluations"), _md(r, "released_models")
 
         ck = train(4)
-        ev, rel = evaluate_and_release()
+        ev, rel = evaluate_and_release(4)
         lineage = ck["lineage"]
         assert ev["lineage"] == lineage and ev["manifest_sha256"] == lineage["manifest_sha256"]
         assert ev["code_commit"] == lineage["code_commit"] and ev["code_commit"]
@@ -59,12 +62,12 @@ def test_evaluations_and_releases_trace_to_dataset_and_code(tmp_path, mcap_fleet
         assert (home / "models" / "spec-e" / rel["sha256"][:16] / "model.json").exists()
 
         ck2 = train(6)  # another run of the same spec: a new checkpoint, compared with the first
-        ev2, rel2 = evaluate_and_release()
+        ev2, rel2 = evaluate_and_release(6)
         assert ev2["checkpoint_sha256"] == ck2["checkpoint"]["sha256"] != ev["checkpoint_sha256"]
         rows = ev2["comparison"].splitlines()[2:]
         assert len(rows) == 2 and "(this)" in rows[0] and ev["checkpoint_sha256"][:12] in rows[1]
         assert rel2["sha256"] != rel["sha256"] and not rel2["already_released"]
 
-        r = materialize([released_models], instance=instance, partition_key="spec-e", resources=base)
+        r = materialize([released_models], instance=instance, partition_key="spec-e", resources=deployed(6))
         again = _md(r, "released_models")
         assert again["already_released"] and (again["url"], again["sha256"]) == (rel2["url"], rel2["sha256"])

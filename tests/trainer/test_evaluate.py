@@ -45,23 +45,25 @@ def trained(tmp_path_factory, mcap_fleet):
 def test_evaluation_traces_to_checkpoint_dataset_and_code(trained):
     run_dir, arrow, sha = trained
     res = ev.evaluate_checkpoint(run_dir, arrow, batch_size=8)
-    m = res["evaluation"]["metrics"]
-    assert res["evaluation"]["name"] == "offline_action_error"
+    m = res.metrics
+    assert res.evaluation == "offline_action_error"
     assert m["segments"] > 0 and len(m["action_mse_per_step"]) == SMALL["model"].action_chunk
     assert all(torch.isfinite(torch.tensor([m["action_mse"], m["latent_mse"], *m["action_mse_per_step"]])))
-    assert res["checkpoint"]["step"] == 16 and len(res["checkpoint"]["sha256"]) == 64
+    assert res.checkpoint["step"] == 16 and len(res.checkpoint["sha256"]) == 64
     done = json.loads((run_dir / "checkpoints" / "step-000000016" / "COMPLETE.json").read_text())
-    assert res["lineage"] == done["extra"]["lineage"]
-    assert res["dataset"]["manifest_sha256"] == sha and res["code_commit"] == "c0ffee"
-    assert res["dataset"]["ref"] == f"manifest:{sha[:16]}"  # no registry dataset named: the manifest's hash
-    assert res["heldout_manifest_sha256"] == sha and res["heldout_is_training_data"]
-    assert json.loads(Path(res["path"]).read_text())["checkpoint"] == res["checkpoint"]
+    assert res.lineage == done["extra"]["lineage"]
+    assert res.dataset["manifest_sha256"] == sha and res.code_commit == "c0ffee"
+    assert res.dataset["ref"] == f"manifest:{sha[:16]}"  # no registry dataset named: the manifest's hash
+    assert res.heldout_manifest_sha256 == sha and res.heldout_is_training_data
+    assert json.loads(Path(res.path).read_text())["checkpoint"] == res.checkpoint
+    assert ev.latest_recorded(run_dir) == res and ev.EvaluationResult.from_record(res.as_record(), res.path) == res
 
     again = ev.evaluate_checkpoint(run_dir, arrow, batch_size=8, record=False)
-    assert again["evaluation"] == res["evaluation"]  # deterministic
+    assert (again.evaluation, again.metrics) == (res.evaluation, res.metrics) and again.path == ""  # deterministic
 
     earlier = ev.evaluate_checkpoint(run_dir, arrow, step=8, batch_size=8, record=False)
-    assert earlier["checkpoint"]["step"] == 8 and earlier["checkpoint"]["sha256"] != res["checkpoint"]["sha256"]
+    assert earlier.checkpoint["step"] == 8 and earlier.checkpoint["sha256"] != res.checkpoint["sha256"]
+    assert ev.latest_recorded(run_dir) == res  # not recorded: the latest recorded is still the first
 
     torch.manual_seed(123)
     table = open_manifest(local_copy(arrow, run_dir / "node-cache"))
@@ -80,7 +82,7 @@ def test_evaluations_are_pluggable(trained, monkeypatch):
 
     monkeypatch.setitem(ev.EVALUATIONS, "count_segments", count)
     res = ev.evaluate_checkpoint(run_dir, arrow, evaluation="count_segments", batch_size=3, record=False)
-    assert res["evaluation"]["metrics"]["rows"] > 0 and calls == [3]
+    assert res.metrics["rows"] > 0 and calls == [3]
     assert ev.resolve("trainer.evaluate:evaluate") is ev.evaluate
     with pytest.raises(KeyError):
         ev.resolve("no-such-evaluation")
