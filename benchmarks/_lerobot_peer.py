@@ -69,15 +69,19 @@ def create(root: Path, source: Path) -> dict:
     action0 = src["action_0"]
     h, w = src[f"{cameras[0]}_0"].shape[1:3]
     features = {
-        "observation.state": {"dtype": "float32", "shape": (state0.shape[1],),
-                              "names": [f"j{i}" for i in range(state0.shape[1])]},
+        "observation.state": {
+            "dtype": "float32",
+            "shape": (state0.shape[1],),
+            "names": [f"j{i}" for i in range(state0.shape[1])],
+        },
         "action": {"dtype": "float32", "shape": (action0.shape[1],), "names": None},
-        **{f"observation.images.{c}": {"dtype": "video", "shape": (h, w, 3), "names": ["height", "width", "channels"]}
-           for c in cameras},
+        **{
+            f"observation.images.{c}": {"dtype": "video", "shape": (h, w, 3), "names": ["height", "width", "channels"]}
+            for c in cameras
+        },
     }
     t_start = time.perf_counter()
-    ds = LeRobotDataset.create(REPO_ID, fps=fps, features=features, root=root, robot_type="so100",
-                               use_videos=True)
+    ds = LeRobotDataset.create(REPO_ID, fps=fps, features=features, root=root, robot_type="so100", use_videos=True)
     add_s = save_s = 0.0
     frames = 0
     for k, (n, task) in enumerate(zip(src["lengths"], src["tasks"])):
@@ -108,11 +112,23 @@ def create(root: Path, source: Path) -> dict:
         if p.is_file():
             top = p.relative_to(root).parts[0]
             sizes[top] = sizes.get(top, 0) + p.stat().st_size
-    return {"command": "create", "root": str(root), "episodes": len(src["lengths"]), "frames": frames,
-            "cameras": cameras, "height": int(h), "width": int(w), "fps": fps,
-            "add_frame_s": round(add_s, 3), "save_episode_s": round(save_s, 3), "encode_total_s": round(total_s, 3),
-            "bytes_on_disk": sum(sizes.values()), "bytes_by_folder": sizes,
-            "codebase_version": CODEBASE_VERSION, "versions": _versions()}
+    return {
+        "command": "create",
+        "root": str(root),
+        "episodes": len(src["lengths"]),
+        "frames": frames,
+        "cameras": cameras,
+        "height": int(h),
+        "width": int(w),
+        "fps": fps,
+        "add_frame_s": round(add_s, 3),
+        "save_episode_s": round(save_s, 3),
+        "encode_total_s": round(total_s, 3),
+        "bytes_on_disk": sum(sizes.values()),
+        "bytes_by_folder": sizes,
+        "codebase_version": CODEBASE_VERSION,
+        "versions": _versions(),
+    }
 
 
 def _create_from_jpeg_episodes(root: Path, files: list[Path]) -> dict:
@@ -133,21 +149,27 @@ def _create_from_jpeg_episodes(root: Path, files: list[Path]) -> dict:
 
     def frame(ep, cam: str, i: int) -> np.ndarray:
         off = ep[f"{cam}_offsets"]
-        return np.asarray(Image.open(io.BytesIO(ep[f"{cam}_jpeg"][off[i]:off[i + 1]].tobytes())).convert("RGB"))
+        return np.asarray(Image.open(io.BytesIO(ep[f"{cam}_jpeg"][off[i] : off[i + 1]].tobytes())).convert("RGB"))
 
     h, w = frame(first, cameras[0], 0).shape[:2]
     features = {
-        "observation.state": {"dtype": "float32", "shape": (first["state"].shape[1],),
-                              "names": [f"j{i}" for i in range(first["state"].shape[1])]},
+        "observation.state": {
+            "dtype": "float32",
+            "shape": (first["state"].shape[1],),
+            "names": [f"j{i}" for i in range(first["state"].shape[1])],
+        },
         "action": {"dtype": "float32", "shape": (first["action"].shape[1],), "names": None},
-        **{f"observation.images.{c}": {"dtype": "video", "shape": (h, w, 3), "names": ["height", "width", "channels"]}
-           for c in cameras},
+        **{
+            f"observation.images.{c}": {"dtype": "video", "shape": (h, w, 3), "names": ["height", "width", "channels"]}
+            for c in cameras
+        },
     }
     t_start = time.perf_counter()
     # lerobot's writer PNG-encodes every frame in add_frame; its own image-writer threads do that in the
     # background (as its recording scripts run it), else 640x480 costs ~0.15 s per camera-frame inline.
-    ds = LeRobotDataset.create(REPO_ID, fps=fps, features=features, root=root, robot_type="so100", use_videos=True,
-                               image_writer_threads=4)
+    ds = LeRobotDataset.create(
+        REPO_ID, fps=fps, features=features, root=root, robot_type="so100", use_videos=True, image_writer_threads=4
+    )
     add_s = save_s = 0.0
     frames = 0
     for f in files:
@@ -155,8 +177,11 @@ def _create_from_jpeg_episodes(root: Path, files: list[Path]) -> dict:
         task, n = str(ep["task"]), len(ep["state"])
         t = time.perf_counter()
         for i in range(n):
-            row = {"observation.state": ep["state"][i], "action": ep["action"][i],
-                   **{f"observation.images.{c}": frame(ep, c, i) for c in cameras}}
+            row = {
+                "observation.state": ep["state"][i],
+                "action": ep["action"][i],
+                **{f"observation.images.{c}": frame(ep, c, i) for c in cameras},
+            }
             if CODEBASE_VERSION.startswith("v2."):
                 ds.add_frame(row, task=task)
             else:
@@ -173,11 +198,23 @@ def _create_from_jpeg_episodes(root: Path, files: list[Path]) -> dict:
         if p.is_file():
             top = p.relative_to(root).parts[0]
             sizes[top] = sizes.get(top, 0) + p.stat().st_size
-    return {"command": "create", "root": str(root), "episodes": len(files), "frames": frames, "cameras": cameras,
-            "height": int(h), "width": int(w), "fps": fps, "add_frame_s": round(add_s, 3),
-            "save_episode_s": round(save_s, 3), "encode_total_s": round(time.perf_counter() - t_start, 3),
-            "bytes_on_disk": sum(sizes.values()), "bytes_by_folder": sizes, "codebase_version": CODEBASE_VERSION,
-            "versions": _versions()}
+    return {
+        "command": "create",
+        "root": str(root),
+        "episodes": len(files),
+        "frames": frames,
+        "cameras": cameras,
+        "height": int(h),
+        "width": int(w),
+        "fps": fps,
+        "add_frame_s": round(add_s, 3),
+        "save_episode_s": round(save_s, 3),
+        "encode_total_s": round(time.perf_counter() - t_start, 3),
+        "bytes_on_disk": sum(sizes.values()),
+        "bytes_by_folder": sizes,
+        "codebase_version": CODEBASE_VERSION,
+        "versions": _versions(),
+    }
 
 
 # ---------------------------------------------------------------------------------------------- page cache
@@ -243,8 +280,12 @@ def _drop_cache(dirs, global_drop: bool = False) -> dict:
             drop_caches = "ok"
         except OSError as e:
             drop_caches = f"failed: {e.strerror}"
-    return {"fadvise_dontneed_files": fadvised, "drop_caches": drop_caches,
-            "resident_bytes_before": before, "resident_bytes_after": _resident_bytes(files)}
+    return {
+        "fadvise_dontneed_files": fadvised,
+        "drop_caches": drop_caches,
+        "resident_bytes_before": before,
+        "resident_bytes_after": _resident_bytes(files),
+    }
 
 
 # ---------------------------------------------------------------------------------------------- /proc
@@ -394,8 +435,13 @@ def load(root: Path, plan: dict, hf_cache: Path) -> dict:
         ds[i]
 
     # one pass over the samples, cold, as a trainer's DataLoader does it
-    loader = DataLoader(Subset(ds, indices), batch_size=batch_size, num_workers=num_workers, shuffle=False,
-                        persistent_workers=num_workers > 0)  # workers outlive the pass so their /proc is read
+    loader = DataLoader(
+        Subset(ds, indices),
+        batch_size=batch_size,
+        num_workers=num_workers,
+        shuffle=False,
+        persistent_workers=num_workers > 0,
+    )  # workers outlive the pass so their /proc is read
     drop_pass = _drop_cache(cache_dirs, global_drop)
     sampler = _MemorySampler(float(plan.get("pss_interval_s", 1.0)))
     io0 = _proc_io()
@@ -433,9 +479,9 @@ def load(root: Path, plan: dict, hf_cache: Path) -> dict:
     me = os.getpid()
     mem = {
         "method": "peak PSS/RSS/USS per process from /proc/<pid>/smaps_rollup, sampled every "
-                  f"{sampler.interval * 1000:.0f} ms during the pass and once at its end ({sampler.samples} "
-                  "samples), workers still alive; vm_hwm_kb: the kernel's peak RSS (/proc/<pid>/status VmHWM); "
-                  "ru_maxrss of self and of reaped children as a cross-check",
+        f"{sampler.interval * 1000:.0f} ms during the pass and once at its end ({sampler.samples} "
+        "samples), workers still alive; vm_hwm_kb: the kernel's peak RSS (/proc/<pid>/status VmHWM); "
+        "ru_maxrss of self and of reaped children as a cross-check",
         "main": sampler.peaks.get(me, {}) | {"vm_hwm_kb": main_status.get("VmHWM")},
         "workers": [sampler.peaks.get(p, {}) | {"vm_hwm_kb": st.get("VmHWM")} for p, st in zip(workers, worker_status)],
         "sampler_cpu_s": round(sampler.cpu_s, 3),
@@ -443,12 +489,13 @@ def load(root: Path, plan: dict, hf_cache: Path) -> dict:
         "ru_maxrss_self_kb": ru_self1.ru_maxrss,
         "ru_maxrss_children_kb": ru_children.ru_maxrss,
         "note": "PSS splits pages shared between the main process and its forked workers (torch's libraries "
-                "alone are ~1 GB of RSS); a forked child's RSS, VmHWM and ru_maxrss count the pages it shares "
-                "with its parent, so they over-state what a worker adds",
+        "alone are ~1 GB of RSS); a forked child's RSS, VmHWM and ru_maxrss count the pages it shares "
+        "with its parent, so they over-state what a worker adds",
     }
     io = {
         "method": "/proc/<pid>/io deltas over the pass: main process + each worker (read at the pass's end)",
-        "read_bytes": read_bytes, "rchar": rchar,
+        "read_bytes": read_bytes,
+        "rchar": rchar,
         "read_bytes_per_sample": round(read_bytes / max(samples, 1)),
         "rchar_per_sample": round(rchar / max(samples, 1)),
         "main_read_bytes": io1.get("read_bytes", 0) - io0.get("read_bytes", 0),
@@ -458,7 +505,7 @@ def load(root: Path, plan: dict, hf_cache: Path) -> dict:
         "ru_inblock_self_512b": ru_self1.ru_inblock - ru_self0.ru_inblock,
         "ru_inblock_children_512b": ru_children.ru_inblock,
         "note": "read_bytes: bytes this process caused to be fetched from storage (read() and mmap faults); "
-                "rchar: bytes returned by read()/pread() syscalls, page-cache hits included, mmap not included",
+        "rchar: bytes returned by read()/pread() syscalls, page-cache hits included, mmap not included",
     }
 
     # per-sample split, in process, cold again: ds[i] total vs lerobot's video decoding vs the table rows
@@ -472,6 +519,7 @@ def load(root: Path, plan: dict, hf_cache: Path) -> dict:
                 return fn(*a, **kw)
             finally:
                 timers[name] += time.perf_counter() - t0
+
         return wrapper
 
     if hasattr(ds, "_query_videos"):
@@ -484,39 +532,57 @@ def load(root: Path, plan: dict, hf_cache: Path) -> dict:
         ds[i]
     prof_s = time.perf_counter() - t
     profile = {
-        "samples": n_prof, "cold": True,
+        "samples": n_prof,
+        "cold": True,
         "ms_per_sample": round(1000 * prof_s / max(n_prof, 1), 2),
         "video_decode_ms": round(1000 * timers["video"] / max(n_prof, 1), 2),
         "table_rows_ms": round(1000 * timers["hf"] / max(n_prof, 1), 2),
         "other_ms": round(1000 * (prof_s - timers["video"] - timers["hf"]) / max(n_prof, 1), 2),
         "note": "ds[i] in process; video_decode_ms: LeRobotDataset._query_videos (open + seek + decode + "
-                "to float), table_rows_ms: _query_hf_dataset (delta windows of the non-video keys)",
+        "to float), table_rows_ms: _query_hf_dataset (delta windows of the non-video keys)",
     }
 
     return {
-        "command": "load", "root": str(root),
-        "samples": samples, "seconds": round(seconds, 4),
+        "command": "load",
+        "root": str(root),
+        "samples": samples,
+        "seconds": round(seconds, 4),
         "samples_per_s": round(samples / seconds, 2) if seconds > 0 else None,
         "first_batch_s": round(first_batch_s, 4) if first_batch_s is not None else None,
-        "cpu": {"main_s": round(cpu_main, 3), "workers_s": round(cpu_workers, 3),
-                "ms_per_sample": round(1000 * (cpu_main + cpu_workers) / max(samples, 1), 2),
-                "note": "user+sys CPU over the pass (getrusage: self, and the joined workers); "
-                        "less sensitive than seconds to other load on the machine"},
-        "open_s": round(open_s, 4), "warmup_samples": n_warm,
+        "cpu": {
+            "main_s": round(cpu_main, 3),
+            "workers_s": round(cpu_workers, 3),
+            "ms_per_sample": round(1000 * (cpu_main + cpu_workers) / max(samples, 1), 2),
+            "note": "user+sys CPU over the pass (getrusage: self, and the joined workers); "
+            "less sensitive than seconds to other load on the machine",
+        },
+        "open_s": round(open_s, 4),
+        "warmup_samples": n_warm,
         "dataset_bytes": sum(p.stat().st_size for p in _files([root])),
-        "num_workers": num_workers, "batch_size": batch_size,
-        "memory": mem, "io": io,
+        "num_workers": num_workers,
+        "batch_size": batch_size,
+        "memory": mem,
+        "io": io,
         "padded_fraction": {k: round(n / t, 4) for k, (n, t) in pad.items()},
-        "cache_drop": {"before_open": drop_open, "before_pass": drop_pass, "before_profile": drop_prof,
-                       "dirs": [str(d) for d in cache_dirs]},
+        "cache_drop": {
+            "before_open": drop_open,
+            "before_pass": drop_pass,
+            "before_profile": drop_prof,
+            "dirs": [str(d) for d in cache_dirs],
+        },
         "profile": profile,
         "video_backend": ds.video_backend,
         "video_backend_default": video_utils.get_safe_default_codec(),
         "codebase_version": ds.meta.info.get("codebase_version"),
         "lerobot_codebase_version": CODEBASE_VERSION,
-        "dataset": {"frames": len(ds), "episodes": ds.meta.total_episodes, "fps": ds.meta.fps,
-                    "video_keys": list(ds.meta.video_keys)},
-        "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        "dataset": {
+            "frames": len(ds),
+            "episodes": ds.meta.total_episodes,
+            "fps": ds.meta.fps,
+            "video_keys": list(ds.meta.video_keys),
+        },
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
         "loadavg_1min": {"start": round(load_before[0], 2), "end": round(os.getloadavg()[0], 2)},
         "versions": _versions(),
     }

@@ -109,8 +109,10 @@ def main(argv: list[str]) -> int:
             timed("origin", lambda: sum(len(origins.read(u, s, e, infos[u].version)) for u, s, e in reads))
             cfg = CacheConfig(root=str(tmp / "cache"), capacity_bytes=2 * total)
             with PageCache(cfg, origins) as cache:
+
                 def through(c=cache):
                     return sum(len(c.read(u, s, e, info=infos[u])) for u, s, e in reads)
+
                 timed("cold", through)
                 _drop_os_cache(tmp / "cache")
                 timed("warm", through)
@@ -125,6 +127,7 @@ def main(argv: list[str]) -> int:
                 finally:
                     for fd in fds.values():
                         os.close(fd)
+
             _drop_os_cache(local)
             timed("disk", disk)
             timed("disk_hot", disk)
@@ -137,10 +140,17 @@ def main(argv: list[str]) -> int:
                 got = sum(len(cache.read(u, s, e, info=infos[u])) for u, s, e in reads)
                 assert got == total
                 after = server.counters.snapshot()["bytes_served"]
-            results.update(prewarm_s=round(report.fetch_s, 2), prewarm_MBps=round(report.fetched_MBps, 1),
-                           prewarm_pages=report.pages, origin_bytes_after_prewarm=after)
-            print(f"  prewarm   {report.fetched_bytes / MiB:.0f} MiB, {report.pages} pages in {report.fetch_s:.2f} s "
-                  f"({report.fetched_MBps:.0f} MB/s); origin bytes served afterwards: {after}", flush=True)
+            results.update(
+                prewarm_s=round(report.fetch_s, 2),
+                prewarm_MBps=round(report.fetched_MBps, 1),
+                prewarm_pages=report.pages,
+                origin_bytes_after_prewarm=after,
+            )
+            print(
+                f"  prewarm   {report.fetched_bytes / MiB:.0f} MiB, {report.pages} pages in {report.fetch_s:.2f} s "
+                f"({report.fetched_MBps:.0f} MB/s); origin bytes served afterwards: {after}",
+                flush=True,
+            )
 
             results.update(_manifest_prewarm(tmp, served, server, origins, n_episodes, episode_s, episode_px))
 
@@ -148,16 +158,33 @@ def main(argv: list[str]) -> int:
     results["warm_vs_disk"] = round(results["warm_MBps"] / results["disk_MBps"], 3)
     results["warm_hot_vs_disk_hot"] = round(results["warm_hot_MBps"] / results["disk_hot_MBps"], 3)
     results["cold_vs_origin"] = round(results["cold_MBps"] / results["origin_MBps"], 2)
-    results.update(model={"latency_ms": args.latency_ms, "bandwidth_MBps": args.bandwidth_MBps,
-                          "read_MiB": args.read_mb, "page_MiB": 4},
-                   objects=n_objects, bytes=total, cores=os.cpu_count(), size=run_size, quick=args.quick)
+    results.update(
+        model={
+            "latency_ms": args.latency_ms,
+            "bandwidth_MBps": args.bandwidth_MBps,
+            "read_MiB": args.read_mb,
+            "page_MiB": 4,
+        },
+        objects=n_objects,
+        bytes=total,
+        cores=os.cpu_count(),
+        size=run_size,
+        quick=args.quick,
+    )
     _table(results)
     print(json.dumps(results))
     return 0
 
 
-def _manifest_prewarm(tmp: Path, served: Path, server: ObjectServer, origins: Origins, n_episodes: int,
-                      duration_s: float, size: tuple[int, int]) -> dict:
+def _manifest_prewarm(
+    tmp: Path,
+    served: Path,
+    server: ObjectServer,
+    origins: Origins,
+    n_episodes: int,
+    duration_s: float,
+    size: tuple[int, int],
+) -> dict:
     """Episodes on the origin, a manifest over the first quarter of each, prewarm from the chunk index, read all."""
     from dyna_resources.episodes.codec import VideoSettings
     from dyna_resources.episodes.mcap_reader import EpisodeReader
@@ -171,10 +198,21 @@ def _manifest_prewarm(tmp: Path, served: Path, server: ObjectServer, origins: Or
     rows: dict[str, list] = {"uri": [], "start_ns": [], "end_ns": []}
     file_bytes = 0
     for i in range(n_episodes):
-        spec = EpisodeSpec(episode_id=f"ep-bench-{i:03d}", seed=500 + i, task="pick_place", robot_id=f"arm-{i % 3}",
-                           robot_model="dyna-a1", robot_sw_version="4.2.1", site="bench", operator="op-1",
-                           success=True, started_at="2026-11-29T10:00:00Z", duration_s=duration_s, width=size[0],
-                           height=size[1])
+        spec = EpisodeSpec(
+            episode_id=f"ep-bench-{i:03d}",
+            seed=500 + i,
+            task="pick_place",
+            robot_id=f"arm-{i % 3}",
+            robot_model="dyna-a1",
+            robot_sw_version="4.2.1",
+            site="bench",
+            operator="op-1",
+            success=True,
+            started_at="2026-11-29T10:00:00Z",
+            duration_s=duration_s,
+            width=size[0],
+            height=size[1],
+        )
         raw = tmp / f"ep{i}.h5"
         write_episode(spec, raw)
         out = mcap_dir / f"ep{i:03d}.mcap"
@@ -201,14 +239,22 @@ def _manifest_prewarm(tmp: Path, served: Path, server: ObjectServer, origins: Or
                 times = [row["start_ns"], (row["start_ns"] + row["end_ns"]) // 2, row["end_ns"]]
                 r.read_window(row["start_ns"], row["end_ns"], frame_times_ns=times, decode=False)
         after = server.counters.snapshot()["bytes_served"]
-    print(f"  {len(manifest)} segments of {n_episodes} files ({file_bytes / MiB:.1f} MiB): plan + prewarm "
-          f"{report.seconds:.2f} s, working set {report.ranges_bytes / MiB:.1f} MiB in {report.pages} pages, "
-          f"{fetched / MiB:.1f} MiB fetched; origin bytes while "
-          f"reading every sample afterwards: {after}", flush=True)
-    return {"manifest_prewarm_s": round(report.seconds, 2), "manifest_segments": len(manifest),
-            "manifest_files_bytes": file_bytes, "manifest_working_set_bytes": report.ranges_bytes,
-            "manifest_fetched_bytes": fetched,
-            "manifest_origin_bytes_after_prewarm": after, "manifest_errors": report.errors}
+    print(
+        f"  {len(manifest)} segments of {n_episodes} files ({file_bytes / MiB:.1f} MiB): plan + prewarm "
+        f"{report.seconds:.2f} s, working set {report.ranges_bytes / MiB:.1f} MiB in {report.pages} pages, "
+        f"{fetched / MiB:.1f} MiB fetched; origin bytes while "
+        f"reading every sample afterwards: {after}",
+        flush=True,
+    )
+    return {
+        "manifest_prewarm_s": round(report.seconds, 2),
+        "manifest_segments": len(manifest),
+        "manifest_files_bytes": file_bytes,
+        "manifest_working_set_bytes": report.ranges_bytes,
+        "manifest_fetched_bytes": fetched,
+        "manifest_origin_bytes_after_prewarm": after,
+        "manifest_errors": report.errors,
+    }
 
 
 def _drop_os_cache(folder: Path) -> None:
@@ -232,11 +278,15 @@ def _table(r: dict) -> None:
     print(f"warm / origin          {r['warm_vs_origin']:>8.2f}   (target >= 10)")
     print(f"warm / disk            {r['warm_vs_disk']:>8.3f}   (target >= 0.8; both read from the device)")
     print(f"warm / disk, OS-cached {r['warm_hot_vs_disk_hot']:>8.3f}")
-    print(f"prewarm                {r['prewarm_s']:>8.2f} s, origin bytes after it: {r['origin_bytes_after_prewarm']} "
-          f"(target 0)")
-    print(f"manifest prewarm       {r['manifest_prewarm_s']:>8.2f} s, {r['manifest_fetched_bytes'] / MiB:.1f} of "
-          f"{r['manifest_files_bytes'] / MiB:.1f} MiB fetched, origin bytes after it: "
-          f"{r['manifest_origin_bytes_after_prewarm']}")
+    print(
+        f"prewarm                {r['prewarm_s']:>8.2f} s, origin bytes after it: {r['origin_bytes_after_prewarm']} "
+        f"(target 0)"
+    )
+    print(
+        f"manifest prewarm       {r['manifest_prewarm_s']:>8.2f} s, {r['manifest_fetched_bytes'] / MiB:.1f} of "
+        f"{r['manifest_files_bytes'] / MiB:.1f} MiB fetched, origin bytes after it: "
+        f"{r['manifest_origin_bytes_after_prewarm']}"
+    )
     print()
 
 

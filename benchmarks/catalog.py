@@ -62,8 +62,14 @@ UNIT_CALLS = {"full": 200, "quick": 100, "tiny": 10}  # commits of one work unit
 UNIT_CALL_EPISODES_FROM = 900_000_000  # ... on episodes numbered apart from the corpus's
 WRITERS = 2  # writers committing at once: a cluster runs one transcode step per node, each commits its own units
 WRITERS_EPISODES_FROM = 950_000_000  # their episodes, numbered apart from the corpus's and the unit calls'
-TARGETS = {"outcome_writes_per_s": 20_000, "drift_eval_s_1e7": 5.0, "first_sync_peak_gb_1e7": 2.0,
-           "first_sync_rows_per_s": 100_000, "incremental_changes_per_s": 20_000, "warehouse_asset_peak_gb_1e7": 1.0}
+TARGETS = {
+    "outcome_writes_per_s": 20_000,
+    "drift_eval_s_1e7": 5.0,
+    "first_sync_peak_gb_1e7": 2.0,
+    "first_sync_rows_per_s": 100_000,
+    "incremental_changes_per_s": 20_000,
+    "warehouse_asset_peak_gb_1e7": 1.0,
+}
 
 
 def _fit(xs, ys) -> tuple[float, float]:
@@ -82,7 +88,7 @@ def _at(xs, ys, n: float, rate: bool = False) -> tuple[float, bool]:
     if n in xs:
         return float(ys[xs.index(n)]), False
     a, b = _fit(xs, ys)
-    v = a * n ** b
+    v = a * n**b
     return (min(v, float(ys[-1])) if rate and n > max(xs) else v), True
 
 
@@ -102,8 +108,13 @@ def _first_sync(url: str, warehouse_path: str) -> dict:
     with Warehouse(warehouse_path) as wh:
         rep = sync(reg, wh)
         rows = wh.count()
-    return {"s": time.perf_counter() - t, "rows": rows, "upserts": rep.upserts, "peak_gb": _rss_gb(),
-            "rss_before_gb": before}
+    return {
+        "s": time.perf_counter() - t,
+        "rows": rows,
+        "upserts": rep.upserts,
+        "peak_gb": _rss_gb(),
+        "rss_before_gb": before,
+    }
 
 
 def _incremental_sync(url: str, warehouse_path: str) -> dict:
@@ -128,10 +139,15 @@ def _warehouse_asset(url: str, warehouse_path: str, home: str) -> dict:
     t = time.perf_counter()
     with DagsterInstance.ephemeral() as instance:
         dyna_home = HomeResource(root=home, registry_url=url)
-        res = materialize([warehouse_episodes], instance=instance,
-                          run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}}, resources={
-            "ingest": IngestResource(home=dyna_home),
-            "warehouse": WarehouseResource(home=dyna_home, path=warehouse_path)})
+        res = materialize(
+            [warehouse_episodes],
+            instance=instance,
+            run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
+            resources={
+                "ingest": IngestResource(home=dyna_home),
+                "warehouse": WarehouseResource(home=dyna_home, path=warehouse_path),
+            },
+        )
     md = res.asset_materializations_for_node("warehouse_episodes")[0].metadata
     return {"s": time.perf_counter() - t, "rows": md["rows"].value, "peak_gb": _rss_gb(), "rss_before_gb": before}
 
@@ -170,7 +186,7 @@ def _writer(url: str, units: list, barrier, results) -> None:
     from dyna_resources.catalog.registry import Registry
 
     registry = Registry(url)
-    calls = [synthetic.unit_outcomes(units[k:k + 256]) for k in range(0, len(units), 256)]
+    calls = [synthetic.unit_outcomes(units[k : k + 256]) for k in range(0, len(units), 256)]
     barrier.wait()
     t, n = time.monotonic(), 0  # CLOCK_MONOTONIC: one clock for every process of the machine
     for pre, post in calls:
@@ -207,6 +223,7 @@ def _stale_version(shape):
 
     def version(lo: int) -> str:
         return OLD_VERSION if (lo // per_partition) % STALE_EVERY == 0 else "1.5"
+
     return version
 
 
@@ -234,13 +251,18 @@ def _drift(url: str, home: Path, registry) -> dict:
                     t = time.perf_counter()
                     result = version_drift_sensor.evaluate_tick(ctx)
                     s = time.perf_counter() - t
-                requested = {ap.partition_key for req in result.run_requests or []
-                             for ap in req.asset_graph_subset.iterate_asset_partitions()}
-                want = set(registry.outdated_partitions(schema_version=versions.SCHEMA_VERSION,
-                                                        pipeline_version=current))
+                requested = {
+                    ap.partition_key
+                    for req in result.run_requests or []
+                    for ap in req.asset_graph_subset.iterate_asset_partitions()
+                }
+                want = set(
+                    registry.outdated_partitions(schema_version=versions.SCHEMA_VERSION, pipeline_version=current)
+                )
                 if requested != want:
-                    raise RuntimeError(f"drift sensor ({name} stale) requested {len(requested)} partitions, "
-                                       f"{len(want)} are stale")
+                    raise RuntimeError(
+                        f"drift sensor ({name} stale) requested {len(requested)} partitions, {len(want)} are stale"
+                    )
                 out[name] = {"s": s, "stale_partitions": len(want)}
         finally:
             versions.PIPELINE_VERSION = saved
@@ -302,21 +324,35 @@ def run_backend(backend: str, url: str, sizes: list[int], tmp: Path, log, unit_c
         # growth's WAL (17 GB by 3x10^6 episodes)
         with Warehouse(wh) as done_with:
             cdc.drop_consumer(registry, done_with)
-        row = {"backend": backend, "episodes": n + extra - UNIT_CALL_EPISODES_FROM + concurrent, "size": n,
-               "grow_s": grow_s, "outcome_writes_per_s": bulk, "outcome_writes_per_s_unit_txn": unit.rate(),
-               f"outcome_writes_per_s_{WRITERS}_writers": together,
-               "drift_partitions": drift["partitions"],
-               "drift_1pct_s": drift["1pct"]["s"], "drift_1pct_stale": drift["1pct"]["stale_partitions"],
-               "drift_100pct_s": drift["100pct"]["s"], "drift_100pct_stale": drift["100pct"]["stale_partitions"],
-               "first_sync_s": first["s"], "first_sync_rows": first["rows"],
-               "first_sync_rows_per_s": first["rows"] / first["s"], "first_sync_peak_gb": first["peak_gb"],
-               "first_sync_rss_before_gb": first["rss_before_gb"],
-               "sync_after_first_s": settle["s"], "incremental_changes": inc["changes"], "incremental_s": inc["s"],
-               "incremental_changes_per_s": inc["changes"] / inc["s"] if inc["s"] else 0.0,
-               "incremental_peak_gb": inc["peak_gb"],
-               "warehouse_asset_s": asset["s"], "warehouse_asset_peak_gb": asset["peak_gb"],
-               "warehouse_asset_rss_before_gb": asset["rss_before_gb"], "warehouse_rows": asset["rows"],
-               "warehouse_bytes": wh.stat().st_size}
+        row = {
+            "backend": backend,
+            "episodes": n + extra - UNIT_CALL_EPISODES_FROM + concurrent,
+            "size": n,
+            "grow_s": grow_s,
+            "outcome_writes_per_s": bulk,
+            "outcome_writes_per_s_unit_txn": unit.rate(),
+            f"outcome_writes_per_s_{WRITERS}_writers": together,
+            "drift_partitions": drift["partitions"],
+            "drift_1pct_s": drift["1pct"]["s"],
+            "drift_1pct_stale": drift["1pct"]["stale_partitions"],
+            "drift_100pct_s": drift["100pct"]["s"],
+            "drift_100pct_stale": drift["100pct"]["stale_partitions"],
+            "first_sync_s": first["s"],
+            "first_sync_rows": first["rows"],
+            "first_sync_rows_per_s": first["rows"] / first["s"],
+            "first_sync_peak_gb": first["peak_gb"],
+            "first_sync_rss_before_gb": first["rss_before_gb"],
+            "sync_after_first_s": settle["s"],
+            "incremental_changes": inc["changes"],
+            "incremental_s": inc["s"],
+            "incremental_changes_per_s": inc["changes"] / inc["s"] if inc["s"] else 0.0,
+            "incremental_peak_gb": inc["peak_gb"],
+            "warehouse_asset_s": asset["s"],
+            "warehouse_asset_peak_gb": asset["peak_gb"],
+            "warehouse_asset_rss_before_gb": asset["rss_before_gb"],
+            "warehouse_rows": asset["rows"],
+            "warehouse_bytes": wh.stat().st_size,
+        }
         rows.append(row)
         log(row)
         wh.unlink(missing_ok=True)
@@ -345,16 +381,22 @@ def main(argv: list[str]) -> int:
     rows, skipped = [], {}
 
     def log(r):
-        print(f"  {r['backend']:<10} {r['size']:>10,}: grown in {r['grow_s']:.0f} s, {r['outcome_writes_per_s']:,.0f} "
-              f"outcomes/s, drift {r['drift_1pct_s']:.2f} s, first sync {r['first_sync_s']:.1f} s "
-              f"({r['first_sync_peak_gb']:.2f} GB)", flush=True)
+        print(
+            f"  {r['backend']:<10} {r['size']:>10,}: grown in {r['grow_s']:.0f} s, {r['outcome_writes_per_s']:,.0f} "
+            f"outcomes/s, drift {r['drift_1pct_s']:.2f} s, first sync {r['first_sync_s']:.1f} s "
+            f"({r['first_sync_peak_gb']:.2f} GB)",
+            flush=True,
+        )
+
     try:
         for backend in backends:
             if backend == "sqlite":
                 rows += run_backend("sqlite", f"sqlite:///{tmp / 'registry.sqlite'}", sizes, tmp, log, UNIT_CALLS[size])
             elif backend == "postgresql":
                 try:
-                    with pg_server.throwaway_postgres(durable=True) as url:  # under the system temp: the server user must reach it
+                    with pg_server.throwaway_postgres(
+                        durable=True
+                    ) as url:  # under the system temp: the server user must reach it
                         rows += run_backend("postgresql", url, sizes, tmp, log, UNIT_CALLS[size])
                 except pg_server.PostgresUnavailable as e:
                     skipped["postgresql"] = str(e)
@@ -368,15 +410,36 @@ def main(argv: list[str]) -> int:
 
 def report(rows: list[dict], size: str, skipped: dict) -> int:
     print(f"\ncatalog benchmark ({size}); {os.cpu_count()} cores; * = extrapolated from the fit")
-    cols = [("episodes", "{:>11,}"), ("outcome_writes_per_s", "{:>10,.0f}"),
-            (f"outcome_writes_per_s_{WRITERS}_writers", "{:>10,.0f}"), ("outcome_writes_per_s_unit_txn", "{:>9,.0f}"),
-            ("drift_1pct_s", "{:>8.2f}"), ("drift_100pct_s", "{:>8.2f}"), ("first_sync_s", "{:>8.1f}"),
-            ("first_sync_rows_per_s", "{:>9,.0f}"), ("first_sync_peak_gb", "{:>7.2f}"),
-            ("sync_after_first_s", "{:>7.1f}"), ("incremental_changes_per_s", "{:>9,.0f}"),
-            ("warehouse_asset_s", "{:>7.1f}"),
-            ("warehouse_asset_peak_gb", "{:>7.2f}")]
-    heads = ["episodes", "outc/s", f"{WRITERS}wr/s", "unit/s", "drift1%", "drift100", "sync s", "rows/s", "peakGB", "settle", "chg/s", "wh s",
-             "whGB"]
+    cols = [
+        ("episodes", "{:>11,}"),
+        ("outcome_writes_per_s", "{:>10,.0f}"),
+        (f"outcome_writes_per_s_{WRITERS}_writers", "{:>10,.0f}"),
+        ("outcome_writes_per_s_unit_txn", "{:>9,.0f}"),
+        ("drift_1pct_s", "{:>8.2f}"),
+        ("drift_100pct_s", "{:>8.2f}"),
+        ("first_sync_s", "{:>8.1f}"),
+        ("first_sync_rows_per_s", "{:>9,.0f}"),
+        ("first_sync_peak_gb", "{:>7.2f}"),
+        ("sync_after_first_s", "{:>7.1f}"),
+        ("incremental_changes_per_s", "{:>9,.0f}"),
+        ("warehouse_asset_s", "{:>7.1f}"),
+        ("warehouse_asset_peak_gb", "{:>7.2f}"),
+    ]
+    heads = [
+        "episodes",
+        "outc/s",
+        f"{WRITERS}wr/s",
+        "unit/s",
+        "drift1%",
+        "drift100",
+        "sync s",
+        "rows/s",
+        "peakGB",
+        "settle",
+        "chg/s",
+        "wh s",
+        "whGB",
+    ]
     out: dict = {"size": size, "rows": rows, "skipped": skipped, "fits": {}}
     for backend in sorted({r["backend"] for r in rows}):
         rs = [r for r in rows if r["backend"] == backend]
@@ -386,10 +449,18 @@ def report(rows: list[dict], size: str, skipped: dict) -> int:
             print("  " + "".join(f.format(r[k]) for k, f in cols))
         xs = [r["size"] for r in rs]
         fig = {}
-        for key in ("drift_1pct_s", "drift_100pct_s", "first_sync_peak_gb", "warehouse_asset_peak_gb", "first_sync_s",
-                    "outcome_writes_per_s", f"outcome_writes_per_s_{WRITERS}_writers", "outcome_writes_per_s_unit_txn",
-                    "first_sync_rows_per_s",
-                    "incremental_changes_per_s"):
+        for key in (
+            "drift_1pct_s",
+            "drift_100pct_s",
+            "first_sync_peak_gb",
+            "warehouse_asset_peak_gb",
+            "first_sync_s",
+            "outcome_writes_per_s",
+            f"outcome_writes_per_s_{WRITERS}_writers",
+            "outcome_writes_per_s_unit_txn",
+            "first_sync_rows_per_s",
+            "incremental_changes_per_s",
+        ):
             ys = [r[key] for r in rs]
             a, b = _fit(xs, ys)
             rate = key.endswith("per_s")
@@ -401,29 +472,40 @@ def report(rows: list[dict], size: str, skipped: dict) -> int:
     # the headline figures: the worse backend; sizes at 10^7 (measured or extrapolated), rates at the largest size
     fits = out["fits"]
     if fits:
+
         def worst(key: str, at_1e7: bool, low: bool):
             vals = [fits[b][key]["at_1e7"] if at_1e7 else [r for r in rows if r["backend"] == b][-1][key] for b in fits]
             return min(vals) if low else max(vals)
-        out.update({
-            "outcome_writes_per_s": worst("outcome_writes_per_s", False, True),
-            f"outcome_writes_per_s_{WRITERS}_writers": worst(f"outcome_writes_per_s_{WRITERS}_writers", False, True),
-            "outcome_writes_per_s_unit_txn": min(r["outcome_writes_per_s_unit_txn"] for r in rows
-                                                 if r["size"] == max(x["size"] for x in rows)),
-            "drift_eval_s_1e7": worst("drift_1pct_s", True, False),
-            "drift_eval_100pct_s_1e7": worst("drift_100pct_s", True, False),
-            "first_sync_peak_gb_1e7": worst("first_sync_peak_gb", True, False),
-            "first_sync_rows_per_s": worst("first_sync_rows_per_s", False, True),
-            "incremental_changes_per_s": worst("incremental_changes_per_s", False, True),
-            "warehouse_asset_peak_gb_1e7": worst("warehouse_asset_peak_gb", True, False),
-            "extrapolated_1e7": any(f["drift_1pct_s"]["at_1e7_extrapolated"] for f in fits.values()),
-        })
-        ok = {k: (out[k] is not None and (out[k] >= v if k.endswith("per_s") else out[k] <= v))
-              for k, v in TARGETS.items()}
+
+        out.update(
+            {
+                "outcome_writes_per_s": worst("outcome_writes_per_s", False, True),
+                f"outcome_writes_per_s_{WRITERS}_writers": worst(
+                    f"outcome_writes_per_s_{WRITERS}_writers", False, True
+                ),
+                "outcome_writes_per_s_unit_txn": min(
+                    r["outcome_writes_per_s_unit_txn"] for r in rows if r["size"] == max(x["size"] for x in rows)
+                ),
+                "drift_eval_s_1e7": worst("drift_1pct_s", True, False),
+                "drift_eval_100pct_s_1e7": worst("drift_100pct_s", True, False),
+                "first_sync_peak_gb_1e7": worst("first_sync_peak_gb", True, False),
+                "first_sync_rows_per_s": worst("first_sync_rows_per_s", False, True),
+                "incremental_changes_per_s": worst("incremental_changes_per_s", False, True),
+                "warehouse_asset_peak_gb_1e7": worst("warehouse_asset_peak_gb", True, False),
+                "extrapolated_1e7": any(f["drift_1pct_s"]["at_1e7_extrapolated"] for f in fits.values()),
+            }
+        )
+        ok = {
+            k: (out[k] is not None and (out[k] >= v if k.endswith("per_s") else out[k] <= v))
+            for k, v in TARGETS.items()
+        }
         out["targets"], out["met"] = TARGETS, ok
         print("\n  figure                        ours          target")
         for k, v in TARGETS.items():
-            print(f"  {k:<28}{out[k]:>12,.3f}  {'>=' if k.endswith('per_s') else '<='} {v:<10,} "
-                  f"{'met' if ok[k] else 'NOT MET'}")
+            print(
+                f"  {k:<28}{out[k]:>12,.3f}  {'>=' if k.endswith('per_s') else '<='} {v:<10,} "
+                f"{'met' if ok[k] else 'NOT MET'}"
+            )
     for b, why in skipped.items():
         print(f"  {b}: skipped ({why})")
     print(json.dumps(out))

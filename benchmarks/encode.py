@@ -102,21 +102,46 @@ class Plan:
 # trellis: on noisy sensor frames both spend bits on the JPEG's noise, not the scene. refs, subme and
 # me trade CPU for a little.
 VARIANTS_FULL = (
-    ("veryfast", "rc-lookahead=0"), ("veryfast", "ref=2:rc-lookahead=0"),
-    ("faster", "rc-lookahead=0"), ("faster", "trellis=0"), ("faster", "trellis=0:rc-lookahead=0"),
-    ("faster", "me=umh:trellis=0:rc-lookahead=0"), ("faster", "subme=6:trellis=0:rc-lookahead=0"),
-    ("fast", "trellis=0:rc-lookahead=0"), ("medium", "trellis=0:rc-lookahead=0"),
-    ("slow", "trellis=0:rc-lookahead=0"), ("slower", "trellis=0:rc-lookahead=0"),
+    ("veryfast", "rc-lookahead=0"),
+    ("veryfast", "ref=2:rc-lookahead=0"),
+    ("faster", "rc-lookahead=0"),
+    ("faster", "trellis=0"),
+    ("faster", "trellis=0:rc-lookahead=0"),
+    ("faster", "me=umh:trellis=0:rc-lookahead=0"),
+    ("faster", "subme=6:trellis=0:rc-lookahead=0"),
+    ("fast", "trellis=0:rc-lookahead=0"),
+    ("medium", "trellis=0:rc-lookahead=0"),
+    ("slow", "trellis=0:rc-lookahead=0"),
+    ("slower", "trellis=0:rc-lookahead=0"),
 )
 PLANS = {
-    "full": Plan(640, 480, 150, ((0, "scene_left"), (1, "wrist"), (3, "scene_right")), PRESETS[:-1], (17.0, 19.0, 21.0),
-                 VARIANTS_FULL, 3),
-    "quick": Plan(640, 480, 75, ((0, "scene_left"), (1, "wrist")),
-                  ("veryfast", "faster", "medium", "slow", "slower"), (17.0, 19.0, 21.0),
-                  (("veryfast", "rc-lookahead=0"), ("faster", "trellis=0:rc-lookahead=0"),
-                   ("medium", "trellis=0:rc-lookahead=0")), 2),
-    "tiny": Plan(64, 48, 8, ((0, "scene_left"),), ("veryfast", "medium"), (20.0, 24.0),
-                 (("veryfast", "rc-lookahead=0"),), 1),
+    "full": Plan(
+        640,
+        480,
+        150,
+        ((0, "scene_left"), (1, "wrist"), (3, "scene_right")),
+        PRESETS[:-1],
+        (17.0, 19.0, 21.0),
+        VARIANTS_FULL,
+        3,
+    ),
+    "quick": Plan(
+        640,
+        480,
+        75,
+        ((0, "scene_left"), (1, "wrist")),
+        ("veryfast", "faster", "medium", "slow", "slower"),
+        (17.0, 19.0, 21.0),
+        (
+            ("veryfast", "rc-lookahead=0"),
+            ("faster", "trellis=0:rc-lookahead=0"),
+            ("medium", "trellis=0:rc-lookahead=0"),
+        ),
+        2,
+    ),
+    "tiny": Plan(
+        64, 48, 8, ((0, "scene_left"),), ("veryfast", "medium"), (20.0, 24.0), (("veryfast", "rc-lookahead=0"),), 1
+    ),
 }
 
 
@@ -148,18 +173,20 @@ def per_frame_psnr(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """PSNR (dB, 8-bit peak) of each frame of ``a`` against the same frame of ``b``; (n, ...) arrays."""
     out = np.empty(len(a))
     for s in range(0, len(a), CHUNK_FRAMES):
-        d = np.subtract(a[s:s + CHUNK_FRAMES], b[s:s + CHUNK_FRAMES], dtype=np.float32).reshape(
-            min(CHUNK_FRAMES, len(a) - s), -1)
+        d = np.subtract(a[s : s + CHUNK_FRAMES], b[s : s + CHUNK_FRAMES], dtype=np.float32).reshape(
+            min(CHUNK_FRAMES, len(a) - s), -1
+        )
         np.square(d, out=d)
         mse = d.sum(axis=1, dtype=np.float64) / d.shape[1]  # numpy's pairwise sum: float32 rows stay exact enough
-        out[s:s + len(mse)] = 10 * np.log10(255.0**2 / np.maximum(mse, 1e-12))
+        out[s : s + len(mse)] = 10 * np.log10(255.0**2 / np.maximum(mse, 1e-12))
     return out
 
 
 def luma(rgb: np.ndarray) -> np.ndarray:
     """(n, H, W, 3) uint8 RGB -> (n, H, W) float32 full-range BT.601 Y, unrounded."""
-    return np.concatenate([rgb[s:s + CHUNK_FRAMES].astype(np.float32) @ LUMA
-                           for s in range(0, len(rgb), CHUNK_FRAMES)])
+    return np.concatenate(
+        [rgb[s : s + CHUNK_FRAMES].astype(np.float32) @ LUMA for s in range(0, len(rgb), CHUNK_FRAMES)]
+    )
 
 
 # ---- the corpus: raw frames and the decoded JPEG planes the encoder gets ---------------------------------
@@ -176,23 +203,31 @@ def _render_gop(job: tuple) -> dict:
     np.save(folder / "planes.npy", planes)
     raw_y = luma(raw)
     np.save(folder / "luma.npy", raw_y)
-    return {"bytes": [len(j) for j in jpegs], "psnr": per_frame_psnr(jpeg_rgb, raw).tolist(),
-            "psnr_y": per_frame_psnr(planes[:, :spec.height], raw_y).tolist()}
+    return {
+        "bytes": [len(j) for j in jpegs],
+        "psnr": per_frame_psnr(jpeg_rgb, raw).tolist(),
+        "psnr_y": per_frame_psnr(planes[:, : spec.height], raw_y).tolist(),
+    }
 
 
 def make_corpus(folder: Path, plan: Plan, workers: int) -> tuple[list[Path], JpegReference, list[str]]:
     """Render the plan's GOPs into ``folder`` (one sub-folder each); JPEG q90's figures on them."""
     duration = plan.gop_frames / 30.0 + 2.0
-    specs = fleet_specs(max(k for k, _ in plan.sources) + 1, seed=17, width=plan.width, height=plan.height,
-                        duration_s=duration)
+    specs = fleet_specs(
+        max(k for k, _ in plan.sources) + 1, seed=17, width=plan.width, height=plan.height, duration_s=duration
+    )
     gops = [folder / f"gop{g}" for g in range(len(plan.sources))]
     jobs = [(specs[k], cam, plan.gop_frames, gops[g]) for g, (k, cam) in enumerate(plan.sources)]
     with ProcessPoolExecutor(min(workers, len(jobs))) as pool:
         stats = list(pool.map(_render_gop, jobs))
     names = [f"{specs[k].site}/{specs[k].task}/{cam}" for k, cam in plan.sources]
     every = {k: [v for s in stats for v in s[k]] for k in ("bytes", "psnr", "psnr_y")}
-    ref = JpegReference(bytes_per_frame=float(np.mean(every["bytes"])), psnr_db=float(np.mean(every["psnr"])),
-                        psnr_y_db=float(np.mean(every["psnr_y"])), frames=len(every["bytes"]))
+    ref = JpegReference(
+        bytes_per_frame=float(np.mean(every["bytes"])),
+        psnr_db=float(np.mean(every["psnr"])),
+        psnr_y_db=float(np.mean(every["psnr_y"])),
+        frames=len(every["bytes"]),
+    )
     return gops, ref, names
 
 
@@ -252,13 +287,20 @@ def measure(gops: list[Path], preset: str, crf: float, options: str, stage: str)
         psnr.append(per_frame_psnr(np.stack([decoded_to_rgb(f) for f in decoded]), raw))
         psnr_y.append(per_frame_psnr(got_y, raw_y))
         psnr_in.append(per_frame_psnr(got_y, planes[:, :h]))
-    point = EncodePoint(preset=preset, crf=crf, options=options, bytes_per_frame=n_bytes / n_frames,
-                        psnr_db=float(np.mean(np.concatenate(psnr))), cpu_s_per_frame=cpu_s / n_frames)
+    point = EncodePoint(
+        preset=preset,
+        crf=crf,
+        options=options,
+        bytes_per_frame=n_bytes / n_frames,
+        psnr_db=float(np.mean(np.concatenate(psnr))),
+        cpu_s_per_frame=cpu_s / n_frames,
+    )
     return Measurement(point, float(np.mean(np.concatenate(psnr_y))), float(np.mean(np.concatenate(psnr_in))), stage)
 
 
-def measure_all(pool: ProcessPoolExecutor, gops: list[Path], jobs: list[tuple[str, float, str, str]]
-                ) -> list[Measurement]:
+def measure_all(
+    pool: ProcessPoolExecutor, gops: list[Path], jobs: list[tuple[str, float, str, str]]
+) -> list[Measurement]:
     # Slowest presets first, so that the last job left running on a core is a short one.
     order = sorted(jobs, key=lambda j: (-PRESETS.index(j[0]), j[1]))
     futures = [pool.submit(measure, gops, *j) for j in order]
@@ -311,8 +353,13 @@ def retime(pool, gops, rows: list[Measurement], floor_db: float) -> list[Measure
     """
     on_front = {id(p) for p in pareto_front([r.point for r in rows], floor_db)}
     chosen = [r for r in rows if id(r.point) in on_front]
-    futures = {id(r): [pool.submit(encode_cpu_s_per_frame, gops, r.point.preset, r.point.crf, r.point.options)
-                       for _ in range(RETIMES)] for r in chosen}
+    futures = {
+        id(r): [
+            pool.submit(encode_cpu_s_per_frame, gops, r.point.preset, r.point.crf, r.point.options)
+            for _ in range(RETIMES)
+        ]
+        for r in chosen
+    }
     out = []
     for r in rows:
         if id(r) in futures:
@@ -336,8 +383,14 @@ def variant_jobs(plan: Plan, grid: list[Measurement], floor_db: float) -> list[t
 
 
 # ---- output ---------------------------------------------------------------------------------------------
-def plot(path: Path, rows: list[Measurement], front: list[EncodePoint], picks: dict[str, Pick | None],
-         floor_db: float, model: CostModel) -> None:
+def plot(
+    path: Path,
+    rows: list[Measurement],
+    front: list[EncodePoint],
+    picks: dict[str, Pick | None],
+    floor_db: float,
+    model: CostModel,
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")  # no display; must precede pyplot
@@ -350,17 +403,40 @@ def plot(path: Path, rows: list[Measurement], front: list[EncodePoint], picks: d
         ok = [p for p in mine if p.psnr_db >= floor_db]
         low = [p for p in mine if p.psnr_db < floor_db]
         if ok:
-            ax.scatter([p.cpu_s_per_frame * 1e3 for p in ok], [p.bytes_per_frame / 1e3 for p in ok], color=colors[k],
-                       label=preset, s=28)
+            ax.scatter(
+                [p.cpu_s_per_frame * 1e3 for p in ok],
+                [p.bytes_per_frame / 1e3 for p in ok],
+                color=colors[k],
+                label=preset,
+                s=28,
+            )
         if low:
-            ax.scatter([p.cpu_s_per_frame * 1e3 for p in low], [p.bytes_per_frame / 1e3 for p in low],
-                       facecolors="none", edgecolors=colors[k], s=28, label=None if ok else f"{preset} (under floor)")
-    ax.plot([p.cpu_s_per_frame * 1e3 for p in front], [p.bytes_per_frame / 1e3 for p in front], "k--", lw=1,
-            label="Pareto front (PSNR >= floor)")
+            ax.scatter(
+                [p.cpu_s_per_frame * 1e3 for p in low],
+                [p.bytes_per_frame / 1e3 for p in low],
+                facecolors="none",
+                edgecolors=colors[k],
+                s=28,
+                label=None if ok else f"{preset} (under floor)",
+            )
+    ax.plot(
+        [p.cpu_s_per_frame * 1e3 for p in front],
+        [p.bytes_per_frame / 1e3 for p in front],
+        "k--",
+        lw=1,
+        label="Pareto front (PSNR >= floor)",
+    )
     for name, pick in picks.items():
         if pick is not None:
-            ax.scatter([pick.point.cpu_s_per_frame * 1e3], [pick.point.bytes_per_frame / 1e3], marker="*", s=260,
-                       color="red" if name == "pick" else "orange", zorder=5, label=f"{name}: {pick.point.label}")
+            ax.scatter(
+                [pick.point.cpu_s_per_frame * 1e3],
+                [pick.point.bytes_per_frame / 1e3],
+                marker="*",
+                s=260,
+                color="red" if name == "pick" else "orange",
+                zorder=5,
+                label=f"{name}: {pick.point.label}",
+            )
     budget_ms = 3600.0 / model.frames_per_episode_hour * 1e3
     ax.axvline(budget_ms, color="gray", lw=1, ls=":", label="1 episode-hour per core-hour")
     ax.set_xscale("log")
@@ -378,31 +454,57 @@ def plot(path: Path, rows: list[Measurement], front: list[EncodePoint], picks: d
 def row_dict(r: Measurement, ref: JpegReference, model: CostModel) -> dict:
     p = r.point
     cost = cost_per_episode_hour(p, model)
-    return {**asdict(p), "label": p.label, "stage": r.stage, "timings": r.timings, "psnr_y_db": r.psnr_y_db,
-            "psnr_y_vs_input_db": r.psnr_y_vs_input_db, "size_ratio_vs_jpeg": p.bytes_per_frame / ref.bytes_per_frame,
-            "psnr_vs_jpeg_db": p.psnr_db - ref.psnr_db, "episode_hours_per_core_hour": episode_hours_per_core_hour(p, model),
-            "compute_usd_per_episode_hour": cost.compute_usd, "storage_usd_per_episode_hour": cost.storage_usd,
-            "usd_per_episode_hour": cost.total_usd}
+    return {
+        **asdict(p),
+        "label": p.label,
+        "stage": r.stage,
+        "timings": r.timings,
+        "psnr_y_db": r.psnr_y_db,
+        "psnr_y_vs_input_db": r.psnr_y_vs_input_db,
+        "size_ratio_vs_jpeg": p.bytes_per_frame / ref.bytes_per_frame,
+        "psnr_vs_jpeg_db": p.psnr_db - ref.psnr_db,
+        "episode_hours_per_core_hour": episode_hours_per_core_hour(p, model),
+        "compute_usd_per_episode_hour": cost.compute_usd,
+        "storage_usd_per_episode_hour": cost.storage_usd,
+        "usd_per_episode_hour": cost.total_usd,
+    }
 
 
 def pick_dict(pick: Pick | None, ref: JpegReference) -> dict | None:
     if pick is None:
         return None
     p = pick.point
-    return {"preset": p.preset, "crf": p.crf, "options": p.options, "label": p.label,
-            "bytes_per_frame": p.bytes_per_frame, "size_ratio_vs_jpeg": p.bytes_per_frame / ref.bytes_per_frame,
-            "psnr_db": p.psnr_db, "psnr_vs_jpeg_db": p.psnr_db - ref.psnr_db, "cpu_s_per_frame": p.cpu_s_per_frame,
-            "encode_episode_hours_per_core_hour": pick.episode_hours_per_core_hour,
-            "compute_usd_per_episode_hour": pick.cost.compute_usd,
-            "storage_usd_per_episode_hour": pick.cost.storage_usd, "usd_per_episode_hour": pick.cost.total_usd}
+    return {
+        "preset": p.preset,
+        "crf": p.crf,
+        "options": p.options,
+        "label": p.label,
+        "bytes_per_frame": p.bytes_per_frame,
+        "size_ratio_vs_jpeg": p.bytes_per_frame / ref.bytes_per_frame,
+        "psnr_db": p.psnr_db,
+        "psnr_vs_jpeg_db": p.psnr_db - ref.psnr_db,
+        "cpu_s_per_frame": p.cpu_s_per_frame,
+        "encode_episode_hours_per_core_hour": pick.episode_hours_per_core_hour,
+        "compute_usd_per_episode_hour": pick.cost.compute_usd,
+        "storage_usd_per_episode_hour": pick.cost.storage_usd,
+        "usd_per_episode_hour": pick.cost.total_usd,
+    }
 
 
-def print_table(rows: list[Measurement], ref: JpegReference, model: CostModel, floor_db: float,
-                front: list[EncodePoint], picks: dict[str, Pick | None]) -> None:
+def print_table(
+    rows: list[Measurement],
+    ref: JpegReference,
+    model: CostModel,
+    floor_db: float,
+    front: list[EncodePoint],
+    picks: dict[str, Pick | None],
+) -> None:
     on_front = {id(p) for p in front}
     picked = {id(pk.point): name for name, pk in picks.items() if pk is not None}
-    print(f"  {'preset':<10}{'crf':>6} {'options':<20}{'KB/fr':>7}{'xJPEG':>7}{'PSNR':>7}{'dJPEG':>7}{'PSNR-Y':>7}"
-          f"{'Y-in':>7}{'ms/fr':>7}{'eph/ch':>7}{'$/eph':>7}  note")
+    print(
+        f"  {'preset':<10}{'crf':>6} {'options':<20}{'KB/fr':>7}{'xJPEG':>7}{'PSNR':>7}{'dJPEG':>7}{'PSNR-Y':>7}"
+        f"{'Y-in':>7}{'ms/fr':>7}{'eph/ch':>7}{'$/eph':>7}  note"
+    )
     order = sorted(rows, key=lambda r: (PRESETS.index(r.point.preset), r.point.options, r.point.crf))
     for r in order:
         p = r.point
@@ -411,17 +513,21 @@ def print_table(rows: list[Measurement], ref: JpegReference, model: CostModel, f
         marks += [r.stage] if r.stage != "grid" else []
         marks += [f"least of {r.timings} timings"] if r.timings > 1 else []
         cost = cost_per_episode_hour(p, model)
-        print(f"  {p.preset:<10}{p.crf:>6g} {p.options or '-':<20}{p.bytes_per_frame / 1e3:>7.2f}"
-              f"{p.bytes_per_frame / ref.bytes_per_frame:>7.3f}{p.psnr_db:>7.2f}{p.psnr_db - ref.psnr_db:>+7.2f}"
-              f"{r.psnr_y_db:>7.2f}{r.psnr_y_vs_input_db:>7.2f}{p.cpu_s_per_frame * 1e3:>7.2f}"
-              f"{episode_hours_per_core_hour(p, model):>7.2f}{cost.total_usd:>7.3f}  {', '.join(marks)}")
+        print(
+            f"  {p.preset:<10}{p.crf:>6g} {p.options or '-':<20}{p.bytes_per_frame / 1e3:>7.2f}"
+            f"{p.bytes_per_frame / ref.bytes_per_frame:>7.3f}{p.psnr_db:>7.2f}{p.psnr_db - ref.psnr_db:>+7.2f}"
+            f"{r.psnr_y_db:>7.2f}{r.psnr_y_vs_input_db:>7.2f}{p.cpu_s_per_frame * 1e3:>7.2f}"
+            f"{episode_hours_per_core_hour(p, model):>7.2f}{cost.total_usd:>7.3f}  {', '.join(marks)}"
+        )
 
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks encode", description=__doc__.split("\n")[0])
     add_size_flags(ap, quick="2 GOPs x 75 frames at 640x480, 5 presets, 3 CRFs, 3 option variants (minutes)")
     ap.add_argument("--dir", help="where the plot goes and the work files live while it runs (default: a temp folder)")
-    ap.add_argument("--plot", help="PNG path of the bytes-vs-CPU plot (default: DIR or the temp folder, encode-SIZE.png)")
+    ap.add_argument(
+        "--plot", help="PNG path of the bytes-vs-CPU plot (default: DIR or the temp folder, encode-SIZE.png)"
+    )
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="settings encoded side by side")
     defaults = CostModel()
     ap.add_argument("--core-hour-usd", type=float, default=defaults.core_hour_usd)
@@ -429,14 +535,22 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--retention-months", type=float, default=defaults.retention_months)
     ap.add_argument("--copies", type=int, default=defaults.copies)
     ap.add_argument("--max-psnr-loss-db", type=float, default=1.0, help="quality floor: JPEG q90's PSNR minus this")
-    ap.add_argument("--min-episode-hours-per-core-hour", type=float, default=1.0,
-                    help="the fleet rate the pick must encode at (0: none)")
+    ap.add_argument(
+        "--min-episode-hours-per-core-hour",
+        type=float,
+        default=1.0,
+        help="the fleet rate the pick must encode at (0: none)",
+    )
     args = ap.parse_args(argv)
     size = size_of(args)
     plan = PLANS[size]
     try:
-        model = CostModel(core_hour_usd=args.core_hour_usd, storage_gb_month_usd=args.storage_gb_month_usd,
-                          retention_months=args.retention_months, copies=args.copies)
+        model = CostModel(
+            core_hour_usd=args.core_hour_usd,
+            storage_gb_month_usd=args.storage_gb_month_usd,
+            retention_months=args.retention_months,
+            copies=args.copies,
+        )
     except ValueError as e:
         ap.error(str(e))
     t_start = time.perf_counter()
@@ -447,10 +561,15 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="dyna-bench-encode-", dir=args.dir) as tmp:
         gops, ref, names = make_corpus(Path(tmp), plan, args.workers)
         floor_db = ref.psnr_db - args.max_psnr_loss_db
-        print(f"encode benchmark: {len(gops)} GOPs x {plan.gop_frames} frames, {plan.width}x{plan.height} "
-              f"({', '.join(names)}); libx264 bf=0, tune {default.tune}, 1 thread, {args.workers} settings side by side")
-        print(f"  JPEG q90: {ref.bytes_per_frame / 1e3:.2f} KB/frame, PSNR vs raw {ref.psnr_db:.2f} dB "
-              f"(Y {ref.psnr_y_db:.2f}); quality floor {floor_db:.2f} dB", flush=True)
+        print(
+            f"encode benchmark: {len(gops)} GOPs x {plan.gop_frames} frames, {plan.width}x{plan.height} "
+            f"({', '.join(names)}); libx264 bf=0, tune {default.tune}, 1 thread, {args.workers} settings side by side"
+        )
+        print(
+            f"  JPEG q90: {ref.bytes_per_frame / 1e3:.2f} KB/frame, PSNR vs raw {ref.psnr_db:.2f} dB "
+            f"(Y {ref.psnr_y_db:.2f}); quality floor {floor_db:.2f} dB",
+            flush=True,
+        )
         grid = [(p, c, "", "grid") for p in plan.presets for c in plan.crfs]
         if (default.preset, default.crf, default.x264_options, "grid") not in grid:
             grid.append((default.preset, default.crf, default.x264_options, "grid"))
@@ -462,52 +581,87 @@ def main(argv: list[str]) -> int:
     points = [r.point for r in rows]
     front = pareto_front(points, floor_db)
     rate = args.min_episode_hours_per_core_hour
-    picks = {"pick": cheapest(points, model, floor_db, min_episode_hours_per_core_hour=rate),
-             "cost only": cheapest(points, model, floor_db)}
-    goal = [r for r in rows if r.point.psnr_db >= floor_db and r.point.bytes_per_frame / ref.bytes_per_frame
-            <= SIZE_RATIO_GOAL and episode_hours_per_core_hour(r.point, model) >= 1.0]
-    current = next((r for r in rows if (r.point.preset, r.point.crf, r.point.options)
-                    == (default.preset, default.crf, default.x264_options)), None)
+    picks = {
+        "pick": cheapest(points, model, floor_db, min_episode_hours_per_core_hour=rate),
+        "cost only": cheapest(points, model, floor_db),
+    }
+    goal = [
+        r
+        for r in rows
+        if r.point.psnr_db >= floor_db
+        and r.point.bytes_per_frame / ref.bytes_per_frame <= SIZE_RATIO_GOAL
+        and episode_hours_per_core_hour(r.point, model) >= 1.0
+    ]
+    current = next(
+        (
+            r
+            for r in rows
+            if (r.point.preset, r.point.crf, r.point.options) == (default.preset, default.crf, default.x264_options)
+        ),
+        None,
+    )
     plot(plot_path, rows, front, picks, floor_db, model)
 
-    print(f"  cost model: ${model.core_hour_usd:g}/core-hour, ${model.storage_gb_month_usd:g}/GB-month x "
-          f"{model.retention_months:g} months x {model.copies} copies; 1 episode-hour = "
-          f"{model.frames_per_episode_hour:,} frames (3 cameras x 30 Hz)")
-    print("  columns: xJPEG = bytes / JPEG q90's; dJPEG = PSNR - JPEG q90's; Y-in = luma PSNR vs the decoded JPEG "
-          "(the encoder's input); eph/ch = episode-hours per core-hour; $/eph = USD per episode-hour")
+    print(
+        f"  cost model: ${model.core_hour_usd:g}/core-hour, ${model.storage_gb_month_usd:g}/GB-month x "
+        f"{model.retention_months:g} months x {model.copies} copies; 1 episode-hour = "
+        f"{model.frames_per_episode_hour:,} frames (3 cameras x 30 Hz)"
+    )
+    print(
+        "  columns: xJPEG = bytes / JPEG q90's; dJPEG = PSNR - JPEG q90's; Y-in = luma PSNR vs the decoded JPEG "
+        "(the encoder's input); eph/ch = episode-hours per core-hour; $/eph = USD per episode-hour"
+    )
     print_table(rows, ref, model, floor_db, front, picks)
     print(f"\n  Pareto front (PSNR >= {floor_db:.2f} dB), fastest first:")
     for p in front:
         c = cost_per_episode_hour(p, model)
-        print(f"    {p.label:<36} {p.bytes_per_frame / ref.bytes_per_frame:.3f} x JPEG  {p.cpu_s_per_frame * 1e3:6.2f} ms/frame"
-              f"  {episode_hours_per_core_hour(p, model):5.2f} eph/ch  ${c.compute_usd:.3f} + ${c.storage_usd:.3f}"
-              f" = ${c.total_usd:.3f}/episode-hour")
+        print(
+            f"    {p.label:<36} {p.bytes_per_frame / ref.bytes_per_frame:.3f} x JPEG  {p.cpu_s_per_frame * 1e3:6.2f} ms/frame"
+            f"  {episode_hours_per_core_hour(p, model):5.2f} eph/ch  ${c.compute_usd:.3f} + ${c.storage_usd:.3f}"
+            f" = ${c.total_usd:.3f}/episode-hour"
+        )
     for name, pk in picks.items():
         floor_txt = f">= {rate:g} episode-hours/core-hour, " if name == "pick" and rate else ""
         if pk is None:
             print(f"  {name}: no setting reaches {floor_txt}PSNR >= {floor_db:.2f} dB")
             continue
         p = pk.point
-        print(f"  {name} ({floor_txt}PSNR >= {floor_db:.2f} dB, cheapest): {p.label}: "
-              f"{p.bytes_per_frame / ref.bytes_per_frame:.3f} x JPEG bytes, PSNR {p.psnr_db:.2f} dB "
-              f"({p.psnr_db - ref.psnr_db:+.2f} vs JPEG q90), {pk.episode_hours_per_core_hour:.2f} episode-hours/core-hour, "
-              f"${pk.cost.total_usd:.3f}/episode-hour")
+        print(
+            f"  {name} ({floor_txt}PSNR >= {floor_db:.2f} dB, cheapest): {p.label}: "
+            f"{p.bytes_per_frame / ref.bytes_per_frame:.3f} x JPEG bytes, PSNR {p.psnr_db:.2f} dB "
+            f"({p.psnr_db - ref.psnr_db:+.2f} vs JPEG q90), {pk.episode_hours_per_core_hour:.2f} episode-hours/core-hour, "
+            f"${pk.cost.total_usd:.3f}/episode-hour"
+        )
     if current is not None:
         c = current.point
-        print(f"  current default {c.label}: {c.bytes_per_frame / ref.bytes_per_frame:.3f} x JPEG, PSNR {c.psnr_db:.2f} dB, "
-              f"{episode_hours_per_core_hour(c, model):.2f} episode-hours/core-hour, "
-              f"${cost_per_episode_hour(c, model).total_usd:.3f}/episode-hour")
-    print(f"  settings with ratio <= {SIZE_RATIO_GOAL}, PSNR >= floor and >= 1 episode-hour/core-hour: "
-          f"{', '.join(r.point.label for r in goal) or 'none'}")
+        print(
+            f"  current default {c.label}: {c.bytes_per_frame / ref.bytes_per_frame:.3f} x JPEG, PSNR {c.psnr_db:.2f} dB, "
+            f"{episode_hours_per_core_hour(c, model):.2f} episode-hours/core-hour, "
+            f"${cost_per_episode_hour(c, model).total_usd:.3f}/episode-hour"
+        )
+    print(
+        f"  settings with ratio <= {SIZE_RATIO_GOAL}, PSNR >= floor and >= 1 episode-hour/core-hour: "
+        f"{', '.join(r.point.label for r in goal) or 'none'}"
+    )
     print(f"  plot: {plot_path}")
 
     pick = picks["pick"]
     result = {
-        "size": size, "resolution": f"{plan.width}x{plan.height}", "gops": len(gops), "frames_per_gop": plan.gop_frames,
-        "frames": ref.frames, "sources": names, "workers": args.workers, "tune": default.tune,
-        "jpeg_q90_bytes_per_frame": ref.bytes_per_frame, "jpeg_q90_psnr_db": ref.psnr_db,
-        "jpeg_q90_psnr_y_db": ref.psnr_y_db, "psnr_floor_db": floor_db, "max_psnr_loss_db": args.max_psnr_loss_db,
-        "min_episode_hours_per_core_hour": rate, "cost_model": asdict(model),
+        "size": size,
+        "resolution": f"{plan.width}x{plan.height}",
+        "gops": len(gops),
+        "frames_per_gop": plan.gop_frames,
+        "frames": ref.frames,
+        "sources": names,
+        "workers": args.workers,
+        "tune": default.tune,
+        "jpeg_q90_bytes_per_frame": ref.bytes_per_frame,
+        "jpeg_q90_psnr_db": ref.psnr_db,
+        "jpeg_q90_psnr_y_db": ref.psnr_y_db,
+        "psnr_floor_db": floor_db,
+        "max_psnr_loss_db": args.max_psnr_loss_db,
+        "min_episode_hours_per_core_hour": rate,
+        "cost_model": asdict(model),
         "pick": pick_dict(pick, ref),
         "size_ratio_vs_jpeg": None if pick is None else pick.point.bytes_per_frame / ref.bytes_per_frame,
         "psnr_db": None if pick is None else pick.point.psnr_db,
@@ -515,9 +669,12 @@ def main(argv: list[str]) -> int:
         "encode_episode_hours_per_core_hour": None if pick is None else pick.episode_hours_per_core_hour,
         "pick_cost_only": pick_dict(picks["cost only"], ref),
         "current_default": None if current is None else row_dict(current, ref, model),
-        "meets_goal": [r.point.label for r in goal], "size_ratio_goal": SIZE_RATIO_GOAL,
-        "front": [p.label for p in front], "rows": [row_dict(r, ref, model) for r in rows],
-        "plot": str(plot_path), "elapsed_s": time.perf_counter() - t_start,
+        "meets_goal": [r.point.label for r in goal],
+        "size_ratio_goal": SIZE_RATIO_GOAL,
+        "front": [p.label for p in front],
+        "rows": [row_dict(r, ref, model) for r in rows],
+        "plot": str(plot_path),
+        "elapsed_s": time.perf_counter() - t_start,
     }
     print(json.dumps(result))
     return 0

@@ -33,7 +33,8 @@ all but the last (target <= 1.1); the workers' balance inside each batch. Ratios
 the same data, machine and invocation, so machine noise largely cancels. The last line of
 stdout is one JSON object with every figure.
 
-Full: 16 episodes of 20-40 s (the fleet averages ~84 s; see main). ``--quick``: 12 episodes of 2-4 s at 320x240 in 3 batches; ``--tiny``: 4 episodes (the two faulty
+Full: 16 episodes of 20-40 s (the fleet averages ~84 s; see main). ``--quick``: 12 episodes of 2-4 s at 320x240
+in 3 batches; ``--tiny``: 4 episodes (the two faulty
 ones among them) of 1-2 s at 64x48 in 2 batches.
 """
 
@@ -131,14 +132,20 @@ def engine_cpu_from_metadata(results) -> dict[str, float]:
     per-partition ``this_run_cpu_s`` of raw_episodes and mcap_episodes (rounded to 10 ms), and the
     transcoder's own JPEG decode + H.264 encode CPU (``this_run_codec_cpu_s``)."""
     out = {"raw_episodes": 0.0, "mcap_episodes": 0.0}
-    codec = sum(float(m.metadata["this_run_codec_cpu_s"].value) for r in results
-                for m in r.asset_materializations_for_node("mcap_episodes") if "this_run_codec_cpu_s" in m.metadata)
+    codec = sum(
+        float(m.metadata["this_run_codec_cpu_s"].value)
+        for r in results
+        for m in r.asset_materializations_for_node("mcap_episodes")
+        if "this_run_codec_cpu_s" in m.metadata
+    )
     for r in results:
         for node in out:
             mats = r.asset_materializations_for_node(node)
             if not any("this_run_cpu_s" in m.metadata for m in mats):
-                raise RuntimeError(f"run {r.run_id}: no this_run_cpu_s in the {node} metadata "
-                                   f"(keys: {sorted({k for m in mats for k in m.metadata})})")
+                raise RuntimeError(
+                    f"run {r.run_id}: no this_run_cpu_s in the {node} metadata "
+                    f"(keys: {sorted({k for m in mats for k in m.metadata})})"
+                )
             out[node] += sum(float(m.metadata["this_run_cpu_s"].value) for m in mats if "this_run_cpu_s" in m.metadata)
     out["codec"] = codec
     return out
@@ -156,8 +163,9 @@ def gop_windows(raw, gop_frames: int) -> tuple[list, float, list[tuple[object, l
     n_windows = (raw.end_ns - t0) // gop_ns + 1
     out = []
     for cam in cameras:
-        edges = [0] + [int(np.searchsorted(cam.timestamps_ns, t0 + (k + 1) * gop_ns, side="left"))
-                       for k in range(n_windows)]
+        edges = [0] + [
+            int(np.searchsorted(cam.timestamps_ns, t0 + (k + 1) * gop_ns, side="left")) for k in range(n_windows)
+        ]
         out.append((cam, [(lo, hi) for lo, hi in zip(edges[:-1], edges[1:]) if hi > lo]))
     return cameras, rate, out
 
@@ -197,9 +205,17 @@ def codec_floor(paths: list[Path], video) -> dict:
                     encode_s += c3 - c2
                     frames += hi - lo
                     gops += 1
-    return {"cpu_s": decode_s + encode_s, "decode_cpu_s": decode_s, "encode_cpu_s": encode_s,
-            "jpeg_read_cpu_s": read_s, "frames": frames, "gops": gops, "jpeg_bytes": jpeg_bytes,
-            "h264_bytes": h264_bytes, "wall_s": time.perf_counter() - t_wall}
+    return {
+        "cpu_s": decode_s + encode_s,
+        "decode_cpu_s": decode_s,
+        "encode_cpu_s": encode_s,
+        "jpeg_read_cpu_s": read_s,
+        "frames": frames,
+        "gops": gops,
+        "jpeg_bytes": jpeg_bytes,
+        "h264_bytes": h264_bytes,
+        "wall_s": time.perf_counter() - t_wall,
+    }
 
 
 _FLOOR_SUMS = ("cpu_s", "decode_cpu_s", "encode_cpu_s", "jpeg_read_cpu_s", "frames", "gops", "jpeg_bytes", "h264_bytes")
@@ -251,8 +267,11 @@ def quality_at_bar(pairs: list, every: int = 30) -> dict:
         o, j = quality(g, mcap_path, every)
         ours += o
         jpeg += j
-    return {"psnr_db": float(np.mean(ours)) if ours else None,
-            "psnr_jpeg_db": float(np.mean(jpeg)) if jpeg else None, "psnr_frames": len(ours)}
+    return {
+        "psnr_db": float(np.mean(ours)) if ours else None,
+        "psnr_jpeg_db": float(np.mean(jpeg)) if jpeg else None,
+        "psnr_frames": len(ours),
+    }
 
 
 def post_gate_cost(episodes: list[dict], overrides: dict | None = None) -> dict:
@@ -271,8 +290,12 @@ def post_gate_cost(episodes: list[dict], overrides: dict | None = None) -> dict:
         path = Path(e["mcap_path"])
         with EpisodeReader(path) as r:
             stats = r.metadata(STATS_METADATA)
-        source = {"cameras": json.loads(stats["cameras"]), "streams": json.loads(stats["streams"]),
-                  "bytes_in": e["source_bytes"], "bytes_out": path.stat().st_size}
+        source = {
+            "cameras": json.loads(stats["cameras"]),
+            "streams": json.loads(stats["streams"]),
+            "bytes_in": e["source_bytes"],
+            "bytes_out": path.stat().st_size,
+        }
         frames += sum(c["frames"] for c in source["cameras"].values())
         gops += sum(c["keyframes"] for c in source["cameras"].values())
         c = time.process_time()
@@ -298,8 +321,11 @@ def main(argv: list[str]) -> int:
     # weighs ~3x more here than in the corpus, and ~14x more at the 4-8 s used up to pipeline 1.5's
     # first figures (--duration 4,8 --episodes 24 --batches 6 reruns those). ~10 minutes on 2 cores.
     # quick: ~4 files a batch.
-    n_eps, w, h, dur, n_batches = {"full": (16, 640, 480, (20.0, 40.0), 4), "quick": (12, 320, 240, (2.0, 4.0), 3),
-                                   "tiny": (4, 64, 48, (1.0, 2.0), 2)}[size]
+    n_eps, w, h, dur, n_batches = {
+        "full": (16, 640, 480, (20.0, 40.0), 4),
+        "quick": (12, 320, 240, (2.0, 4.0), 3),
+        "tiny": (4, 64, 48, (1.0, 2.0), 2),
+    }[size]
     n_eps, n_batches = args.episodes or n_eps, args.batches or n_batches
     if args.duration:
         parts = [float(x) for x in args.duration.split(",")]
@@ -308,24 +334,32 @@ def main(argv: list[str]) -> int:
 
     from dagster import DagsterInstance
 
-    import dyna_resources.ingest.partitions as assets_mod  # where the assets call the batch engines, unit by unit
     import dyna_assets.ingest.local as local_mod
+    import dyna_resources.ingest.partitions as assets_mod  # where the assets call the batch engines, unit by unit
     from dyna_assets.definitions import defs
+    from dyna_assets.deployment import embedded_resources
     from dyna_resources.catalog.registry import TRANSCODED
     from dyna_resources.episodes.sim import generate_fleet
-    from dyna_assets.deployment import embedded_resources
-    from dyna_resources.resources import IngestResource, TranscodeResource
     from dyna_resources.ingest.gates import GateConfig
     from dyna_resources.ingest.ray_units import ray_cluster
     from dyna_resources.ingest.tick import LandingSettings
+    from dyna_resources.resources import IngestResource, TranscodeResource
 
     subreaper = become_subreaper()
     with tempfile.TemporaryDirectory(prefix="dyna-ingest-bench-", dir=args.workdir or None) as tmp:
         home = Path(tmp) / "home"
         t = time.perf_counter()
-        generated = generate_fleet(home / "landing", n_eps, seed=args.seed, width=w, height=h, duration_s=dur,
-                       faults=FAULTS, workers=1 if size == "tiny" else ncpu,  # tiny: no process start-ups
-                       mark_complete=True)  # as uploaders do: landed at once, not after settle_s
+        generated = generate_fleet(
+            home / "landing",
+            n_eps,
+            seed=args.seed,
+            width=w,
+            height=h,
+            duration_s=dur,
+            faults=FAULTS,
+            workers=1 if size == "tiny" else ncpu,  # tiny: no process start-ups
+            mark_complete=True,
+        )  # as uploaders do: landed at once, not after settle_s
         gen_s = time.perf_counter() - t
         landed = sorted((home / "landing").glob("*.h5"))
         landed_bytes = sum(p.stat().st_size for p in landed)
@@ -346,17 +380,25 @@ def main(argv: list[str]) -> int:
         cursor = Path(tmp) / "landing_sensor.cursor"
 
         # -- pipeline -------------------------------------------------------------------
-        with Probe(local_mod, "landing_tick_in_process") as ticks, Probe(local_mod, "materialize") as runs, \
-                Probe(assets_mod, "inventory_batch") as pre, Probe(assets_mod, "transcode_batch") as tc:
+        with (
+            Probe(local_mod, "landing_tick_in_process") as ticks,
+            Probe(local_mod, "materialize") as runs,
+            Probe(assets_mod, "inventory_batch") as pre,
+            Probe(assets_mod, "transcode_batch") as tc,
+        ):
             c0, t0 = cpu_all(), time.perf_counter()
             results = []
             # The work units run on a local Ray cluster, as the embedded default runs them; its start
             # and stop are inside the measurement, and so is every process it ran (reaped below).
-            with ray_cluster(num_cpus=ncpu) as cluster:
+            with ray_cluster(num_cpus=ncpu):
                 for res in (ingest, flush):
-                    results += local_mod.ingest_landed(instance, defs, cursor_file=cursor, run_config=quiet,
-                                                       resources={**embedded, "ingest": res,
-                                                                  "transcode": transcode})
+                    results += local_mod.ingest_landed(
+                        instance,
+                        defs,
+                        cursor_file=cursor,
+                        run_config=quiet,
+                        resources={**embedded, "ingest": res, "transcode": transcode},
+                    )
                     if res is ingest:
                         full_batches = len(res.stores().registry.batches_after(0))
             reap_descendants()
@@ -387,8 +429,10 @@ def main(argv: list[str]) -> int:
         h5_bytes = sum(e["source_bytes"] for e in good)
         registry.close()
         if (floor["frames"], floor["gops"]) != (post["frames"], post["gops"]):
-            raise RuntimeError(f"codec floor did {floor['frames']} frames in {floor['gops']} GOPs, the pipeline "
-                               f"wrote {post['frames']} in {post['gops']}: not the same work")
+            raise RuntimeError(
+                f"codec floor did {floor['frames']} frames in {floor['gops']} GOPs, the pipeline "
+                f"wrote {post['frames']} in {post['gops']}: not the same work"
+            )
     # -- figures ----------------------------------------------------------------------------
     episode_hours = sum(e["duration_s"] for e in good) / 3600
     mcap_bytes = sum(e["mcap_bytes"] or 0 for e in good)
@@ -430,99 +474,148 @@ def main(argv: list[str]) -> int:
     tc_rest = tc_cpu - floor["cpu_s"] - post["cpu_s"]
 
     result = {
-        "size": size, "episodes_landed": n_eps, "episodes_transcoded": len(good), "quarantined": len(quarantined),
-        "resolution": f"{w}x{h}", "duration_s_range": list(dur), "cameras": 3,
-        "landed_bytes": landed_bytes, "target_batch_bytes": target, "batches": len(batches),
-        "batch_bytes": sizes, "runs": len(results), "failed_runs": failed,
-        "episode_hours": episode_hours, "wall_s": wall_s, "cpu_s": cpu_s, "cores": ncpu,
+        "size": size,
+        "episodes_landed": n_eps,
+        "episodes_transcoded": len(good),
+        "quarantined": len(quarantined),
+        "resolution": f"{w}x{h}",
+        "duration_s_range": list(dur),
+        "cameras": 3,
+        "landed_bytes": landed_bytes,
+        "target_batch_bytes": target,
+        "batches": len(batches),
+        "batch_bytes": sizes,
+        "runs": len(results),
+        "failed_runs": failed,
+        "episode_hours": episode_hours,
+        "wall_s": wall_s,
+        "cpu_s": cpu_s,
+        "cores": ncpu,
         "cpu_utilization": cpu_s / (wall_s * ncpu) if wall_s else 0.0,
         "episode_hours_per_core_hour": eph_per_core_hour,
         "projected_episode_hours_per_week_1000_cores": projected,
         "published_episode_hours_per_week_1000_cores": PUBLISHED_EPISODE_HOURS_PER_WEEK_1000_CORES,
         "projected_vs_published": projected / PUBLISHED_EPISODE_HOURS_PER_WEEK_1000_CORES,
-        "codec_floor_cpu_s": floor["cpu_s"], "codec_floor_decode_cpu_s": floor["decode_cpu_s"],
-        "codec_floor_encode_cpu_s": floor["encode_cpu_s"], "codec_floor_jpeg_read_cpu_s": floor["jpeg_read_cpu_s"],
-        "codec_floor_frames": floor["frames"], "codec_floor_gops": floor["gops"],
+        "codec_floor_cpu_s": floor["cpu_s"],
+        "codec_floor_decode_cpu_s": floor["decode_cpu_s"],
+        "codec_floor_encode_cpu_s": floor["encode_cpu_s"],
+        "codec_floor_jpeg_read_cpu_s": floor["jpeg_read_cpu_s"],
+        "codec_floor_frames": floor["frames"],
+        "codec_floor_gops": floor["gops"],
         "codec_floor_fps_per_core": floor["frames"] / floor["cpu_s"] if floor["cpu_s"] else 0.0,
-        "overhead_ratio": overhead_ratio, "codec_floor_processes": transcode.pool_size(),
-        "codec_floor_wall_s": floor["wall_s"], "codec_contention": contention,
-        "codec_lone_floor_cpu_s": lone["cpu_s"], "codec_lone_floor_episodes": len(lone_sample),
+        "overhead_ratio": overhead_ratio,
+        "codec_floor_processes": transcode.pool_size(),
+        "codec_floor_wall_s": floor["wall_s"],
+        "codec_contention": contention,
+        "codec_lone_floor_cpu_s": lone["cpu_s"],
+        "codec_lone_floor_episodes": len(lone_sample),
         "overhead_ratio_vs_lone_floor": overhead_vs_lone,
-        "codec_cpu_s_in_pipeline": md["codec"], "overhead_ratio_vs_codec_in_pipeline": overhead_in_pipeline,
+        "codec_cpu_s_in_pipeline": md["codec"],
+        "overhead_ratio_vs_codec_in_pipeline": overhead_in_pipeline,
         "batch_balance": batch_balance,
         "batch_balance_over": "all but the last batch" if len(sizes) >= 3 else "all batches (fewer than 3)",
         "dagster_overhead_fraction": dagster_overhead,
-        "engine_cpu_s": engine_cpu, "pre_gates_cpu_s": pre_cpu, "transcode_cpu_s": tc_cpu,
-        "post_gates_cpu_s_rerun": post["cpu_s"], "transcode_rest_cpu_s": tc_rest,
+        "engine_cpu_s": engine_cpu,
+        "pre_gates_cpu_s": pre_cpu,
+        "transcode_cpu_s": tc_cpu,
+        "post_gates_cpu_s_rerun": post["cpu_s"],
+        "transcode_rest_cpu_s": tc_rest,
         "post_gates_every_frame_cpu_s_rerun": post_all["cpu_s"],
-        "overhead_ratio_if_every_frame_decoded": ((cpu_s - post["cpu_s"] + post_all["cpu_s"]) / floor["cpu_s"]
-                                                  if floor["cpu_s"] else float("inf")),
+        "overhead_ratio_if_every_frame_decoded": (
+            (cpu_s - post["cpu_s"] + post_all["cpu_s"]) / floor["cpu_s"] if floor["cpu_s"] else float("inf")
+        ),
         "decodable_sample_gops": GateConfig.load(None).param("decodable", "sample_gops"),
-        "sensor_ticks": ticks.calls, "sensor_tick_cpu_s": ticks.cpu_s, "run_machinery_cpu_s": run_machinery,
+        "sensor_ticks": ticks.calls,
+        "sensor_tick_cpu_s": ticks.cpu_s,
+        "run_machinery_cpu_s": run_machinery,
         "ray_and_driver_cpu_s": outside,
         "engine_cpu_s_probed": pre.cpu_s + tc.cpu_s,
         "worker_balance_max": max(fair_bal, default=None),
         "worker_balance_mean": float(np.mean(fair_bal)) if fair_bal else None,
-        "full_batches": full_batches, "flushed_batches": len(batches) - full_batches,
+        "full_batches": full_batches,
+        "flushed_batches": len(batches) - full_batches,
         "batch_balance_full_batches": full_balance,
-        "transcode_workers": transcode.pool_size(), "units_on": "ray", "ray_cpus": ncpu,
+        "transcode_workers": transcode.pool_size(),
+        "units_on": "ray",
+        "ray_cpus": ncpu,
         "all_descendants_reaped": subreaper,
-        "mcap_bytes": mcap_bytes, "jpeg_bytes": floor["jpeg_bytes"], "video_bytes": video_b,
-        "codec_floor_h264_bytes": floor["h264_bytes"], "h5_bytes": h5_bytes,
+        "mcap_bytes": mcap_bytes,
+        "jpeg_bytes": floor["jpeg_bytes"],
+        "video_bytes": video_b,
+        "codec_floor_h264_bytes": floor["h264_bytes"],
+        "h5_bytes": h5_bytes,
         # like for like: the camera streams' H.264 over the JPEG of the same frames (the encode
         # benchmark's "x JPEG bytes"); whole files: MCAP over HDF5 (the storage benchmark's ratio)
         "size_ratio_vs_jpeg": video_b / floor["jpeg_bytes"] if floor["jpeg_bytes"] else None,
         "size_ratio_mcap_vs_hdf5": mcap_bytes / h5_bytes if h5_bytes else None,
         "size_ratio_mcap_vs_jpeg": mcap_bytes / floor["jpeg_bytes"] if floor["jpeg_bytes"] else None,
-        **quality, "psnr_bar_db": (quality["psnr_jpeg_db"] - PSNR_MARGIN_DB
-                                   if quality["psnr_jpeg_db"] is not None else None),
-        "psnr_ok": (quality["psnr_db"] is not None
-                    and quality["psnr_db"] >= quality["psnr_jpeg_db"] - PSNR_MARGIN_DB),
-        "preset": video.preset, "crf": video.crf, "gop_frames": video.gop_frames,
+        **quality,
+        "psnr_bar_db": (quality["psnr_jpeg_db"] - PSNR_MARGIN_DB if quality["psnr_jpeg_db"] is not None else None),
+        "psnr_ok": (quality["psnr_db"] is not None and quality["psnr_db"] >= quality["psnr_jpeg_db"] - PSNR_MARGIN_DB),
+        "preset": video.preset,
+        "crf": video.crf,
+        "gop_frames": video.gop_frames,
         "generate_s": gen_s,
-        "target_overhead_ratio": TARGET_OVERHEAD_RATIO, "target_batch_balance": TARGET_BATCH_BALANCE,
+        "target_overhead_ratio": TARGET_OVERHEAD_RATIO,
+        "target_batch_balance": TARGET_BATCH_BALANCE,
         "target_size_ratio": TARGET_SIZE_RATIO,
         "overhead_ratio_ok": overhead_ratio <= TARGET_OVERHEAD_RATIO,
         "batch_balance_ok": batch_balance <= TARGET_BATCH_BALANCE,
     }
-    result["size_ratio_ok"] = bool(result["size_ratio_vs_jpeg"] is not None
-                                   and result["size_ratio_vs_jpeg"] <= TARGET_SIZE_RATIO and result["psnr_ok"])
+    result["size_ratio_ok"] = bool(
+        result["size_ratio_vs_jpeg"] is not None
+        and result["size_ratio_vs_jpeg"] <= TARGET_SIZE_RATIO
+        and result["psnr_ok"]
+    )
 
     def pct(x: float) -> str:
         return f"{100 * x / cpu_s:5.1f} %" if cpu_s else "  -  "
 
-    ok = lambda b: "PASS" if b else "FAIL"  # noqa: E731
-    print(f"ingest benchmark: {n_eps} episodes ({len(good)} transcoded, {len(quarantined)} quarantined), "
-          f"{w}x{h}, {dur[0]:g}-{dur[1]:g} s, 3 cameras @30 Hz + proprio; libx264 crf {video.crf:g} "
-          f"preset {video.preset} GOP {video.gop_frames}; {transcode.pool_size()} transcode workers on {ncpu} cores")
-    print(f"  fleet generated in {gen_s:.1f} s (not measured): {landed_bytes / 1e6:.1f} MB landed, "
-          f"target batch {target / 1e6:.1f} MB")
+    ok = lambda b: "PASS" if b else "FAIL"
+    print(
+        f"ingest benchmark: {n_eps} episodes ({len(good)} transcoded, {len(quarantined)} quarantined), "
+        f"{w}x{h}, {dur[0]:g}-{dur[1]:g} s, 3 cameras @30 Hz + proprio; libx264 crf {video.crf:g} "
+        f"preset {video.preset} GOP {video.gop_frames}; {transcode.pool_size()} transcode workers on {ncpu} cores"
+    )
+    print(
+        f"  fleet generated in {gen_s:.1f} s (not measured): {landed_bytes / 1e6:.1f} MB landed, "
+        f"target batch {target / 1e6:.1f} MB"
+    )
     print(f"\n  batches ({len(batches)}, {len(results)} runs{', FAILED: ' + str(failed) if failed else ''})")
     print(f"  {'batch':<20}{'files':>6}{'MB':>8}{'transcoded':>11}{'worker busy max/min':>21}")
     for i, b in enumerate(batches):
         wb, nw, fair = worker_bal.get(b.key, (None, 0, False))
-        wtxt = (f"{wb:.2f}{'' if fair else '*'} ({nw} workers)" if wb is not None
-                else f"- ({nw} worker{'s' if nw != 1 else ''})")
+        wtxt = (
+            f"{wb:.2f}{'' if fair else '*'} ({nw} workers)"
+            if wb is not None
+            else f"- ({nw} worker{'s' if nw != 1 else ''})"
+        )
         n_ok = sum(1 for e in good if e["batch_key"] == b.key)
         kind = "full" if i < full_batches else "flushed"
         print(f"  {b.key:<20}{b.files:>6}{b.bytes / 1e6:>8.2f}{n_ok:>11}{wtxt:>21}  {kind}")
     print("  (* not counted in the worker balance: an episode stopped early, or a worker got none)")
-    print(f"  batch balance largest/smallest bytes ({result['batch_balance_over']}): {batch_balance:.3f}  "
-          f"(target <= {TARGET_BATCH_BALANCE}: {ok(result['batch_balance_ok'])}); "
-          f"full batches only: {full_balance:.3f}")
+    print(
+        f"  batch balance largest/smallest bytes ({result['batch_balance_over']}): {batch_balance:.3f}  "
+        f"(target <= {TARGET_BATCH_BALANCE}: {ok(result['batch_balance_ok'])}); "
+        f"full batches only: {full_balance:.3f}"
+    )
     if fair_bal:
         print(f"  worker balance (busy s, busiest/least busy): max {max(fair_bal):.2f}, mean {np.mean(fair_bal):.2f}")
 
-    print(f"\n  pipeline: {episode_hours * 60:.2f} episode-minutes in {wall_s:.1f} s wall, {cpu_s:.1f} CPU s "
-          f"(utilization {result['cpu_utilization']:.0%} of {ncpu} cores)")
+    print(
+        f"\n  pipeline: {episode_hours * 60:.2f} episode-minutes in {wall_s:.1f} s wall, {cpu_s:.1f} CPU s "
+        f"(utilization {result['cpu_utilization']:.0%} of {ncpu} cores)"
+    )
     print(f"  {'where the pipeline CPU went':<58}{'CPU s':>9}{'share':>9}")
     rows = [
         ("sensor ticks (landing scan, registry, packing)", ticks.cpu_s),
         ("raw_episodes engine: inventory + pre gates", pre_cpu),
         ("mcap_episodes engine: transcode + post gates (workers)", tc_cpu),
         ("   of which codec floor (JPEG decode + H.264 encode)", floor["cpu_s"]),
-        (f"   of which post gates (re-measured alone; decodable samples {result['decodable_sample_gops']} GOP/episode)",
-         post["cpu_s"]),
+        (
+            f"   of which post gates (re-measured alone; decodable samples {result['decodable_sample_gops']} GOP/episode)",
+            post["cpu_s"],
+        ),
         ("   of which the rest (HDF5, MCAP, proprio, bad files; +-5 % noise)", tc_rest),
         ("Dagster run machinery (runs minus engines)", run_machinery),
         ("Ray outside the engines and the driver loop", outside),
@@ -530,37 +623,57 @@ def main(argv: list[str]) -> int:
     for name, v in rows:
         print(f"  {name:<58}{v:>9.2f}{pct(v):>9}")
     print(f"  {'total (getrusage self + children)':<58}{cpu_s:>9.2f}{pct(cpu_s):>9}")
-    print(f"  engine CPU from asset metadata {engine_cpu:.2f} s (probed around the engine calls: "
-          f"{pre.cpu_s + tc.cpu_s:.2f} s)")
-    print("  dagster_overhead_fraction = (pipeline CPU - engine CPU) / pipeline CPU, engine CPU = the CPU that\n"
-          "    inventory_batch and transcode_batch measured around themselves (this_run_cpu_s of every\n"
-          "    raw_episodes and mcap_episodes partition): the rest (sensor ticks, Dagster run setup, events,\n"
-          f"    checks, batch summaries, registry connections) = {dagster_overhead:.1%}")
+    print(
+        f"  engine CPU from asset metadata {engine_cpu:.2f} s (probed around the engine calls: "
+        f"{pre.cpu_s + tc.cpu_s:.2f} s)"
+    )
+    print(
+        "  dagster_overhead_fraction = (pipeline CPU - engine CPU) / pipeline CPU, engine CPU = the CPU that\n"
+        "    inventory_batch and transcode_batch measured around themselves (this_run_cpu_s of every\n"
+        "    raw_episodes and mcap_episodes partition): the rest (sensor ticks, Dagster run setup, events,\n"
+        f"    checks, batch summaries, registry connections) = {dagster_overhead:.1%}"
+    )
 
-    print(f"\n  codec floor, {transcode.pool_size()} processes at once (as the pipeline's workers run), the pipeline's "
-          f"{floor['frames']} frames in its {floor['gops']} GOPs: "
-          f"{floor['cpu_s']:.1f} CPU s (decode {floor['decode_cpu_s']:.1f} + encode {floor['encode_cpu_s']:.1f}; "
-          f"{result['codec_floor_fps_per_core']:.1f} frames/s/core; HDF5 reads, untimed in the floor: "
-          f"{floor['jpeg_read_cpu_s']:.1f} s)")
-    print(f"  overhead ratio pipeline CPU / codec floor CPU: {overhead_ratio:.3f}  "
-          f"(target <= {TARGET_OVERHEAD_RATIO}: {ok(result['overhead_ratio_ok'])}); with every frame decoded "
-          f"by the post gates ({post_all['cpu_s']:.1f} CPU s re-measured): {result['overhead_ratio_if_every_frame_decoded']:.3f}")
-    print(f"  codec floor alone (1 process) on {len(lone_sample)} of the episodes: {lone['cpu_s']:.1f} CPU s; with "
-          f"{transcode.pool_size()} at once the same episodes took {contention:.3f}x -> pipeline CPU / lone floor "
-          f"{overhead_vs_lone:.3f}")
-    print(f"  the same codec calls timed inside the pipeline's workers (thread CPU, HDF5 reads of the JPEGs "
-          f"included): {md['codec']:.1f} CPU s -> pipeline CPU / codec CPU {overhead_in_pipeline:.3f}")
-    print(f"\n  size: camera streams {video_b / 1e6:.1f} MB H.264 / {floor['jpeg_bytes'] / 1e6:.1f} MB JPEG of the same "
-          f"frames = {result['size_ratio_vs_jpeg']:.3f} (target <= {TARGET_SIZE_RATIO} at the quality bar: "
-          f"{ok(result['size_ratio_ok'])}); codec floor encoded {floor['h264_bytes'] / 1e6:.1f} MB")
-    print(f"        whole files: MCAP {mcap_bytes / 1e6:.1f} MB / HDF5 {h5_bytes / 1e6:.1f} MB = "
-          f"{result['size_ratio_mcap_vs_hdf5']:.3f}; MCAP / JPEG only {result['size_ratio_mcap_vs_jpeg']:.3f}")
+    print(
+        f"\n  codec floor, {transcode.pool_size()} processes at once (as the pipeline's workers run), the pipeline's "
+        f"{floor['frames']} frames in its {floor['gops']} GOPs: "
+        f"{floor['cpu_s']:.1f} CPU s (decode {floor['decode_cpu_s']:.1f} + encode {floor['encode_cpu_s']:.1f}; "
+        f"{result['codec_floor_fps_per_core']:.1f} frames/s/core; HDF5 reads, untimed in the floor: "
+        f"{floor['jpeg_read_cpu_s']:.1f} s)"
+    )
+    print(
+        f"  overhead ratio pipeline CPU / codec floor CPU: {overhead_ratio:.3f}  "
+        f"(target <= {TARGET_OVERHEAD_RATIO}: {ok(result['overhead_ratio_ok'])}); with every frame decoded "
+        f"by the post gates ({post_all['cpu_s']:.1f} CPU s re-measured): {result['overhead_ratio_if_every_frame_decoded']:.3f}"
+    )
+    print(
+        f"  codec floor alone (1 process) on {len(lone_sample)} of the episodes: {lone['cpu_s']:.1f} CPU s; with "
+        f"{transcode.pool_size()} at once the same episodes took {contention:.3f}x -> pipeline CPU / lone floor "
+        f"{overhead_vs_lone:.3f}"
+    )
+    print(
+        f"  the same codec calls timed inside the pipeline's workers (thread CPU, HDF5 reads of the JPEGs "
+        f"included): {md['codec']:.1f} CPU s -> pipeline CPU / codec CPU {overhead_in_pipeline:.3f}"
+    )
+    print(
+        f"\n  size: camera streams {video_b / 1e6:.1f} MB H.264 / {floor['jpeg_bytes'] / 1e6:.1f} MB JPEG of the same "
+        f"frames = {result['size_ratio_vs_jpeg']:.3f} (target <= {TARGET_SIZE_RATIO} at the quality bar: "
+        f"{ok(result['size_ratio_ok'])}); codec floor encoded {floor['h264_bytes'] / 1e6:.1f} MB"
+    )
+    print(
+        f"        whole files: MCAP {mcap_bytes / 1e6:.1f} MB / HDF5 {h5_bytes / 1e6:.1f} MB = "
+        f"{result['size_ratio_mcap_vs_hdf5']:.3f}; MCAP / JPEG only {result['size_ratio_mcap_vs_jpeg']:.3f}"
+    )
     if quality["psnr_db"] is not None:
-        print(f"  quality ({quality['psnr_frames']} frames, every 30th, PSNR against the raw frames): ours "
-              f"{quality['psnr_db']:.2f} dB, JPEG q90 {quality['psnr_jpeg_db']:.2f} dB "
-              f"({quality['psnr_db'] - quality['psnr_jpeg_db']:+.2f}; bar -{PSNR_MARGIN_DB:g}: {ok(result['psnr_ok'])})")
-    print(f"\n  throughput: {eph_per_core_hour:.3f} episode-hours per core-hour (CPU) -> projected "
-          f"{projected:,.0f} episode-hours/week on 1000 cores vs published "
-          f"{PUBLISHED_EPISODE_HOURS_PER_WEEK_1000_CORES:,} ({result['projected_vs_published']:.2f}x)")
+        print(
+            f"  quality ({quality['psnr_frames']} frames, every 30th, PSNR against the raw frames): ours "
+            f"{quality['psnr_db']:.2f} dB, JPEG q90 {quality['psnr_jpeg_db']:.2f} dB "
+            f"({quality['psnr_db'] - quality['psnr_jpeg_db']:+.2f}; bar -{PSNR_MARGIN_DB:g}: {ok(result['psnr_ok'])})"
+        )
+    print(
+        f"\n  throughput: {eph_per_core_hour:.3f} episode-hours per core-hour (CPU) -> projected "
+        f"{projected:,.0f} episode-hours/week on 1000 cores vs published "
+        f"{PUBLISHED_EPISODE_HOURS_PER_WEEK_1000_CORES:,} ({result['projected_vs_published']:.2f}x)"
+    )
     print(json.dumps(result))
     return 1 if failed or not good else 0

@@ -44,8 +44,11 @@ def noisier(streams: dict, seed: int) -> dict:
     pose[:, :3] += rng.normal(0, 2e-4, size=(len(pose), 3))
     effort = np.array(js.fields["effort"])
     effort[:, 6] += rng.normal(0, 3.0, size=len(effort))
-    return {**streams, "ee_pose": dataclasses.replace(ee, fields={"pose": pose}),
-            "joint_states": dataclasses.replace(js, fields={**js.fields, "effort": effort})}
+    return {
+        **streams,
+        "ee_pose": dataclasses.replace(ee, fields={"pose": pose}),
+        "joint_states": dataclasses.replace(js, fields={**js.fields, "effort": effort}),
+    }
 
 
 def run(seeds, config, noise: bool) -> dict:
@@ -82,13 +85,21 @@ def run(seeds, config, noise: bool) -> dict:
                         found += got is not None and got.index == want and got.failure_mode == arm.script.failure_mode
     e = np.array(errors) * 1000 if errors else np.zeros(1)
     n = sum(v["episodes"] for v in by_task.values())
-    return {"episodes": n, "ladder_match": sum(v["names_ok"] for v in by_task.values()) / n,
-            "by_task": {t: v["names_ok"] / v["episodes"] for t, v in by_task.items()}, "edges": len(errors),
-            "boundary_err_ms_mean": round(float(e.mean()), 2), "boundary_err_ms_p95": round(float(np.percentile(e, 95)), 2),
-            "boundary_err_ms_p99": round(float(np.percentile(e, 99)), 2), "boundary_err_ms_max": round(float(e.max()), 2),
-            "failure_recall": round(found / max(failing, 1), 4), "false_failure_rate": round(false_fail / max(clean, 1), 4),
-            "failures": f"{found}/{failing}", "false": f"{false_fail}/{clean}",
-            "segment_ms_per_episode_hour": round(seconds / episode_s * 3600 * 1000, 1)}
+    return {
+        "episodes": n,
+        "ladder_match": sum(v["names_ok"] for v in by_task.values()) / n,
+        "by_task": {t: v["names_ok"] / v["episodes"] for t, v in by_task.items()},
+        "edges": len(errors),
+        "boundary_err_ms_mean": round(float(e.mean()), 2),
+        "boundary_err_ms_p95": round(float(np.percentile(e, 95)), 2),
+        "boundary_err_ms_p99": round(float(np.percentile(e, 99)), 2),
+        "boundary_err_ms_max": round(float(e.max()), 2),
+        "failure_recall": round(found / max(failing, 1), 4),
+        "false_failure_rate": round(false_fail / max(clean, 1), 4),
+        "failures": f"{found}/{failing}",
+        "false": f"{false_fail}/{clean}",
+        "segment_ms_per_episode_hour": round(seconds / episode_s * 3600 * 1000, 1),
+    }
 
 
 def main(argv: list[str]) -> int:
@@ -100,21 +111,35 @@ def main(argv: list[str]) -> int:
     config = LadderConfig.from_mapping(None)
     res = {"simulator noise": run(seeds, config, False), "10x noise": run(seeds, config, True)}
     n = res["simulator noise"]["episodes"]
-    print(f"step ladders vs scripted procedures: {n} episodes per column ({len(seeds)} seeds x {len(TASKS)} tasks "
-          f"x 2 outcomes x {len(MODELS)} arms, 6-16 s), config {config.version}\n")
+    print(
+        f"step ladders vs scripted procedures: {n} episodes per column ({len(seeds)} seeds x {len(TASKS)} tasks "
+        f"x 2 outcomes x {len(MODELS)} arms, 6-16 s), config {config.version}\n"
+    )
     rows = [("ladder = script", lambda r: f"{r['ladder_match']:.1%}")]
     rows += [(f"  {t}", lambda r, t=t: f"{r['by_task'][t]:.1%}") for t in TASKS]
-    rows += [("boundary err mean ms", lambda r: f"{r['boundary_err_ms_mean']:.1f}"),
-             ("boundary err p95 ms", lambda r: f"{r['boundary_err_ms_p95']:.1f}"),
-             ("boundary err p99 ms", lambda r: f"{r['boundary_err_ms_p99']:.1f}"),
-             ("boundary err max ms", lambda r: f"{r['boundary_err_ms_max']:.1f}"),
-             ("failed step+mode found", lambda r: r["failures"]),
-             ("false failures", lambda r: r["false"]),
-             ("segment ms / episode-hour", lambda r: f"{r['segment_ms_per_episode_hour']:.0f}")]
+    rows += [
+        ("boundary err mean ms", lambda r: f"{r['boundary_err_ms_mean']:.1f}"),
+        ("boundary err p95 ms", lambda r: f"{r['boundary_err_ms_p95']:.1f}"),
+        ("boundary err p99 ms", lambda r: f"{r['boundary_err_ms_p99']:.1f}"),
+        ("boundary err max ms", lambda r: f"{r['boundary_err_ms_max']:.1f}"),
+        ("failed step+mode found", lambda r: r["failures"]),
+        ("false failures", lambda r: r["false"]),
+        ("segment ms / episode-hour", lambda r: f"{r['segment_ms_per_episode_hour']:.0f}"),
+    ]
     print(f"{'':<28}" + "".join(f"{k:>18}" for k in res))
     for label, f in rows:
         print(f"{label:<28}" + "".join(f"{f(r):>18}" for r in res.values()))
-    print(json.dumps({"benchmark": "ladders", "config": config.version, "size": size,
-                      **{k.replace(" ", "_"): {x: y for x, y in r.items() if x not in ("failures", "false")}
-                         for k, r in res.items()}}))
+    print(
+        json.dumps(
+            {
+                "benchmark": "ladders",
+                "config": config.version,
+                "size": size,
+                **{
+                    k.replace(" ", "_"): {x: y for x, y in r.items() if x not in ("failures", "false")}
+                    for k, r in res.items()
+                },
+            }
+        )
+    )
     return 0

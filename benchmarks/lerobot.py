@@ -46,7 +46,7 @@ def synthetic(n: int, seed: int, h: int = 64, w: int = 96) -> np.ndarray:
     for i in range(n):
         frame = np.stack([x * 2 + i * 2 + seed * 10, y * 3 + i, (x + y) // 2 + seed * 17], -1).astype(np.uint8)
         cx = 8 + (i * 4) % (w - 24)
-        frame[20:36, cx:cx + 16] = (170, 150 + seed * 10, 140)
+        frame[20:36, cx : cx + 16] = (170, 150 + seed * 10, 140)
         out[i] = frame
     return out
 
@@ -58,8 +58,12 @@ def rendered(n_eps: int, seconds: float, w: int, h: int) -> list[dict[str, np.nd
     for spec in fleet_specs(n_eps, width=w, height=h, duration_s=seconds):
         sim = SimulatedEpisode(spec)
         n = min(sim.n_frames(c) for c in ("scene_left", "wrist"))
-        out.append({f"{L.CAMERA_PREFIX}{c}": np.stack([sim.render_frame(c, i) for i in range(n)])
-                    for c in ("scene_left", "wrist")})
+        out.append(
+            {
+                f"{L.CAMERA_PREFIX}{c}": np.stack([sim.render_frame(c, i) for i in range(n)])
+                for c in ("scene_left", "wrist")
+            }
+        )
     return out
 
 
@@ -68,9 +72,17 @@ def episodes(frames: list[dict[str, np.ndarray]]) -> list[L.LeRobotEpisode]:
     eps = []
     for k, cams in enumerate(frames):
         n = len(next(iter(cams.values())))
-        eps.append(L.LeRobotEpisode(index=k, task=f"task {k}", fps=FPS, timestamps=np.arange(n) / FPS,
-                                    states=rng.normal(size=(n, 6)).astype(np.float32),
-                                    actions=rng.normal(size=(n, 7)).astype(np.float32), frames=cams))
+        eps.append(
+            L.LeRobotEpisode(
+                index=k,
+                task=f"task {k}",
+                fps=FPS,
+                timestamps=np.arange(n) / FPS,
+                states=rng.normal(size=(n, 6)).astype(np.float32),
+                actions=rng.normal(size=(n, 7)).astype(np.float32),
+                frames=cams,
+            )
+        )
     return eps
 
 
@@ -94,8 +106,10 @@ def round_trip(src, tmp: Path, av1: bool) -> dict:
     imported = list(L.read_lerobot(tmp / "in"))
     paths = L.import_lerobot(tmp / "in", tmp / "landing")
     out = {}
-    for label, settings in (("crf 21 (fleet)", TranscodeSettings(crf_by_site=())),
-                            (f"crf {dict(CRF_BY_SITE)[L.LEROBOT_SITE]:g} (site rule)", TranscodeSettings())):
+    for label, settings in (
+        ("crf 21 (fleet)", TranscodeSettings(crf_by_site=())),
+        (f"crf {dict(CRF_BY_SITE)[L.LEROBOT_SITE]:g} (site rule)", TranscodeSettings()),
+    ):
         d = tmp / label.split()[1]
         mcaps, bytes_, frames = [], 0, 0
         for p in paths:
@@ -107,12 +121,20 @@ def round_trip(src, tmp: Path, av1: bool) -> dict:
         L.export_lerobot([{"uri": m.as_uri(), "episode_id": m.stem} for m in mcaps], d / "out")
         export_s = time.perf_counter() - t
         exported = list(L.read_lerobot(d / "out"))
-        losses = [psnr(o.frames[k], i.frames[k]) - psnr(o.frames[k], e.frames[k])
-                  for o, i, e in zip(src, imported, exported, strict=True) for k in o.frames]
-        out[label] = {"loss_db_max": round(max(losses), 3), "loss_db_min": round(min(losses), 3),
-                      "psnr_in_db": round(float(np.mean([psnr(o.frames[k], i.frames[k])
-                                                         for o, i in zip(src, imported) for k in o.frames])), 2),
-                      "bytes_per_frame": round(bytes_ / frames), "export_s": round(export_s, 2)}
+        losses = [
+            psnr(o.frames[k], i.frames[k]) - psnr(o.frames[k], e.frames[k])
+            for o, i, e in zip(src, imported, exported, strict=True)
+            for k in o.frames
+        ]
+        out[label] = {
+            "loss_db_max": round(max(losses), 3),
+            "loss_db_min": round(min(losses), 3),
+            "psnr_in_db": round(
+                float(np.mean([psnr(o.frames[k], i.frames[k]) for o, i in zip(src, imported) for k in o.frames])), 2
+            ),
+            "bytes_per_frame": round(bytes_ / frames),
+            "export_s": round(export_s, 2),
+        }
     return out
 
 
@@ -123,11 +145,18 @@ def main(argv: list[str]) -> int:
     size = size_of(args)
     w, h, secs = {"full": (640, 480, 3.0), "quick": (320, 240, 1.0), "tiny": (64, 48, 0.5)}[size]
     sim = rendered(2, secs, w, h)
-    scenes = {"synthetic 64x96, H.264": (episodes([{f"{L.CAMERA_PREFIX}top": synthetic(20, 0),
-                                                     f"{L.CAMERA_PREFIX}wrist": synthetic(20, 2)},
-                                                    {f"{L.CAMERA_PREFIX}top": synthetic(14, 1),
-                                                     f"{L.CAMERA_PREFIX}wrist": synthetic(14, 3)}]), False),
-              f"rendered {w}x{h}, H.264": (episodes(sim), False)}
+    scenes = {
+        "synthetic 64x96, H.264": (
+            episodes(
+                [
+                    {f"{L.CAMERA_PREFIX}top": synthetic(20, 0), f"{L.CAMERA_PREFIX}wrist": synthetic(20, 2)},
+                    {f"{L.CAMERA_PREFIX}top": synthetic(14, 1), f"{L.CAMERA_PREFIX}wrist": synthetic(14, 3)},
+                ]
+            ),
+            False,
+        ),
+        f"rendered {w}x{h}, H.264": (episodes(sim), False),
+    }
     skipped = {}
     if AV1_ENCODER in av.codecs_available:
         scenes[f"rendered {w}x{h}, AV1 (as LeRobot)"] = (episodes(sim), True)
@@ -141,13 +170,25 @@ def main(argv: list[str]) -> int:
     print(f"{'source':<36}{'transcode':<20}{'PSNR in':>9}{'loss max':>10}{'loss min':>10}{'B/frame':>10}")
     for name, by in results.items():
         for label, r in by.items():
-            print(f"{name:<36}{label:<20}{r['psnr_in_db']:>9.2f}{r['loss_db_max']:>10.2f}{r['loss_db_min']:>10.2f}"
-                  f"{r['bytes_per_frame']:>10}")
+            print(
+                f"{name:<36}{label:<20}{r['psnr_in_db']:>9.2f}{r['loss_db_max']:>10.2f}{r['loss_db_min']:>10.2f}"
+                f"{r['bytes_per_frame']:>10}"
+            )
     for name, why in skipped.items():
         print(f"{name:<36}skipped: {why}")
     site = next(k for k in next(iter(results.values())) if "site" in k)
     worst = max(r[site]["loss_db_max"] for r in results.values())
     print(f"\nworst loss with the pipeline's default settings: {worst:.2f} dB (bar <= 1 dB)")
-    print(json.dumps({"benchmark": "lerobot", "size": size, "worst_loss_db": worst, "bar_db": 1.0, "scenes": results,
-                      "skipped": skipped}))
+    print(
+        json.dumps(
+            {
+                "benchmark": "lerobot",
+                "size": size,
+                "worst_loss_db": worst,
+                "bar_db": 1.0,
+                "scenes": results,
+                "skipped": skipped,
+            }
+        )
+    )
     return 0

@@ -26,7 +26,8 @@ each reading a pass of samples it has never decoded (a cold first epoch):
 (b)-(d) read a random subset of the set (``--random-samples``) drawn from the episodes LeRobot's
 writer got (the first 3: it PNG-encodes every frame, hours for the whole corpus): they cost the same
 per sample however many are read and whichever episode they come from. (a) and (b) also run on the
-t128 training stream, and (a) once more with the unit's cameras on 3 threads over both cores. Frames leave every loader of ours at 64x64 (the demo model's input; swscale
+t128 training stream, and (a) once more with the unit's cameras on 3 threads over both cores. Frames leave
+every loader of ours at 64x64 (the demo model's input; swscale
 resizes in the conversion); LeRobot returns full-size float frames (its loader has no resize), the
 JPEG loader resizes through the same swscale call. Reported per loader: samples/s, frames decoded
 per frame delivered, bytes read from disk per sample (/proc/self/io read_bytes) and the worker's
@@ -68,9 +69,19 @@ LEROBOT_EPISODES = {"full": 3, "quick": 2, "tiny": 2}
 def sample_spec(dense: bool, stream: str | None = None, image: int = 64):
     from trainer.dataset import SampleSpec
 
-    return SampleSpec(image_size=(image, image), frame_offsets_s=(-0.5, 0.0), future_frame_s=0.5,
-                      proprio_steps=24, proprio_hz=30.0, action_chunk=15, action_hz=30.0, tolerance_s=0.034,
-                      anchors="every" if dense else "end", anchor_every_s=0.1, stream=stream)
+    return SampleSpec(
+        image_size=(image, image),
+        frame_offsets_s=(-0.5, 0.0),
+        future_frame_s=0.5,
+        proprio_steps=24,
+        proprio_hz=30.0,
+        action_chunk=15,
+        action_hz=30.0,
+        tolerance_s=0.034,
+        anchors="every" if dense else "end",
+        anchor_every_s=0.1,
+        stream=stream,
+    )
 
 
 # ---- corpus ---------------------------------------------------------------------------------------
@@ -172,8 +183,15 @@ def measure(job: dict) -> dict:
     if kind == "gop":
         from trainer.gop_dataset import GopDataset
 
-        ds = GopDataset(manifest, spec, batch_size=job.get("batch_size", 8), lanes=1, seed=1,
-                        mix_units=job.get("mix_units", 3.0), decode_threads=job.get("threads", 1))
+        ds = GopDataset(
+            manifest,
+            spec,
+            batch_size=job.get("batch_size", 8),
+            lanes=1,
+            seed=1,
+            mix_units=job.get("mix_units", 3.0),
+            decode_threads=job.get("threads", 1),
+        )
         limit = job.get("limit") or ds.rows
         for batch in ds:
             decoded += int(batch["decoded_frames"])
@@ -187,7 +205,7 @@ def measure(job: dict) -> dict:
         from trainer.dataset import ManifestDataset
 
         ds = ManifestDataset(manifest, spec, batch_size=8, seed=1, block=1, shuffle_buffer=1)
-        order = np.random.default_rng(5).permutation(ds.rows)[:job["limit"]]
+        order = np.random.default_rng(5).permutation(ds.rows)[: job["limit"]]
         readers: OrderedDict = OrderedDict()
         for i in order.tolist():
             ds.sample(int(i), readers)
@@ -211,13 +229,23 @@ def measure(job: dict) -> dict:
         alive = np.zeros(len(lane.unit) + 1, np.int64)
         np.add.at(alive, first, 1)
         np.add.at(alive, last + 1, -1)
-        extra = {"units_per_batch": float(np.mean([len(set(u)) for u in units.tolist()])),
-                 "episodes_per_batch": float(np.mean([len(set(e)) for e in episodes.tolist()])),
-                 "max_units_in_flight": int(np.cumsum(alive).max())}
-    return {**extra, "kind": kind, "samples": samples, "seconds": seconds, "samples_per_s": samples / seconds,
-            "decoded": decoded, "delivered": delivered, "decodes_per_frame": decoded / delivered if delivered else None,
-            "bytes_per_sample": (_io_read_bytes() - before) / max(1, samples),
-            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+        extra = {
+            "units_per_batch": float(np.mean([len(set(u)) for u in units.tolist()])),
+            "episodes_per_batch": float(np.mean([len(set(e)) for e in episodes.tolist()])),
+            "max_units_in_flight": int(np.cumsum(alive).max()),
+        }
+    return {
+        **extra,
+        "kind": kind,
+        "samples": samples,
+        "seconds": seconds,
+        "samples_per_s": samples / seconds,
+        "decoded": decoded,
+        "delivered": delivered,
+        "decodes_per_frame": decoded / delivered if delivered else None,
+        "bytes_per_sample": (_io_read_bytes() - before) / max(1, samples),
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
 
 
 def _jpeg_pass(job: dict, manifest: pa.Table, spec) -> tuple[int, int, int]:
@@ -228,7 +256,7 @@ def _jpeg_pass(job: dict, manifest: pa.Table, spec) -> tuple[int, int, int]:
 
     h5_of = {Path(u).stem: Path(job["h5"]) / f"{Path(u).stem}.h5" for u in manifest.column("uri").to_pylist()}
     names, plan = _plan(manifest, spec, "uri")
-    order = np.random.default_rng(5).permutation(plan.n)[:job["limit"]]
+    order = np.random.default_rng(5).permutation(plan.n)[: job["limit"]]
     files: dict = {}
     h, w = spec.image_size
     delivered = 0
@@ -247,13 +275,14 @@ def _jpeg_pass(job: dict, manifest: pa.Table, spec) -> tuple[int, int, int]:
             for target in np.clip(t + spec.all_frame_offsets_ns(), lo, hi).tolist():
                 k = int(np.abs(ts[cam] - target).argmin())
                 rgb = simplejpeg.decode_jpeg(bytes(hf[f"observations/images/{cam}"][k]), colorspace="RGB")
-                av.VideoFrame.from_ndarray(rgb, format="rgb24").reformat(width=w, height=h, interpolation="AREA",
-                                                                          threads=1).to_ndarray()
+                av.VideoFrame.from_ndarray(rgb, format="rgb24").reformat(
+                    width=w, height=h, interpolation="AREA", threads=1
+                ).to_ndarray()
                 delivered += 1
         pj = np.searchsorted(tj, np.clip(t + spec.proprio_offsets_ns(), lo, hi))
         pa_ = np.searchsorted(ta, np.clip(t + spec.action_offsets_ns(), lo, hi))
-        hf["observations/qpos"][int(pj.min()):int(pj.max()) + 1]
-        hf["action"][int(pa_.min()):int(pa_.max()) + 1]
+        hf["observations/qpos"][int(pj.min()) : int(pj.max()) + 1]
+        hf["action"][int(pa_.min()) : int(pa_.max()) + 1]
     return delivered, delivered, len(order)
 
 
@@ -266,9 +295,15 @@ def _plan(manifest: pa.Table, spec, key: str):
     names = sorted(set(keys))
     index = {n: i for i, n in enumerate(names)}
     code = np.array([index[k] for k in keys])
-    return names, plan_samples(manifest.column("start_ns").to_numpy(), manifest.column("end_ns").to_numpy(), code,
-                               len(names), anchors=spec.anchors, every_ns=spec.anchor_every_ns,
-                               end_offset_ns=spec.action_horizon_ns)
+    return names, plan_samples(
+        manifest.column("start_ns").to_numpy(),
+        manifest.column("end_ns").to_numpy(),
+        code,
+        len(names),
+        anchors=spec.anchors,
+        every_ns=spec.anchor_every_ns,
+        end_offset_ns=spec.action_horizon_ns,
+    )
 
 
 def run_pass(job: dict, core: int | None = 0, python: str | None = None, script: list[str] | None = None) -> dict:
@@ -276,8 +311,9 @@ def run_pass(job: dict, core: int | None = 0, python: str | None = None, script:
     cmd = script or [python or sys.executable, "-m", "benchmarks", "loader", "--measure", json.dumps(job)]
     pre = (lambda: os.sched_setaffinity(0, {core})) if core is not None else None
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, preexec_fn=pre, env=env, check=False,
-                          timeout=3600)
+    proc = subprocess.run(
+        cmd, cwd=ROOT, capture_output=True, text=True, preexec_fn=pre, env=env, check=False, timeout=3600
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd[:5])}... exited {proc.returncode}:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -295,7 +331,7 @@ def lerobot_episodes(c: dict) -> list[str]:
     """The episodes LeRobot's writer gets: the first few (its writer PNG-encodes every frame, ~0.1 s
     each at 640x480: the whole corpus would take hours). Every random-order loader reads its samples
     from these same episodes; a sample costs the same whichever episode it comes from."""
-    return c["episodes"][:LEROBOT_EPISODES[c["size"]]]
+    return c["episodes"][: LEROBOT_EPISODES[c["size"]]]
 
 
 def lerobot_dataset(venv: Path, root: Path, c: dict) -> Path:
@@ -324,9 +360,14 @@ def lerobot_dataset(venv: Path, root: Path, c: dict) -> Path:
                 arrays[f"{cam}_offsets"] = np.cumsum([0] + [len(j) for j in jpegs]).astype(np.int64)
             np.savez(src / f"{eid}.npz", fps=FPS, cameras=np.array(cams), task="pick place", **arrays)
     print(f"  writing the LeRobot dataset with LeRobot's writer ({venv.name}) ...", flush=True)
-    proc = subprocess.run([str(venv / "bin" / "python"), str(ROOT / "benchmarks" / "_lerobot_peer.py"), "create",
-                           str(out), str(src)], capture_output=True, text=True, check=False, timeout=7200,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    proc = subprocess.run(
+        [str(venv / "bin" / "python"), str(ROOT / "benchmarks" / "_lerobot_peer.py"), "create", str(out), str(src)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=7200,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"LeRobot writer failed:\n{proc.stderr[-3000:]}")
     return out
@@ -337,31 +378,65 @@ def lerobot_pass(venv: Path, dataset: Path, c: dict, manifest: pa.Table, dense: 
     spec = sample_spec(dense)
     episode_index = {eid: k for k, eid in enumerate(lerobot_episodes(c))}
     first_ns: dict[str, int] = {}
-    for eid, start in zip(manifest.column("episode_id").to_pylist(), manifest.column("start_ns").to_pylist(),
-                          strict=True):
+    for eid, start in zip(
+        manifest.column("episode_id").to_pylist(), manifest.column("start_ns").to_pylist(), strict=True
+    ):
         first_ns.setdefault(eid, start)
     names, plan = _plan(manifest, spec, "episode_id")
     order = np.random.default_rng(5).permutation(plan.n)[:limit]
     # LeRobot addresses a sample by (episode, frame): the anchor's frame at 30 fps from the episode's start.
-    indices = [(names[int(plan.code[i])], int(round((int(plan.anchor_ns[i]) - first_ns[names[int(plan.code[i])]])
-                                                    * FPS / 1e9))) for i in order.tolist()]
-    delta = {**{f"observation.images.{cam}": [-0.5, 0.0, 0.5] for cam in _cameras(c)},
-             "observation.state": (spec.proprio_offsets_ns() / 1e9).round(6).tolist(),
-             "action": (spec.action_offsets_ns() / 1e9).round(6).tolist()}
+    indices = [
+        (
+            names[int(plan.code[i])],
+            int(round((int(plan.anchor_ns[i]) - first_ns[names[int(plan.code[i])]]) * FPS / 1e9)),
+        )
+        for i in order.tolist()
+    ]
+    delta = {
+        **{f"observation.images.{cam}": [-0.5, 0.0, 0.5] for cam in _cameras(c)},
+        "observation.state": (spec.proprio_offsets_ns() / 1e9).round(6).tolist(),
+        "action": (spec.action_offsets_ns() / 1e9).round(6).tolist(),
+    }
     plan_file = tmp / "lerobot-plan.json"
-    plan_file.write_text(json.dumps({"delta_timestamps": delta, "samples": [[episode_index[e], f] for e, f in indices],
-                                     "num_workers": 0, "batch_size": 8, "torch_threads": 1, "profile_samples": 0}))
+    plan_file.write_text(
+        json.dumps(
+            {
+                "delta_timestamps": delta,
+                "samples": [[episode_index[e], f] for e, f in indices],
+                "num_workers": 0,
+                "batch_size": 8,
+                "torch_threads": 1,
+                "profile_samples": 0,
+            }
+        )
+    )
     out = tmp / "lerobot-out.json"
-    run_pass({}, script=[str(venv / "bin" / "python"), str(ROOT / "benchmarks" / "_lerobot_peer.py"), "load",
-                         str(dataset), str(plan_file), str(out)])
+    run_pass(
+        {},
+        script=[
+            str(venv / "bin" / "python"),
+            str(ROOT / "benchmarks" / "_lerobot_peer.py"),
+            "load",
+            str(dataset),
+            str(plan_file),
+            str(out),
+        ],
+    )
     got = json.loads(out.read_text())
     # Its decodes are torchcodec's, not counted; bytes from disk and peak memory as for ours.
-    return {"kind": "lerobot", "samples": got["samples"], "seconds": got["seconds"],
-            "samples_per_s": got["samples_per_s"], "decodes_per_frame": None,
-            "bytes_per_sample": got["io"]["read_bytes_per_sample"],
-            "peak_rss_mib": got["memory"]["ru_maxrss_self_kb"] / 1024, "cpu_ms_per_sample": got["cpu"]["ms_per_sample"],
-            "video_backend": got["video_backend"], "codebase_version": got["codebase_version"],
-            "dataset_bytes": got["dataset_bytes"]}
+    return {
+        "kind": "lerobot",
+        "samples": got["samples"],
+        "seconds": got["seconds"],
+        "samples_per_s": got["samples_per_s"],
+        "decodes_per_frame": None,
+        "bytes_per_sample": got["io"]["read_bytes_per_sample"],
+        "peak_rss_mib": got["memory"]["ru_maxrss_self_kb"] / 1024,
+        "cpu_ms_per_sample": got["cpu"]["ms_per_sample"],
+        "video_backend": got["video_backend"],
+        "codebase_version": got["codebase_version"],
+        "dataset_bytes": got["dataset_bytes"],
+    }
 
 
 def _cameras(c: dict) -> list[str]:
@@ -378,12 +453,27 @@ def train_wait(tmp: Path, manifest: pa.Table, steps: int, stream: str | None = N
     from trainer.train import LoaderConfig, TrainConfig, run
 
     files = write_manifest(manifest, tmp / "manifests", "loader-bench")
-    cfg = TrainConfig(manifest=files.arrow, run_dir=str(tmp / "run"), steps=steps, checkpoint_every=10 ** 6,
-                      log_every=10 ** 6, loader=LoaderConfig(kind="gop"),
-                      sample=SampleSpec(anchors="every", anchor_every_s=0.1, stream=stream))  # the demo's, dense
+    cfg = TrainConfig(
+        manifest=files.arrow,
+        run_dir=str(tmp / "run"),
+        steps=steps,
+        checkpoint_every=10**6,
+        log_every=10**6,
+        loader=LoaderConfig(kind="gop"),
+        sample=SampleSpec(anchors="every", anchor_every_s=0.1, stream=stream),
+    )  # the demo's, dense
     summary = run(cfg)
-    out = {k: summary[k] for k in ("data_wait_first_epoch", "data_wait_fraction", "decodes_per_frame",
-                                   "samples_per_s", "first_epoch_steps", "steps")}
+    out = {
+        k: summary[k]
+        for k in (
+            "data_wait_first_epoch",
+            "data_wait_fraction",
+            "decodes_per_frame",
+            "samples_per_s",
+            "first_epoch_steps",
+            "steps",
+        )
+    }
     # The first batch also waits for the DataLoader worker to start (a process, imports, its first unit):
     # once per run, whatever the epoch's length; shown apart so a short run's figure can be read.
     waits, compute = summary["step_wait_s"][1:], summary["step_compute_s"][1:]
@@ -401,8 +491,11 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--duration", type=float)
     ap.add_argument("--random-samples", type=int, help="samples each random-order loader reads (default 300)")
     ap.add_argument("--steps", type=int, help="training steps for the data-wait figure (default 80)")
-    ap.add_argument("--mix-sweep", action="store_true",
-                    help="only the GOP-aware loader on the dense set at mix_units 1, 3 and 8 (its randomness knob)")
+    ap.add_argument(
+        "--mix-sweep",
+        action="store_true",
+        help="only the GOP-aware loader on the dense set at mix_units 1, 3 and 8 (its randomness knob)",
+    )
     ap.add_argument("--measure", help=argparse.SUPPRESS)  # internal: one pass in this process
     args = ap.parse_args(argv)
     if args.measure:
@@ -418,15 +511,19 @@ def main(argv: list[str]) -> int:
     limit = args.random_samples or {"full": 300, "quick": 150, "tiny": 8}[size]
     steps = args.steps or {"full": 80, "quick": 40, "tiny": 4}[size]
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="dyna-bench-loader-"))
-    print(f"corpus: {n} episodes x {duration:g} s, 3 cameras {width}x{height} @ {FPS} Hz, GOP {gop} ({base})",
-          flush=True)
+    print(
+        f"corpus: {n} episodes x {duration:g} s, 3 cameras {width}x{height} @ {FPS} Hz, GOP {gop} ({base})", flush=True
+    )
     c = corpus(base / "corpus", n, duration, width, height, gop, size)
     manifest = c["manifest"]
     arrow = base / "manifest.arrow"
     with pa.OSFile(str(arrow), "wb") as f, pa.ipc.new_file(f, manifest.schema) as w:
         w.write_table(manifest)
-    stream_manifest = manifest.set_column(manifest.column_names.index("uri"), "uri", pa.array(
-        [u.replace("/mcap/", "/mcap-t128/") for u in manifest.column("uri").to_pylist()]))
+    stream_manifest = manifest.set_column(
+        manifest.column_names.index("uri"),
+        "uri",
+        pa.array([u.replace("/mcap/", "/mcap-t128/") for u in manifest.column("uri").to_pylist()]),
+    )
     arrow_t = base / "manifest-t128.arrow"
     with pa.OSFile(str(arrow_t), "wb") as f, pa.ipc.new_file(f, stream_manifest.schema) as w:
         w.write_table(stream_manifest)
@@ -439,9 +536,17 @@ def main(argv: list[str]) -> int:
             w.write_table(table)
     folders = [base / "corpus"]
     venv = lerobot_venv()
-    results: dict = {"size": size, "episodes": n, "episode_s": duration, "resolution": f"{width}x{height}",
-                     "gop_frames": gop, "segments": manifest.num_rows, "cores": os.cpu_count(),
-                     "corpus_bytes": c["bytes"], "sets": {}}
+    results: dict = {
+        "size": size,
+        "episodes": n,
+        "episode_s": duration,
+        "resolution": f"{width}x{height}",
+        "gop_frames": gop,
+        "segments": manifest.num_rows,
+        "cores": os.cpu_count(),
+        "corpus_bytes": c["bytes"],
+        "sets": {},
+    }
     lerobot_ds = None
     if venv is not None:
         try:
@@ -450,17 +555,22 @@ def main(argv: list[str]) -> int:
             results["lerobot_error"] = str(e)[-500:]
     for set_name, dense in (("dense", True), ("sparse", False)):
         rows = {}
-        jobs = {"gop": {"kind": "gop", "dense": dense},
-                "random": {"kind": "random", "dense": dense, "limit": limit},
-                "random_t128": {"kind": "random", "dense": dense, "limit": limit, "stream": TRAINING_STREAM},
-                "gop_t128": {"kind": "gop", "dense": dense, "stream": TRAINING_STREAM},
-                "jpeg": {"kind": "jpeg", "dense": dense, "limit": limit, "h5": str(base / "corpus" / "h5")}}
+        jobs = {
+            "gop": {"kind": "gop", "dense": dense},
+            "random": {"kind": "random", "dense": dense, "limit": limit},
+            "random_t128": {"kind": "random", "dense": dense, "limit": limit, "stream": TRAINING_STREAM},
+            "gop_t128": {"kind": "gop", "dense": dense, "stream": TRAINING_STREAM},
+            "jpeg": {"kind": "jpeg", "dense": dense, "limit": limit, "h5": str(base / "corpus" / "h5")},
+        }
         if dense:  # the cameras of a unit decoded on threads (libavcodec and swscale release the GIL), 2 cores
             jobs["gop_threads"] = {"kind": "gop", "dense": True, "threads": 3, "cores": 2}
         for name, job in jobs.items():
             random_order = job["kind"] != "gop"
-            job["manifest"] = str({(False, False): arrow, (False, True): arrow_t, (True, False): arrow_s,
-                                   (True, True): arrow_st}[(random_order, bool(job.get("stream")))])
+            job["manifest"] = str(
+                {(False, False): arrow, (False, True): arrow_t, (True, False): arrow_s, (True, True): arrow_st}[
+                    (random_order, bool(job.get("stream")))
+                ]
+            )
             job["batch_size"] = 2 if tiny else 8
             drop_page_cache(*folders)
             rows[name] = run_pass(job, core=0 if job.get("cores", 1) == 1 else None)
@@ -485,7 +595,8 @@ def main(argv: list[str]) -> int:
         gop_aware_samples_per_s=dense["gop"]["samples_per_s"],
         random_samples_per_s=dense["random"]["samples_per_s"],
         random_t128_samples_per_s=dense["random_t128"]["samples_per_s"],
-        lerobot_samples_per_s=lr, jpeg_samples_per_s=dense["jpeg"]["samples_per_s"],
+        lerobot_samples_per_s=lr,
+        jpeg_samples_per_s=dense["jpeg"]["samples_per_s"],
         decodes_per_frame_gop_aware=dense["gop"]["decodes_per_frame"],
         data_wait_first_epoch=results["training"]["data_wait_first_epoch"],
         data_wait_first_epoch_t128=results["training_t128"]["data_wait_first_epoch"],
@@ -493,7 +604,8 @@ def main(argv: list[str]) -> int:
         gop_t128_vs_lerobot=dense["gop_t128"]["samples_per_s"] / lr if lr else None,
         gop_vs_lerobot=dense["gop"]["samples_per_s"] / lr if lr else None,
         random_t128_vs_lerobot=dense["random_t128"]["samples_per_s"] / lr if lr else None,
-        lerobot_venv=str(venv) if venv else None)
+        lerobot_venv=str(venv) if venv else None,
+    )
     _table(results)
     print(json.dumps(results, default=str))
     return 0
@@ -514,26 +626,43 @@ def mix_sweep(args) -> int:
     rows = {}
     for mix in (1, 3, 8):
         drop_page_cache(base / "corpus")
-        rows[mix] = run_pass({"kind": "gop", "dense": True, "mix_units": mix, "manifest": str(arrow),
-                              "batch_size": 2 if size == "tiny" else 8})
+        rows[mix] = run_pass(
+            {
+                "kind": "gop",
+                "dense": True,
+                "mix_units": mix,
+                "manifest": str(arrow),
+                "batch_size": 2 if size == "tiny" else 8,
+            }
+        )
     print(f"\nmix_units sweep ({size}): GOP-aware, dense set, one core, cold, batch 8, one lane")
-    print(f"{'mix_units':>9}{'samples/s':>11}{'dec/frame':>10}{'units/batch':>12}{'episodes/batch':>15}"
-          f"{'units in flight':>16}{'peak MiB':>9}")
+    print(
+        f"{'mix_units':>9}{'samples/s':>11}{'dec/frame':>10}{'units/batch':>12}{'episodes/batch':>15}"
+        f"{'units in flight':>16}{'peak MiB':>9}"
+    )
     for mix, m in rows.items():
-        print(f"{mix:>9}{m['samples_per_s']:>11.1f}{m['decodes_per_frame']:>10.2f}{m['units_per_batch']:>12.2f}"
-              f"{m['episodes_per_batch']:>15.2f}{m['max_units_in_flight']:>16}{m['peak_rss_mib']:>9.0f}")
+        print(
+            f"{mix:>9}{m['samples_per_s']:>11.1f}{m['decodes_per_frame']:>10.2f}{m['units_per_batch']:>12.2f}"
+            f"{m['episodes_per_batch']:>15.2f}{m['max_units_in_flight']:>16}{m['peak_rss_mib']:>9.0f}"
+        )
     print(json.dumps({"size": size, "mix_sweep": rows}))
     return 0
 
 
 def _table(r: dict) -> None:
     print()
-    print(f"loader benchmark ({r['size']}): {r['episodes']} episodes x {r['episode_s']:g} s, 3 cameras {r['resolution']}, "
-          f"GOP {r['gop_frames']}, {r['segments']} segments of {SEGMENT_S:g} s; one core per loader, cold")
+    print(
+        f"loader benchmark ({r['size']}): {r['episodes']} episodes x {r['episode_s']:g} s, 3 cameras {r['resolution']}, "
+        f"GOP {r['gop_frames']}, {r['segments']} segments of {SEGMENT_S:g} s; one core per loader, cold"
+    )
     mib = {k: v / 2**20 for k, v in r["corpus_bytes"].items()}
-    print(f"corpus bytes: HDF5/JPEG {mib['h5']:.0f} MiB, MCAP {mib['mcap']:.0f} MiB, MCAP + t128 {mib['mcap-t128']:.0f} MiB")
-    head = (f"{'set':7}{'loader':14}{'stream':9}{'samples':>8}{'samples/s':>11}{'dec/frame':>10}{'KiB/sample':>11}"
-            f"{'peak MiB':>9}")
+    print(
+        f"corpus bytes: HDF5/JPEG {mib['h5']:.0f} MiB, MCAP {mib['mcap']:.0f} MiB, MCAP + t128 {mib['mcap-t128']:.0f} MiB"
+    )
+    head = (
+        f"{'set':7}{'loader':14}{'stream':9}{'samples':>8}{'samples/s':>11}{'dec/frame':>10}{'KiB/sample':>11}"
+        f"{'peak MiB':>9}"
+    )
     print(head)
     print("-" * len(head))
     for set_name, rows in r["sets"].items():
@@ -541,9 +670,11 @@ def _table(r: dict) -> None:
             stream = {"jpeg": "jpeg", "lerobot": "av1"}.get(name, "t128" if "t128" in name else "archive")
             stream += "*" if name == "gop_threads" else ""
             dpf = m.get("decodes_per_frame")
-            print(f"{set_name:7}{name:14}{stream:9}{m['samples']:>8}{m['samples_per_s']:>11.1f}"
-                  f"{(f'{dpf:.2f}' if dpf else '-'):>10}{m.get('bytes_per_sample', 0) / 1024:>11.1f}"
-                  f"{m.get('peak_rss_mib', 0):>9.0f}")
+            print(
+                f"{set_name:7}{name:14}{stream:9}{m['samples']:>8}{m['samples_per_s']:>11.1f}"
+                f"{(f'{dpf:.2f}' if dpf else '-'):>10}{m.get('bytes_per_sample', 0) / 1024:>11.1f}"
+                f"{m.get('peak_rss_mib', 0):>9.0f}"
+            )
     print("* gop_threads: the unit's 3 cameras on 3 decode threads over both cores (every other row: one core)")
     if r.get("lerobot_error"):
         print(f"lerobot: {r['lerobot_error']}")
@@ -551,17 +682,20 @@ def _table(r: dict) -> None:
         print("lerobot: skipped (no lerobot v2.1 venv: `make lerobot-v21-venv`)")
     for key, stream in (("training", "archive"), ("training_t128", "t128")):
         t = r[key]
-        print(f"training on {stream:7} (demo model, dense set, GOP-aware, 1 worker, {t['steps']} steps, "
-              f"{t['first_epoch_steps']} in epoch 0): first-epoch data wait {t['data_wait_first_epoch']:.1%}, "
-              f"{t['samples_per_s']:.1f} samples/s, {t['decodes_per_frame']:.2f} decodes per delivered frame; "
-              f"first batch waited {t['first_batch_wait_s']:.2f} s (worker start), later batches "
-              f"{t['data_wait_after_first_batch']:.1%}")
+        print(
+            f"training on {stream:7} (demo model, dense set, GOP-aware, 1 worker, {t['steps']} steps, "
+            f"{t['first_epoch_steps']} in epoch 0): first-epoch data wait {t['data_wait_first_epoch']:.1%}, "
+            f"{t['samples_per_s']:.1f} samples/s, {t['decodes_per_frame']:.2f} decodes per delivered frame; "
+            f"first batch waited {t['first_batch_wait_s']:.2f} s (worker start), later batches "
+            f"{t['data_wait_after_first_batch']:.1%}"
+        )
     if r.get("gop_vs_lerobot"):
-        print(f"GOP-aware / LeRobot: {r['gop_vs_lerobot']:.1f}x; random on t128 / LeRobot: "
-              f"{r['random_t128_vs_lerobot']:.1f}x")
+        print(
+            f"GOP-aware / LeRobot: {r['gop_vs_lerobot']:.1f}x; random on t128 / LeRobot: "
+            f"{r['random_t128_vs_lerobot']:.1f}x"
+        )
     print()
 
 
 if __name__ == "__main__":
     raise SystemExit(main(sys.argv[1:]))
-

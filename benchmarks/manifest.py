@@ -49,8 +49,12 @@ from ._cli import add_size_flags, size_of
 
 BUILD_SPEC = {
     "name": "bench-build",
-    "where": {"success": True, "quality_ok": True, "camera_dead": {"!=": True},
-              "task": {"in": ["pick_place", "fold_towel", "open_drawer", "stack_cups", "wipe_table"]}},
+    "where": {
+        "success": True,
+        "quality_ok": True,
+        "camera_dead": {"!=": True},
+        "task": {"in": ["pick_place", "fold_towel", "open_drawer", "stack_cups", "wipe_table"]},
+    },
     "segments": {"length_s": 30.0, "stride_s": 30.0},
     "weights": {"by": "sim", "values": {True: 0.5}, "default": 1.0},
 }
@@ -107,8 +111,10 @@ def synthetic_select(columns: list[tuple[str, str]]) -> str:
         elif ty in BY_TYPE:
             expr = BY_TYPE[ty].format(name=name)
         else:
-            raise SystemExit(f"benchmarks/manifest.py: warehouse column {name!r} has type {ty}, which has no "
-                             f"synthetic value generator (BY_TYPE knows {', '.join(BY_TYPE)})")
+            raise SystemExit(
+                f"benchmarks/manifest.py: warehouse column {name!r} has type {ty}, which has no "
+                f"synthetic value generator (BY_TYPE knows {', '.join(BY_TYPE)})"
+            )
         exprs.append(f"CAST({expr} AS {ty}) AS {name}")
     return ", ".join(exprs)
 
@@ -148,15 +154,18 @@ def _cpu_s() -> float:
 
 # -- the walk -------------------------------------------------------------------------------
 
-def make_walk_sample(root: Path, copies: int, n_masters: int, size: tuple[int, int],
-                     duration_s: tuple[float, float]) -> list[tuple[Path, Path]]:
+
+def make_walk_sample(
+    root: Path, copies: int, n_masters: int, size: tuple[int, int], duration_s: tuple[float, float]
+) -> list[tuple[Path, Path]]:
     """``copies`` MCAP files with a sidecar each, copied from ``n_masters`` transcoded episodes."""
     from dyna_resources.episodes.sim import generate_fleet
     from dyna_resources.episodes.transcode import transcode_episode
 
     raw = root / "raw"
-    eps = generate_fleet(raw, n_masters, seed=3, width=size[0], height=size[1], duration_s=duration_s,
-                         workers=os.cpu_count() or 1)
+    eps = generate_fleet(
+        raw, n_masters, seed=3, width=size[0], height=size[1], duration_s=duration_s, workers=os.cpu_count() or 1
+    )
     masters = []
     for e in eps:
         dst = root / "masters" / f"{e.spec.episode_id}.mcap"
@@ -196,6 +205,7 @@ def walk(pairs: list[tuple[Path, Path]]) -> tuple[float, int]:
 
 # -- the load -------------------------------------------------------------------------------
 
+
 def _proc_kib_field(path: str, name: str) -> int:
     """A ``Name:  N kB`` line of a /proc file, in bytes."""
     with open(path) as f:
@@ -233,8 +243,16 @@ def rank_mmap(url: str, cache: str, rank: int, world: int, start, ready, done, o
     _touch(part)
     t1 = time.time()
     ready.wait()
-    out.put({"rank": rank, "t0": t0, "t1": t1, "cpu_s": time.process_time() - c0, "pss": _pss_bytes(),
-             "rows": part.num_rows})
+    out.put(
+        {
+            "rank": rank,
+            "t0": t0,
+            "t1": t1,
+            "cpu_s": time.process_time() - c0,
+            "pss": _pss_bytes(),
+            "rows": part.num_rows,
+        }
+    )
     done.wait()
 
 
@@ -249,8 +267,17 @@ def rank_naive(parquet: str, rank: int, world: int, start, ready, done, out) -> 
     steps = sum(rows[i]["n_steps"] for i in mine)  # the rank's pass over its rows
     t1 = time.time()
     ready.wait()
-    out.put({"rank": rank, "t0": t0, "t1": t1, "cpu_s": time.process_time() - c0, "pss": _pss_bytes(),
-             "rows": len(mine), "steps": steps})
+    out.put(
+        {
+            "rank": rank,
+            "t0": t0,
+            "t1": t1,
+            "cpu_s": time.process_time() - c0,
+            "pss": _pss_bytes(),
+            "rows": len(mine),
+            "steps": steps,
+        }
+    )
     done.wait()
 
 
@@ -309,15 +336,19 @@ def make_warehouse_from_registry(path: Path, rows: int) -> None:
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks manifest", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks manifest", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_size_flags(ap, quick="5M-row table, ~1M-row load manifest, 200 walked files")
     ap.add_argument("--rows", type=int, help="warehouse rows (default 50M, quick 5M, tiny 20k)")
     ap.add_argument("--ranks", type=int, help="rank processes loading the manifest (default 8, tiny 2)")
     ap.add_argument("--walk-files", type=int, help="MCAP files walked (default 1000, quick 200, tiny 8)")
     ap.add_argument("--workdir", help="where the temporary files go (default: the system temp dir)")
-    ap.add_argument("--from-registry", action="store_true",
-                    help="build the warehouse through the registry and CDC (synthetic corpus; default with --tiny)")
+    ap.add_argument(
+        "--from-registry",
+        action="store_true",
+        help="build the warehouse through the registry and CDC (synthetic corpus; default with --tiny)",
+    )
     args = ap.parse_args(argv)
     size = size_of(args)
     from_registry = args.from_registry or size == "tiny"
@@ -333,8 +364,11 @@ def main(argv: list[str]) -> int:
         t = time.perf_counter()
         (make_warehouse_from_registry if from_registry else make_warehouse)(tmp / "warehouse.duckdb", rows)
         gen_s = time.perf_counter() - t
-        print(f"warehouse: {rows:,} synthetic episodes generated in {gen_s:.1f} s "
-              f"({'registry + CDC' if from_registry else 'DuckDB'}; not measured)", flush=True)
+        print(
+            f"warehouse: {rows:,} synthetic episodes generated in {gen_s:.1f} s "
+            f"({'registry + CDC' if from_registry else 'DuckDB'}; not measured)",
+            flush=True,
+        )
 
         info, build_s, build_cpu_s = build(tmp / "warehouse.duckdb", BUILD_SPEC, tmp / "store")
         print(f"build: {info.rows:,} segment rows in {build_s:.2f} s ({build_cpu_s:.1f} CPU-s)", flush=True)
@@ -350,8 +384,11 @@ def main(argv: list[str]) -> int:
 
         load, _, _ = build(tmp / "warehouse.duckdb", LOAD_SPEC, tmp / "store")
         os.unlink(tmp / "warehouse.duckdb")
-        print(f"load manifest: {load.rows:,} rows, Arrow IPC {load.arrow_bytes / 1e9:.2f} GB, "
-              f"Parquet {load.parquet_bytes / 1e9:.2f} GB", flush=True)
+        print(
+            f"load manifest: {load.rows:,} rows, Arrow IPC {load.arrow_bytes / 1e9:.2f} GB, "
+            f"Parquet {load.parquet_bytes / 1e9:.2f} GB",
+            flush=True,
+        )
 
         url = Path(load.arrow).as_uri()
         mm = run_ranks(rank_mmap, lambda r: (url, str(tmp / "node-cache")), list(range(world)), world)
@@ -363,12 +400,14 @@ def main(argv: list[str]) -> int:
         per_row = naive_bytes_per_row(load.parquet)
         per_rank = per_row * load.rows + load.arrow_bytes + 200e6
         together = max(1, min(world, ncpu, int(0.8 * mem_available() // per_rank)))
-        print(f"naive: ~{per_rank / 1e9:.1f} GB per rank (measured {per_row:.0f} B/row): {together} at a time",
-              flush=True)
+        print(
+            f"naive: ~{per_rank / 1e9:.1f} GB per rank (measured {per_row:.0f} B/row): {together} at a time", flush=True
+        )
         nv, naive_walls = [], []
         for first in range(0, world, together):
-            group = run_ranks(rank_naive, lambda r: (load.parquet,), list(range(first, min(world, first + together))),
-                              world)
+            group = run_ranks(
+                rank_naive, lambda r: (load.parquet,), list(range(first, min(world, first + together))), world
+            )
             naive_walls.append(max(r["t1"] for r in group) - min(r["t0"] for r in group))
             nv += group
         load_s_naive = sum(naive_walls)
@@ -377,7 +416,8 @@ def main(argv: list[str]) -> int:
         assert sum(r["rows"] for r in nv) == load.rows
 
     result = {
-        "rows": rows, "warehouse_from": "registry + CDC" if from_registry else "DuckDB",
+        "rows": rows,
+        "warehouse_from": "registry + CDC" if from_registry else "DuckDB",
         "manifest_rows": info.rows,
         "build_s": round(build_s, 2),
         "build_cpu_s": round(build_cpu_s, 1),
@@ -403,9 +443,11 @@ def main(argv: list[str]) -> int:
         "size": size,
         "quick": args.quick,
     }
-    result["targets_met"] = {"build_s": result["build_s"] <= TARGETS["build_s"],
-                             "memory_ratio": result["memory_ratio"] >= TARGETS["memory_ratio"],
-                             "load_speedup": result["load_speedup"] >= TARGETS["load_speedup"]}
+    result["targets_met"] = {
+        "build_s": result["build_s"] <= TARGETS["build_s"],
+        "memory_ratio": result["memory_ratio"] >= TARGETS["memory_ratio"],
+        "load_speedup": result["load_speedup"] >= TARGETS["load_speedup"],
+    }
 
     def row(name, ours, base, ratio, target):
         print(f"  {name:<46}{ours:>20}{base:>14}{ratio:>8}   {target}")
@@ -414,15 +456,34 @@ def main(argv: list[str]) -> int:
     print(f"manifest benchmark ({size}; {ncpu} cores)")
     print(f"  build spec: {json.dumps(BUILD_SPEC['where'])}, segments 30 s / 30 s")
     row("", "ours", "baseline", "ratio", "target")
-    row(f"build {rows:,} episodes -> {info.rows:,} rows", f"{build_s:.2f} s ({build_cpu_s:.0f} CPU-s)",
-        f"{walk_s_extrapolated / 3600:.1f} h walk", f"{result['build_speedup']:.0f}x",
-        f"build_s <= {TARGETS['build_s']:.0f} (walk: {PUBLISHED['walk_hours']} h published)")
-    row(f"load {load.rows:,} rows, {world} ranks", f"{load_s_mmap:.2f} s", f"{load_s_naive:.1f} s",
-        f"{result['load_speedup']:.0f}x", f">= {TARGETS['load_speedup']:.0f}x (published {PUBLISHED['load_speedup']}x)")
-    row("  naive at best on these cores", "", f"{load_s_naive_ideal:.1f} s", f"{result['load_speedup_vs_ideal']:.0f}x",
-        f"naive ranks ran {together} at a time")
-    row("memory: PSS summed over ranks", f"{pss_mmap / 1e9:.2f} GB", f"{pss_naive / 1e9:.2f} GB",
-        f"{result['memory_ratio']:.1f}x", f">= {TARGETS['memory_ratio']:.0f}x (published {PUBLISHED['memory_ratio']}x)")
+    row(
+        f"build {rows:,} episodes -> {info.rows:,} rows",
+        f"{build_s:.2f} s ({build_cpu_s:.0f} CPU-s)",
+        f"{walk_s_extrapolated / 3600:.1f} h walk",
+        f"{result['build_speedup']:.0f}x",
+        f"build_s <= {TARGETS['build_s']:.0f} (walk: {PUBLISHED['walk_hours']} h published)",
+    )
+    row(
+        f"load {load.rows:,} rows, {world} ranks",
+        f"{load_s_mmap:.2f} s",
+        f"{load_s_naive:.1f} s",
+        f"{result['load_speedup']:.0f}x",
+        f">= {TARGETS['load_speedup']:.0f}x (published {PUBLISHED['load_speedup']}x)",
+    )
+    row(
+        "  naive at best on these cores",
+        "",
+        f"{load_s_naive_ideal:.1f} s",
+        f"{result['load_speedup_vs_ideal']:.0f}x",
+        f"naive ranks ran {together} at a time",
+    )
+    row(
+        "memory: PSS summed over ranks",
+        f"{pss_mmap / 1e9:.2f} GB",
+        f"{pss_naive / 1e9:.2f} GB",
+        f"{result['memory_ratio']:.1f}x",
+        f">= {TARGETS['memory_ratio']:.0f}x (published {PUBLISHED['memory_ratio']}x)",
+    )
     print(f"  walk: {per_ep * 1e3:.3f} ms per episode over {len(pairs)} real MCAP files (local disk, warm cache)")
     print(json.dumps(result))
     return 0

@@ -50,17 +50,30 @@ def make_model(width: int, blocks: int, vocab: int):
     from torch import nn
 
     def block():
-        return nn.ModuleDict({
-            "norm1": nn.LayerNorm(width), "qkv": nn.Linear(width, 3 * width), "proj": nn.Linear(width, width),
-            "norm2": nn.LayerNorm(width), "fc1": nn.Linear(width, 4 * width), "fc2": nn.Linear(4 * width, width)})
+        return nn.ModuleDict(
+            {
+                "norm1": nn.LayerNorm(width),
+                "qkv": nn.Linear(width, 3 * width),
+                "proj": nn.Linear(width, width),
+                "norm2": nn.LayerNorm(width),
+                "fc1": nn.Linear(width, 4 * width),
+                "fc2": nn.Linear(4 * width, width),
+            }
+        )
 
     torch.manual_seed(0)
-    return nn.ModuleDict({"embed": nn.Embedding(vocab, width), "blocks": nn.ModuleList(block() for _ in range(blocks)),
-                          "norm": nn.LayerNorm(width)})
+    return nn.ModuleDict(
+        {
+            "embed": nn.Embedding(vocab, width),
+            "blocks": nn.ModuleList(block() for _ in range(blocks)),
+            "norm": nn.LayerNorm(width),
+        }
+    )
 
 
-def rank_main(rank: int, world: int, ranks_per_node: int, port: int, shape: tuple, steps: int, warmup: int,
-              out) -> None:
+def rank_main(
+    rank: int, world: int, ranks_per_node: int, port: int, shape: tuple, steps: int, warmup: int, out
+) -> None:
     import torch
     import torch.distributed as dist
 
@@ -103,8 +116,10 @@ def run(nodes: int, ranks_per_node: int, shape: tuple, steps: int, warmup: int) 
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    procs = [ctx.Process(target=rank_main, args=(r, world, ranks_per_node, port, shape, steps, warmup, out))
-             for r in range(world)]
+    procs = [
+        ctx.Process(target=rank_main, args=(r, world, ranks_per_node, port, shape, steps, warmup, out))
+        for r in range(world)
+    ]
     for p in procs:
         p.start()
     got = dict(out.get(timeout=3600) for _ in procs)
@@ -127,8 +142,12 @@ def summarize(ranks: list[dict], nodes: int, ranks_per_node: int, shape: tuple, 
     muon, _ = split_params(make_model(*shape))
     shapes = [tuple(p.shape) for _, p in muon]
     world = nodes * ranks_per_node
-    summary = {"nodes": nodes, "ranks_per_node": ranks_per_node, "world_size": world,
-               "max_param_diff_global_vs_local": max(r["max_param_diff"] for r in ranks)}
+    summary = {
+        "nodes": nodes,
+        "ranks_per_node": ranks_per_node,
+        "world_size": world,
+        "max_param_diff_global_vs_local": max(r["max_param_diff"] for r in ranks),
+    }
 
     def per_step(mode, kind, purposes, rank=None):
         chosen = ranks if rank is None else [ranks[rank]]
@@ -139,8 +158,10 @@ def summarize(ranks: list[dict], nodes: int, ranks_per_node: int, shape: tuple, 
         owner_of = assign_owners([a * b for a, b in shapes], owners)
         projected_cpu, projected_gpu = [], []
         for rank, r in enumerate(ranks):
-            comm = (per_step(mode, "intra", MUON + ADAMW, rank) / B_INTRA
-                    + per_step(mode, "inter", MUON + ADAMW, rank) / B_INTER)
+            comm = (
+                per_step(mode, "intra", MUON + ADAMW, rank) / B_INTRA
+                + per_step(mode, "inter", MUON + ADAMW, rank) / B_INTER
+            )
             flops = sum(ns_flops(*s) for s, o in zip(shapes, owner_of) if o == rank % owners)
             projected_cpu.append(statistics.mean(r[mode]["cpu"]) + comm)
             projected_gpu.append(flops / GPU_FLOPS + comm)
@@ -159,8 +180,9 @@ def summarize(ranks: list[dict], nodes: int, ranks_per_node: int, shape: tuple, 
         }
     g, loc = summary["global"], summary["node_local"]
     summary["traffic_ratio"] = g["inter_node_bytes"] / loc["inter_node_bytes"]
-    summary["traffic_ratio_with_adamw"] = ((g["inter_node_bytes"] + g["adamw_inter_node_bytes"])
-                                           / (loc["inter_node_bytes"] + loc["adamw_inter_node_bytes"]))
+    summary["traffic_ratio_with_adamw"] = (g["inter_node_bytes"] + g["adamw_inter_node_bytes"]) / (
+        loc["inter_node_bytes"] + loc["adamw_inter_node_bytes"]
+    )
     summary["traffic_ratio_node_aware"] = g["inter_node_bytes_node_aware"] / loc["inter_node_bytes_node_aware"]
     for kind in ("cpu", "gpu"):
         key = f"projected_step_s_{kind}_arithmetic"
@@ -182,24 +204,59 @@ def print_table(s: dict) -> None:
 
     print(f"\n{s['nodes']} nodes x {s['ranks_per_node']} ranks ({s['world_size']} gloo processes), per step:")
     row("", "global", "node_local", "ratio")
-    row("Muon inter-node bytes", mb(g["inter_node_bytes"]), mb(loc["inter_node_bytes"]),
-        f"{s['traffic_ratio']:.2f}x", f"target >= {TARGET_RATIO:.0f}x (published {PUBLISHED_RATIO}x)")
-    row("  with the AdamW all-reduce (same in both)", mb(g["inter_node_bytes"] + g["adamw_inter_node_bytes"]),
-        mb(loc["inter_node_bytes"] + loc["adamw_inter_node_bytes"]), f"{s['traffic_ratio_with_adamw']:.2f}x")
-    row("  if broadcasts crossed each node once", mb(g["inter_node_bytes_node_aware"]),
-        mb(loc["inter_node_bytes_node_aware"]), f"{s['traffic_ratio_node_aware']:.2f}x", "node-aware routing")
+    row(
+        "Muon inter-node bytes",
+        mb(g["inter_node_bytes"]),
+        mb(loc["inter_node_bytes"]),
+        f"{s['traffic_ratio']:.2f}x",
+        f"target >= {TARGET_RATIO:.0f}x (published {PUBLISHED_RATIO}x)",
+    )
+    row(
+        "  with the AdamW all-reduce (same in both)",
+        mb(g["inter_node_bytes"] + g["adamw_inter_node_bytes"]),
+        mb(loc["inter_node_bytes"] + loc["adamw_inter_node_bytes"]),
+        f"{s['traffic_ratio_with_adamw']:.2f}x",
+    )
+    row(
+        "  if broadcasts crossed each node once",
+        mb(g["inter_node_bytes_node_aware"]),
+        mb(loc["inter_node_bytes_node_aware"]),
+        f"{s['traffic_ratio_node_aware']:.2f}x",
+        "node-aware routing",
+    )
     row("Muon intra-node bytes", mb(g["intra_node_bytes"]), mb(loc["intra_node_bytes"]))
-    row("step, measured on gloo (median)", ms(g["step_s_median"]), ms(loc["step_s_median"]),
-        f"{g['step_s_median'] / loc['step_s_median']:.2f}x", "one machine: not a fabric")
-    row("step, measured on gloo (mean)", ms(g["step_s_mean"]), ms(loc["step_s_mean"]),
-        f"{g['step_s_mean'] / loc['step_s_mean']:.2f}x")
+    row(
+        "step, measured on gloo (median)",
+        ms(g["step_s_median"]),
+        ms(loc["step_s_median"]),
+        f"{g['step_s_median'] / loc['step_s_median']:.2f}x",
+        "one machine: not a fabric",
+    )
+    row(
+        "step, measured on gloo (mean)",
+        ms(g["step_s_mean"]),
+        ms(loc["step_s_mean"]),
+        f"{g['step_s_mean'] / loc['step_s_mean']:.2f}x",
+    )
     row("arithmetic, slowest rank (CPU time)", ms(g["arithmetic_cpu_s_max_rank"]), ms(loc["arithmetic_cpu_s_max_rank"]))
-    row("projected step, this CPU's arithmetic", ms(g["projected_step_s_cpu_arithmetic"]),
-        ms(loc["projected_step_s_cpu_arithmetic"]), f"{s['projected_speedup_cpu_arithmetic']:.2f}x", "fabric model")
-    row("projected step, GPU arithmetic", ms(g["projected_step_s_gpu_arithmetic"]),
-        ms(loc["projected_step_s_gpu_arithmetic"]), f"{s['projected_speedup_gpu_arithmetic']:.2f}x", "fabric model")
-    print(f"  final parameters, global vs node_local: max |diff| {s['max_param_diff_global_vs_local']:.2e} (the modes sum "
-          "the ranks' gradients in different orders; bf16 Newton-Schulz shows those last-bit differences)")
+    row(
+        "projected step, this CPU's arithmetic",
+        ms(g["projected_step_s_cpu_arithmetic"]),
+        ms(loc["projected_step_s_cpu_arithmetic"]),
+        f"{s['projected_speedup_cpu_arithmetic']:.2f}x",
+        "fabric model",
+    )
+    row(
+        "projected step, GPU arithmetic",
+        ms(g["projected_step_s_gpu_arithmetic"]),
+        ms(loc["projected_step_s_gpu_arithmetic"]),
+        f"{s['projected_speedup_gpu_arithmetic']:.2f}x",
+        "fabric model",
+    )
+    print(
+        f"  final parameters, global vs node_local: max |diff| {s['max_param_diff_global_vs_local']:.2e} (the modes sum "
+        "the ranks' gradients in different orders; bf16 Newton-Schulz shows those last-bit differences)"
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -209,8 +266,10 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--steps", type=int, help="measured steps per mode (default 8, quick 4, tiny 1)")
     args = ap.parse_args(argv)
     size = size_of(args)
-    topologies = [tuple(int(n) for n in t.split("x"))
-                  for t in (args.topologies or {"full": "2x8,4x2", "quick": "2x4,4x2", "tiny": "2x2"}[size]).split(",")]
+    topologies = [
+        tuple(int(n) for n in t.split("x"))
+        for t in (args.topologies or {"full": "2x8,4x2", "quick": "2x4,4x2", "tiny": "2x2"}[size]).split(",")
+    ]
     # width, blocks, vocabulary; measured and warm-up steps per mode
     shape = {"full": (256, 8, 1024), "quick": (128, 4, 512), "tiny": (32, 1, 64)}[size]
     steps = args.steps or {"full": 8, "quick": 4, "tiny": 1}[size]
@@ -220,9 +279,12 @@ def main(argv: list[str]) -> int:
 
     muon, adamw = split_params(make_model(*shape))
     n_muon, n_adamw = sum(p.numel() for _, p in muon), sum(p.numel() for _, p in adamw)
-    print(f"muon benchmark ({size}; {os.cpu_count()} cores): width {shape[0]}, "
-          f"{shape[1]} blocks: {(n_muon + n_adamw) / 1e6:.2f}M parameters, {n_muon / 1e6:.2f}M in {len(muon)} "
-          f"Muon matrices; {warmup} warm-up + {steps} measured steps per mode", flush=True)
+    print(
+        f"muon benchmark ({size}; {os.cpu_count()} cores): width {shape[0]}, "
+        f"{shape[1]} blocks: {(n_muon + n_adamw) / 1e6:.2f}M parameters, {n_muon / 1e6:.2f}M in {len(muon)} "
+        f"Muon matrices; {warmup} warm-up + {steps} measured steps per mode",
+        flush=True,
+    )
     runs = []
     for nodes, ranks_per_node in topologies:
         t = time.perf_counter()
@@ -230,10 +292,14 @@ def main(argv: list[str]) -> int:
         print(f"  {nodes}x{ranks_per_node} done in {time.perf_counter() - t:.0f} s", flush=True)
     for s in runs:
         print_table(s)
-    print(f"\nfabric model: B_intra {B_INTRA / 1e9:.0f} GB/s, B_inter {B_INTER / 1e9:.0f} GB/s per rank and direction, "
-          f"GPU {GPU_FLOPS / 1e12:.0f} TFLOP/s bf16; bandwidth only, no latency, no overlap.")
-    print("gloo on one machine does not model a slow fabric: all ranks share loopback and "
-          f"{os.cpu_count()} cores, so measured step times show CPU contention; only the projection models links.")
+    print(
+        f"\nfabric model: B_intra {B_INTRA / 1e9:.0f} GB/s, B_inter {B_INTER / 1e9:.0f} GB/s per rank and direction, "
+        f"GPU {GPU_FLOPS / 1e12:.0f} TFLOP/s bf16; bandwidth only, no latency, no overlap."
+    )
+    print(
+        "gloo on one machine does not model a slow fabric: all ranks share loopback and "
+        f"{os.cpu_count()} cores, so measured step times show CPU contention; only the projection models links."
+    )
 
     main_run = runs[0]
     g, loc = main_run["global"], main_run["node_local"]
@@ -255,8 +321,13 @@ def main(argv: list[str]) -> int:
         "projected_speedup": round(main_run["projected_speedup_gpu_arithmetic"], 3),
         "projected_speedup_cpu_arithmetic": round(main_run["projected_speedup_cpu_arithmetic"], 3),
         "fabric": {"b_intra_Bps": B_INTRA, "b_inter_Bps": B_INTER, "gpu_flops": GPU_FLOPS},
-        "model": {"width": shape[0], "blocks": shape[1], "vocab": shape[2], "muon_params": n_muon,
-                  "adamw_params": n_adamw},
+        "model": {
+            "width": shape[0],
+            "blocks": shape[1],
+            "vocab": shape[2],
+            "muon_params": n_muon,
+            "adamw_params": n_adamw,
+        },
         "runs": runs,
         "steps": steps,
         "cores": os.cpu_count(),

@@ -133,9 +133,13 @@ class Counters:
 
     def snapshot(self) -> dict:
         with self._lock:
-            return {"requests": dict(self.requests), "operations": dict(self.operations),
-                    "bytes_served": self.bytes_served, "bytes_by_object": dict(self.bytes_by_object),
-                    "bytes_received": self.bytes_received}
+            return {
+                "requests": dict(self.requests),
+                "operations": dict(self.operations),
+                "bytes_served": self.bytes_served,
+                "bytes_by_object": dict(self.bytes_by_object),
+                "bytes_received": self.bytes_received,
+            }
 
     def _request(self, method: str, operation: str) -> None:
         with self._lock:
@@ -159,8 +163,15 @@ class ObjectServer:
     and closes open keep-alive connections. ``clock`` and ``sleep`` drive the performance model;
     a test may replace them on the instance."""
 
-    def __init__(self, root: str | os.PathLike, *, latency_s: float = 0.02, bandwidth_Bps: float | None = 200e6,
-                 host: str = "127.0.0.1", port: int = 0):
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        *,
+        latency_s: float = 0.02,
+        bandwidth_Bps: float | None = 200e6,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ):
         if latency_s < 0:
             raise ValueError("latency_s must be >= 0")
         if bandwidth_Bps is not None and bandwidth_Bps <= 0:
@@ -178,8 +189,12 @@ class ObjectServer:
         self._connections: set[socket.socket] = set()
         self._httpd = _HTTPServer((host, port), _Handler)
         self._httpd.object_server = self
-        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1},
-                                        name=f"object-server-{self.port}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": 0.1},
+            name=f"object-server-{self.port}",
+            daemon=True,
+        )
         self._thread.start()
 
     @property
@@ -289,7 +304,7 @@ class ObjectServer:
         def add(key: str, path: str) -> None:
             cut = key.find(delimiter, len(prefix)) if delimiter else -1
             if cut >= 0:
-                prefixes.add(key[:cut + len(delimiter)])
+                prefixes.add(key[: cut + len(delimiter)])
             else:
                 keys.append((key, path))
 
@@ -368,7 +383,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.started = False
         self.request_id = uuid.uuid4().hex[:16].upper()
         self.body_pending = method in ("PUT", "POST") and bool(
-            self.headers.get("Content-Length", "0") != "0" or self.headers.get("Transfer-Encoding"))
+            self.headers.get("Content-Length", "0") != "0" or self.headers.get("Transfer-Encoding")
+        )
         target, _, query = self.path.partition("?")  # not urlsplit: it reads "//x/..." as a host
         self.query = parse_qs(query, keep_blank_values=True)
         path = unquote(target)
@@ -404,9 +420,12 @@ class _Handler(BaseHTTPRequestHandler):
             return f"Unsupported{method}Bucket", None
         if set(q) - {"x-id", "versionId"}:  # uploads, uploadId, partNumber, acl, tagging, ...
             return f"Unsupported{method}Object", None
-        return {"HEAD": ("HeadObject", self._get_object), "GET": ("GetObject", self._get_object),
-                "PUT": ("PutObject", self._put_object), "DELETE": ("DeleteObject", self._delete_object),
-                }.get(method, (f"Unsupported{method}Object", None))
+        return {
+            "HEAD": ("HeadObject", self._get_object),
+            "GET": ("GetObject", self._get_object),
+            "PUT": ("PutObject", self._put_object),
+            "DELETE": ("DeleteObject", self._delete_object),
+        }.get(method, (f"Unsupported{method}Object", None))
 
     # ---- responses ----------------------------------------------------------------------------
     def _wait_first_byte(self) -> None:
@@ -435,8 +454,10 @@ class _Handler(BaseHTTPRequestHandler):
     def _error(self, e: S3Error) -> None:
         fields = {"Resource": self.path.split("?", 1)[0], "RequestId": self.request_id, **e.fields}
         xml = "".join(f"<{k}>{escape(str(v))}</{k}>" for k, v in fields.items())
-        body = (f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{e.code}</Code>'
-                f"<Message>{escape(e.message)}</Message>{xml}</Error>").encode()
+        body = (
+            f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{e.code}</Code>'
+            f"<Message>{escape(e.message)}</Message>{xml}</Error>"
+        ).encode()
         self._send(e.status, body, e.headers)
 
     # ---- buckets ------------------------------------------------------------------------------
@@ -477,12 +498,18 @@ class _Handler(BaseHTTPRequestHandler):
         def text(tag: str, value: str, *, encode: bool = False) -> str:
             return f"<{tag}>{escape(quote(value, safe='/') if encode and url else value)}</{tag}>"
 
-        out = [f'<?xml version="1.0" encoding="UTF-8"?>\n<ListBucketResult xmlns="{_XMLNS}">',
-               text("Name", self.bucket), text("Prefix", prefix, encode=True)]
+        out = [
+            f'<?xml version="1.0" encoding="UTF-8"?>\n<ListBucketResult xmlns="{_XMLNS}">',
+            text("Name", self.bucket),
+            text("Prefix", prefix, encode=True),
+        ]
         if delimiter:
             out.append(text("Delimiter", delimiter, encode=True))
-        out += [text("MaxKeys", str(max_keys)), text("KeyCount", str(len(page))),
-                text("IsTruncated", "true" if truncated and page else "false")]
+        out += [
+            text("MaxKeys", str(max_keys)),
+            text("KeyCount", str(len(page))),
+            text("IsTruncated", "true" if truncated and page else "false"),
+        ]
         if url:
             out.append(text("EncodingType", "url"))
         if token is not None:
@@ -505,9 +532,11 @@ class _Handler(BaseHTTPRequestHandler):
             finally:
                 os.close(fd)
             modified = datetime.fromtimestamp(st.st_mtime, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3]
-            out.append(f"<Contents>{text('Key', name, encode=True)}<LastModified>{modified}Z</LastModified>"
-                       f"{text('ETag', etag)}<Size>{st.st_size}</Size><StorageClass>STANDARD</StorageClass>"
-                       "</Contents>")
+            out.append(
+                f"<Contents>{text('Key', name, encode=True)}<LastModified>{modified}Z</LastModified>"
+                f"{text('ETag', etag)}<Size>{st.st_size}</Size><StorageClass>STANDARD</StorageClass>"
+                "</Contents>"
+            )
         out.append("</ListBucketResult>")
         self._send(200, "".join(out).encode())
 
@@ -535,21 +564,34 @@ class _Handler(BaseHTTPRequestHandler):
     def _serve(self, fd: int, st: os.stat_result, real: str) -> None:
         size = st.st_size
         etag = self.srv.etag(real, fd, st)
-        headers = {"ETag": etag, "Last-Modified": formatdate(st.st_mtime, usegmt=True), "Accept-Ranges": "bytes",
-                   "Content-Type": "binary/octet-stream"}
+        headers = {
+            "ETag": etag,
+            "Last-Modified": formatdate(st.st_mtime, usegmt=True),
+            "Accept-Ranges": "bytes",
+            "Content-Type": "binary/octet-stream",
+        }
         if_match, if_none_match = self.headers.get("If-Match"), self.headers.get("If-None-Match")
         if if_match and not _etag_matches(if_match, etag):
-            raise S3Error(412, "PreconditionFailed", "At least one of the preconditions you specified did not hold.",
-                          Condition="If-Match")
+            raise S3Error(
+                412,
+                "PreconditionFailed",
+                "At least one of the preconditions you specified did not hold.",
+                Condition="If-Match",
+            )
         if if_none_match and _etag_matches(if_none_match, etag):
             self._start(304, {**headers, "Content-Length": 0})
             return
         try:
             byte_range = parse_range(self.headers.get("Range"), size)
         except RangeNotSatisfiable:
-            raise S3Error(416, "InvalidRange", "The requested range is not satisfiable.",
-                          headers={"Content-Range": f"bytes */{size}"},
-                          RangeRequested=self.headers.get("Range", ""), ActualObjectSize=str(size)) from None
+            raise S3Error(
+                416,
+                "InvalidRange",
+                "The requested range is not satisfiable.",
+                headers={"Content-Range": f"bytes */{size}"},
+                RangeRequested=self.headers.get("Range", ""),
+                ActualObjectSize=str(size),
+            ) from None
         if byte_range is None:
             first, length, status = 0, size, 200
         else:
@@ -567,7 +609,7 @@ class _Handler(BaseHTTPRequestHandler):
         view = memoryview(buf)
         start, sent = srv.clock(), 0
         while sent < length:
-            n = os.preadv(fd, [view[:min(len(buf), length - sent)]], offset + sent)
+            n = os.preadv(fd, [view[: min(len(buf), length - sent)]], offset + sent)
             if n <= 0:  # the file shrank under us: Content-Length cannot be kept
                 self.close_connection = True
                 return
@@ -587,20 +629,23 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.srv.object_path(self.bucket, self.key)
         self._existing_bucket()
         if self.key.endswith("/"):
-            raise S3Error(400, "InvalidArgument", "Folder markers (keys ending in '/') are not supported.",
-                          Key=self.key)
+            raise S3Error(
+                400, "InvalidArgument", "Folder markers (keys ending in '/') are not supported.", Key=self.key
+            )
         folder, name = os.path.split(path)
         try:
             os.makedirs(folder, exist_ok=True)
         except (FileExistsError, NotADirectoryError):
-            raise S3Error(409, "KeyConflict", "A parent of this key is an object here (a file).",
-                          Key=self.key) from None
+            raise S3Error(
+                409, "KeyConflict", "A parent of this key is an object here (a file).", Key=self.key
+            ) from None
         if os.path.isdir(path):
             raise S3Error(409, "KeyConflict", "This key is a prefix of other objects here (a folder).", Key=self.key)
         tmp = os.path.join(folder, f".{name}{_TMP_MARKER}{uuid.uuid4().hex}")
         md5, crc = hashlib.md5(usedforsecurity=False), 0
         try:
             with open(tmp, "xb") as f:
+
                 def sink(chunk: bytes) -> None:
                     nonlocal crc
                     f.write(chunk)
@@ -715,11 +760,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0: a free port (default)")
     parser.add_argument("--latency-ms", type=float, default=20.0, help="time to first byte (default 20)")
-    parser.add_argument("--bandwidth-MBps", type=float, default=200.0,
-                        help="per-connection bandwidth, 1 MB = 1e6 bytes; 0: unthrottled (default 200)")
+    parser.add_argument(
+        "--bandwidth-MBps",
+        type=float,
+        default=200.0,
+        help="per-connection bandwidth, 1 MB = 1e6 bytes; 0: unthrottled (default 200)",
+    )
     args = parser.parse_args(argv)
-    server = ObjectServer(args.root, latency_s=args.latency_ms / 1000, host=args.host, port=args.port,
-                          bandwidth_Bps=args.bandwidth_MBps * 1e6 if args.bandwidth_MBps > 0 else None)
+    server = ObjectServer(
+        args.root,
+        latency_s=args.latency_ms / 1000,
+        host=args.host,
+        port=args.port,
+        bandwidth_Bps=args.bandwidth_MBps * 1e6 if args.bandwidth_MBps > 0 else None,
+    )
     print(f"serving {server.root} at {server.endpoint_url} (Ctrl-C stops)", flush=True)
     try:
         while True:

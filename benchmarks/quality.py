@@ -75,8 +75,9 @@ def injected(episodes, z: float) -> dict:
             rng = np.random.default_rng([k, int(frac * 1000)])
             vel = js["velocity"].copy()
             rows = rng.choice(np.arange(2, len(vel) - 2), round(frac * len(vel)), replace=False)
-            vel[rows, rng.integers(0, vel.shape[1], len(rows))] += (
-                rng.choice([-1, 1], len(rows)) * rng.uniform(0.5, 2.0, len(rows)))
+            vel[rows, rng.integers(0, vel.shape[1], len(rows))] += rng.choice([-1, 1], len(rows)) * rng.uniform(
+                0.5, 2.0, len(rows)
+            )
             got.append(float(spike_rows({**js, "velocity": vel}, z)[0].mean()))
         out[frac] = (min(got), float(np.mean(got)), max(got))
     return out
@@ -96,11 +97,20 @@ def frame_figures(workdir: Path, n: int, width: int, height: int, duration) -> l
             for name, cam in sorted(raw.cameras.items()):
                 change = _frame_changes(cam)
                 live = np.delete(change, [i - 1 for i in frozen]) if name == gen.fault_detail.get("camera") else change
-                out.append({"episode": spec.episode_id, "task": spec.task, "camera": name, "fault": fault or "",
-                            "frames": cams[name]["frames"], "live_change_min": round(float(live.min()), 3),
-                            "live_change_p50": round(float(np.median(live)), 3),
-                            "frozen_injected": len(frozen) if name == gen.fault_detail.get("camera") else 0,
-                            "frozen_counted": cams[name]["frozen_frames"], "dark_counted": cams[name]["dark_frames"]})
+                out.append(
+                    {
+                        "episode": spec.episode_id,
+                        "task": spec.task,
+                        "camera": name,
+                        "fault": fault or "",
+                        "frames": cams[name]["frames"],
+                        "live_change_min": round(float(live.min()), 3),
+                        "live_change_p50": round(float(np.median(live)), 3),
+                        "frozen_injected": len(frozen) if name == gen.fault_detail.get("camera") else 0,
+                        "frozen_counted": cams[name]["frozen_frames"],
+                        "dark_counted": cams[name]["dark_frames"],
+                    }
+                )
         gen.path.unlink()
     return out
 
@@ -112,8 +122,9 @@ def _frame_changes(cam) -> np.ndarray:
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks quality", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks quality", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_size_flags(ap, quick="fewer episodes, 160x120 frames")
     args = ap.parse_args(argv)
     size_name = size_of(args)
@@ -126,32 +137,44 @@ def main(argv: list[str]) -> int:
     print(f"(a) clean spike_fraction, worst episode per task/model ({len(episodes)} episodes)")
     print(f"{'task/model':24s} {'eps':>4s} {'steps':>11s} " + " ".join(f"{'z=' + format(v, 'g'):>8s}" for v in zs))
     for key, r in clean.items():
-        print(f"{key:24s} {r['episodes']:4d} {r['steps'][0]:5d}-{r['steps'][1]:<5d} "
-              + " ".join(f"{r[f'z{v:g}']:8.4%}" for v in zs))
+        print(
+            f"{key:24s} {r['episodes']:4d} {r['steps'][0]:5d}-{r['steps'][1]:<5d} "
+            + " ".join(f"{r[f'z{v:g}']:8.4%}" for v in zs)
+        )
 
     inj = injected(episodes[: {"full": 20, "quick": 6, "tiny": 2}[size_name]], z)
     print(f"\n(b) injected velocity glitches -> measured spike_fraction (min / mean / max, z={z:g})")
     for frac, (lo, mean, hi) in inj.items():
         print(f"{frac:8.1%}  ->  {lo:7.2%} {mean:7.2%} {hi:7.2%}")
 
-    size, n, duration = {"full": ((640, 480), 4, (8.0, 12.0)), "quick": ((160, 120), 3, 4.0),
-                         "tiny": ((64, 48), 2, 2.0)}[size_name]
+    size, n, duration = {
+        "full": ((640, 480), 4, (8.0, 12.0)),
+        "quick": ((160, 120), 3, 4.0),
+        "tiny": ((64, 48), 2, 2.0),
+    }[size_name]
     with tempfile.TemporaryDirectory(prefix="dyna-quality-bench-") as tmp:
         frames = frame_figures(Path(tmp), n, *size, duration)
     print(f"\n(c) frames at {size[0]}x{size[1]}: live change (mean |dY|, 8-bit) and transcode counts")
-    print(f"{'episode':22s} {'camera':12s} {'fault':14s} {'frames':>6s} {'min':>6s} {'p50':>6s} "
-          f"{'frozen in/counted':>18s} {'dark':>5s}")
+    print(
+        f"{'episode':22s} {'camera':12s} {'fault':14s} {'frames':>6s} {'min':>6s} {'p50':>6s} "
+        f"{'frozen in/counted':>18s} {'dark':>5s}"
+    )
     for r in frames:
-        print(f"{r['episode']:22s} {r['camera']:12s} {r['fault']:14s} {r['frames']:6d} {r['live_change_min']:6.2f} "
-              f"{r['live_change_p50']:6.2f} {r['frozen_injected']:>9d}/{r['frozen_counted']:<8d} "
-              f"{r['dark_counted']:5d}")
+        print(
+            f"{r['episode']:22s} {r['camera']:12s} {r['fault']:14s} {r['frames']:6d} {r['live_change_min']:6.2f} "
+            f"{r['live_change_p50']:6.2f} {r['frozen_injected']:>9d}/{r['frozen_counted']:<8d} "
+            f"{r['dark_counted']:5d}"
+        )
 
     summary = {
-        "size": size_name, "spike_z": z, "clean_episodes": len(episodes),
+        "size": size_name,
+        "spike_z": z,
+        "clean_episodes": len(episodes),
         "clean_spike_fraction_max": max(r[f"z{z:g}"] for r in clean.values()),
         "clean_spike_fraction_max_at_half_z": max(r[f"z{z * 0.5:g}"] for r in clean.values()),
         "injected_to_measured": {str(k): v[1] for k, v in inj.items()},
-        "frame_size": list(size), "live_change_min": min(r["live_change_min"] for r in frames),
+        "frame_size": list(size),
+        "live_change_min": min(r["live_change_min"] for r in frames),
         "frozen_exact": all(r["frozen_injected"] == r["frozen_counted"] for r in frames),
         "seconds": round(time.perf_counter() - t0, 1),
     }

@@ -71,8 +71,14 @@ def crf_frontier(tmp: Path, g, settings: TranscodeSettings, workers: int) -> lis
     rows, sources = [], {}
     for c, out in zip(crfs, outs):
         o, j = quality(g, out, 10, sources)
-        rows.append({"crf": c, "size_ratio": out.stat().st_size / h5, "psnr_db": float(np.mean(o)),
-                     "psnr_jpeg_db": float(np.mean(j))})
+        rows.append(
+            {
+                "crf": c,
+                "size_ratio": out.stat().st_size / h5,
+                "psnr_db": float(np.mean(o)),
+                "psnr_jpeg_db": float(np.mean(j)),
+            }
+        )
     return rows
 
 
@@ -82,8 +88,11 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--workdir", default="")
     args = ap.parse_args(argv)
     size = size_of(args)
-    n_eps, dur, w, h, n_samples, every = {"full": (4, 40.0, 640, 480, 200, 10), "quick": (2, 24.0, 320, 240, 60, 15),
-                                          "tiny": (1, WINDOW_S + 1, 64, 48, 6, 30)}[size]
+    n_eps, dur, w, h, n_samples, every = {
+        "full": (4, 40.0, 640, 480, 200, 10),
+        "quick": (2, 24.0, 320, 240, 60, 15),
+        "tiny": (1, WINDOW_S + 1, 64, 48, 6, 30),
+    }[size]
     workers = os.cpu_count() or 1
     with tempfile.TemporaryDirectory(dir=args.workdir or None) as tmp:
         tmp = Path(tmp)
@@ -99,7 +108,7 @@ def main(argv: list[str]) -> int:
         with ProcessPoolExecutor(workers) as pool:
             reports = list(pool.map(transcode_episode, [g.path for g in gens], outs, [settings] * len(gens)))
         transcode_s = time.perf_counter() - t
-        for g, out in zip(gens, outs):
+        for _g, out in zip(gens, outs):
             with EpisodeReader(out) as r:
                 topics = list(r.topic_ids)
             pt, il = tmp / "per_topic" / out.name, tmp / "interleaved" / out.name
@@ -137,7 +146,7 @@ def main(argv: list[str]) -> int:
         order = list(layouts)
         for i, (e, start, end) in enumerate(samples):
             frame_times = [end + int(o * 1e9) for o in FRAME_OFFSETS_S]
-            for k in order[i % 3:] + order[: i % 3]:  # rotate which layout goes first
+            for k in order[i % 3 :] + order[: i % 3]:  # rotate which layout goes first
                 r = readers[k][e]
                 r.log.clear()
                 t = time.perf_counter()
@@ -149,7 +158,7 @@ def main(argv: list[str]) -> int:
                 s["local"].append(local)
                 s["remote"].append(local + remote_cost(r.log.fetches))
         decode_s = []
-        for e, start, end in samples[: max(10, n_samples // 5)]:
+        for e, _start, end in samples[: max(10, n_samples // 5)]:
             t = time.perf_counter()
             readers["grouped"][e].read_frames(None, [end + int(o * 1e9) for o in FRAME_OFFSETS_S])
             decode_s.append(time.perf_counter() - t)
@@ -160,41 +169,80 @@ def main(argv: list[str]) -> int:
     mean = {k: {m: float(np.mean(v)) for m, v in s.items()} for k, s in stats.items()}
     g, p = mean["grouped"], mean["per_topic"]
     result = {
-        "size": size, "episodes": n_eps, "seconds_per_episode": dur, "resolution": f"{w}x{h}", "cameras": 3, "samples": n_samples,
-        "h5_bytes": h5_bytes, "mcap_bytes": sizes["grouped"], "size_ratio": sizes["grouped"] / h5_bytes,
-        "mcap_bytes_per_topic": sizes["per_topic"], "mcap_bytes_interleaved": sizes["interleaved"],
-        "psnr_db": float(np.mean(ours)), "psnr_jpeg_db": float(np.mean(jpeg)), "psnr_frames": len(ours),
-        "fetches_grouped": g["fetches"], "fetches_per_topic": p["fetches"],
-        "fetches_interleaved": mean["interleaved"]["fetches"], "fetch_ratio": p["fetches"] / g["fetches"],
-        "bytes_grouped": g["bytes"], "bytes_per_topic": p["bytes"], "bytes_interleaved": mean["interleaved"]["bytes"],
-        "read_s_grouped": g["local"], "read_s_per_topic": p["local"], "read_s_interleaved": mean["interleaved"]["local"],
-        "remote_s_grouped": g["remote"], "remote_s_per_topic": p["remote"],
-        "remote_s_interleaved": mean["interleaved"]["remote"], "remote_speedup": p["remote"] / g["remote"],
+        "size": size,
+        "episodes": n_eps,
+        "seconds_per_episode": dur,
+        "resolution": f"{w}x{h}",
+        "cameras": 3,
+        "samples": n_samples,
+        "h5_bytes": h5_bytes,
+        "mcap_bytes": sizes["grouped"],
+        "size_ratio": sizes["grouped"] / h5_bytes,
+        "mcap_bytes_per_topic": sizes["per_topic"],
+        "mcap_bytes_interleaved": sizes["interleaved"],
+        "psnr_db": float(np.mean(ours)),
+        "psnr_jpeg_db": float(np.mean(jpeg)),
+        "psnr_frames": len(ours),
+        "fetches_grouped": g["fetches"],
+        "fetches_per_topic": p["fetches"],
+        "fetches_interleaved": mean["interleaved"]["fetches"],
+        "fetch_ratio": p["fetches"] / g["fetches"],
+        "bytes_grouped": g["bytes"],
+        "bytes_per_topic": p["bytes"],
+        "bytes_interleaved": mean["interleaved"]["bytes"],
+        "read_s_grouped": g["local"],
+        "read_s_per_topic": p["local"],
+        "read_s_interleaved": mean["interleaved"]["local"],
+        "remote_s_grouped": g["remote"],
+        "remote_s_per_topic": p["remote"],
+        "remote_s_interleaved": mean["interleaved"]["remote"],
+        "remote_speedup": p["remote"] / g["remote"],
         "remote_speedup_vs_interleaved": mean["interleaved"]["remote"] / g["remote"],
-        "decode_s_per_sample": float(np.mean(decode_s)), "open_requests": open_requests["grouped"],
-        "generate_s": gen_s, "transcode_s": transcode_s, "transcode_fps": frames_total / transcode_s,
-        "crf": settings.video.crf, "gop_frames": settings.video.gop_frames, "preset": settings.video.preset,
-        "crf_frontier": frontier, "workers": workers, "cost_model": {"first_byte_s": FIRST_BYTE_S, "bandwidth_Bps": BANDWIDTH_BPS},
+        "decode_s_per_sample": float(np.mean(decode_s)),
+        "open_requests": open_requests["grouped"],
+        "generate_s": gen_s,
+        "transcode_s": transcode_s,
+        "transcode_fps": frames_total / transcode_s,
+        "crf": settings.video.crf,
+        "gop_frames": settings.video.gop_frames,
+        "preset": settings.video.preset,
+        "crf_frontier": frontier,
+        "workers": workers,
+        "cost_model": {"first_byte_s": FIRST_BYTE_S, "bandwidth_Bps": BANDWIDTH_BPS},
     }
-    print(f"storage benchmark: {n_eps} episodes x {dur:.0f} s, {w}x{h}, 3 cameras @30 Hz, 6 proprio/action streams; "
-          f"libx264 crf {settings.video.crf:g} preset {settings.video.preset} GOP {settings.video.gop_frames}")
+    print(
+        f"storage benchmark: {n_eps} episodes x {dur:.0f} s, {w}x{h}, 3 cameras @30 Hz, 6 proprio/action streams; "
+        f"libx264 crf {settings.video.crf:g} preset {settings.video.preset} GOP {settings.video.gop_frames}"
+    )
     print(f"  bytes  HDF5+JPEG(q90) {h5_bytes / 1e6:9.1f} MB")
     for k in layouts:
         print(f"         MCAP {k:<12} {sizes[k] / 1e6:9.1f} MB   ratio {sizes[k] / h5_bytes:.3f}")
-    print(f"  PSNR vs raw frames ({len(ours)} frames): ours {result['psnr_db']:.2f} dB, JPEG q90 {result['psnr_jpeg_db']:.2f} dB")
+    print(
+        f"  PSNR vs raw frames ({len(ours)} frames): ours {result['psnr_db']:.2f} dB, JPEG q90 {result['psnr_jpeg_db']:.2f} dB"
+    )
     if frontier:
         print(f"  size/quality trade-off on {gens[0].spec.episode_id} (default crf {settings.video.crf:g}):")
         for row in frontier:
-            print(f"    crf {row['crf']:>4g}: ratio {row['size_ratio']:.3f}  PSNR {row['psnr_db']:.2f} dB "
-                  f"(JPEG {row['psnr_jpeg_db']:.2f}, {row['psnr_db'] - row['psnr_jpeg_db']:+.2f})")
-    print(f"  transcode: {frames_total} frames in {transcode_s:.1f} s on {workers} workers ({result['transcode_fps']:.0f} frames/s)")
-    print(f"\n  sample = {WINDOW_S:.0f} s of every stream + 2 frames per camera; {n_samples} samples, same for every layout")
+            print(
+                f"    crf {row['crf']:>4g}: ratio {row['size_ratio']:.3f}  PSNR {row['psnr_db']:.2f} dB "
+                f"(JPEG {row['psnr_jpeg_db']:.2f}, {row['psnr_db'] - row['psnr_jpeg_db']:+.2f})"
+            )
+    print(
+        f"  transcode: {frames_total} frames in {transcode_s:.1f} s on {workers} workers ({result['transcode_fps']:.0f} frames/s)"
+    )
+    print(
+        f"\n  sample = {WINDOW_S:.0f} s of every stream + 2 frames per camera; {n_samples} samples, same for every layout"
+    )
     print(f"  {'layout':<12}{'fetches':>9}{'KB':>10}{'local ms':>10}{'remote ms':>11}")
     for k in layouts:
         m = mean[k]
-        print(f"  {k:<12}{m['fetches']:>9.2f}{m['bytes'] / 1e3:>10.0f}{m['local'] * 1e3:>10.2f}{m['remote'] * 1e3:>11.1f}")
-    print(f"  fetch ratio per-topic/grouped {result['fetch_ratio']:.2f}x, remote speedup {result['remote_speedup']:.2f}x "
-          f"(vs interleaved {result['remote_speedup_vs_interleaved']:.2f}x)")
+        print(
+            f"  {k:<12}{m['fetches']:>9.2f}{m['bytes'] / 1e3:>10.0f}{m['local'] * 1e3:>10.2f}{m['remote'] * 1e3:>11.1f}"
+        )
+    print(
+        f"  fetch ratio per-topic/grouped {result['fetch_ratio']:.2f}x, remote speedup {result['remote_speedup']:.2f}x "
+        f"(vs interleaved {result['remote_speedup_vs_interleaved']:.2f}x)"
+    )
     print(f"  video decode per sample (all layouts alike): {result['decode_s_per_sample'] * 1e3:.0f} ms")
     print(json.dumps(result))
     return 0

@@ -67,8 +67,15 @@ def main(argv: list[str]) -> int:
         with ObjectServer(served, latency_s=0.01, bandwidth_Bps=200e6) as server:
             os.environ["DYNA_S3_ENDPOINT_URL"] = server.endpoint_url
             results = _run(tmp, manifest, server, steps, args.workers, checkpoint_every)
-    results.update(episodes=n_eps, episode_s=duration, resolution=f"{args.width}x{args.height}",
-                   workers=args.workers, cores=os.cpu_count(), size=size, quick=args.quick)
+    results.update(
+        episodes=n_eps,
+        episode_s=duration,
+        resolution=f"{args.width}x{args.height}",
+        workers=args.workers,
+        cores=os.cpu_count(),
+        size=size,
+        quick=args.quick,
+    )
     _table(results)
     print(json.dumps(results))
     return 0
@@ -82,10 +89,21 @@ def _fleet(tmp: Path, out: Path, n: int, duration_s: float, width: int, height: 
     print(f"generating and transcoding {n} episodes of {duration_s:g} s at {width}x{height} ...", flush=True)
     rows: dict[str, list] = {"episode_id": [], "uri": [], "start_ns": [], "end_ns": []}
     for i in range(n):
-        spec = EpisodeSpec(episode_id=f"ep-train-{i:03d}", seed=900 + i, task="pick_place", robot_id=f"arm-{i % 3}",
-                           robot_model="dyna-a1", robot_sw_version="4.2.1", site="bench", operator="op-1",
-                           success=True, started_at="2026-11-29T10:00:00Z", duration_s=duration_s, width=width,
-                           height=height)
+        spec = EpisodeSpec(
+            episode_id=f"ep-train-{i:03d}",
+            seed=900 + i,
+            task="pick_place",
+            robot_id=f"arm-{i % 3}",
+            robot_model="dyna-a1",
+            robot_sw_version="4.2.1",
+            site="bench",
+            operator="op-1",
+            success=True,
+            started_at="2026-11-29T10:00:00Z",
+            duration_s=duration_s,
+            width=width,
+            height=height,
+        )
         raw = tmp / f"ep{i}.h5"
         write_episode(spec, raw)
         path = out / f"ep{i:03d}.mcap"
@@ -102,8 +120,7 @@ def _fleet(tmp: Path, out: Path, n: int, duration_s: float, width: int, height: 
     return pa.table(rows)
 
 
-def _run(tmp: Path, manifest: pa.Table, server: ObjectServer, steps: int, workers: int,
-         checkpoint_every: int) -> dict:
+def _run(tmp: Path, manifest: pa.Table, server: ObjectServer, steps: int, workers: int, checkpoint_every: int) -> dict:
     from torch.utils.data import DataLoader
 
     from dyna_resources.catalog.manifest import write_manifest
@@ -123,15 +140,30 @@ def _run(tmp: Path, manifest: pa.Table, server: ObjectServer, steps: int, worker
     # The warm figures: the random-access loader, whose workers keep decoded frames across epochs (this
     # dataset fits in them). The GOP-aware loader (the trainer's default) decodes every epoch anew, as a
     # corpus larger than any cache must: its cold figures are `python -m benchmarks loader`.
-    cfg = TrainConfig(manifest=files.arrow, run_dir=str(tmp / "run"), steps=steps, workers=workers,
-                      cache_dir=cache_dir, checkpoint_every=checkpoint_every, log_every=10,
-                      checkpoint_store=f"s3://{BUCKET}/checkpoints", loader=LoaderConfig(kind="random"))
+    cfg = TrainConfig(
+        manifest=files.arrow,
+        run_dir=str(tmp / "run"),
+        steps=steps,
+        workers=workers,
+        cache_dir=cache_dir,
+        checkpoint_every=checkpoint_every,
+        log_every=10,
+        checkpoint_store=f"s3://{BUCKET}/checkpoints",
+        loader=LoaderConfig(kind="random"),
+    )
     # 1. the loader alone
     with PageCache(CacheConfig(root=cache_dir), Origins.from_env()) as cache:
-        ds = ManifestDataset(manifest, cfg.sample, batch_size=cfg.batch_size, seed=cfg.seed,
-                             open_file=CachedFileSystem(cache).open)
-        loader = DataLoader(ds, batch_size=None, num_workers=workers, worker_init_fn=worker_init_threads,
-                            prefetch_factor=cfg.prefetch if workers else None, persistent_workers=workers > 0)
+        ds = ManifestDataset(
+            manifest, cfg.sample, batch_size=cfg.batch_size, seed=cfg.seed, open_file=CachedFileSystem(cache).open
+        )
+        loader = DataLoader(
+            ds,
+            batch_size=None,
+            num_workers=workers,
+            worker_init_fn=worker_init_threads,
+            prefetch_factor=cfg.prefetch if workers else None,
+            persistent_workers=workers > 0,
+        )
         epochs = []
         for _ in range(3):
             t0, n = time.perf_counter(), 0
@@ -154,7 +186,9 @@ def _run(tmp: Path, manifest: pa.Table, server: ObjectServer, steps: int, worker
     total_s = [c["total_s"] for c in ck]
     step_rate = cfg.batch_size / statistics.median(summary["step_compute_s"])
     return {
-        "steps": summary["steps"], "batch_size": cfg.batch_size, "samples_per_epoch": len(manifest),
+        "steps": summary["steps"],
+        "batch_size": cfg.batch_size,
+        "samples_per_epoch": len(manifest),
         "samples_per_s": round(summary["samples_per_s"], 2),
         "step_samples_per_s": round(step_rate, 2),
         "loader_samples_per_s": round(statistics.mean(epochs[1:]), 2),
@@ -168,8 +202,10 @@ def _run(tmp: Path, manifest: pa.Table, server: ObjectServer, steps: int, worker
         "checkpoint_total_s": round(statistics.median(total_s), 4),
         "blocking_vs_write": round(statistics.median(blocking) / statistics.median(write_s), 3),
         "blocking_vs_total": round(statistics.median(blocking) / statistics.median(total_s), 3),
-        "checkpoints": len(ck), "loss_first": round(summary["loss_first"], 4),
-        "loss_last": round(summary["loss_last"], 4), "origin_mcap_bytes_while_training": mcap_origin_bytes,
+        "checkpoints": len(ck),
+        "loss_first": round(summary["loss_first"], 4),
+        "loss_last": round(summary["loss_last"], 4),
+        "origin_mcap_bytes_while_training": mcap_origin_bytes,
         "prewarm_s": round(report.seconds, 2),
     }
 

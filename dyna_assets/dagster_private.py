@@ -23,11 +23,24 @@ from dagster._core.definitions.assets.graph.asset_graph_subset import AssetGraph
 from dagster._core.definitions.events import AssetKeyPartitionKey
 from dagster._core.execution.backfill import BulkActionsFilter, BulkActionStatus, PartitionBackfill
 
-__all__ = ["BulkActionStatus", "FINISHED", "backfill_request", "backfills_in_flight", "record_backfill",
-           "requested_partitions"]
+__all__ = [
+    "BulkActionStatus",
+    "FINISHED",
+    "backfill_request",
+    "backfills_in_flight",
+    "record_backfill",
+    "requested_partitions",
+]
 
-FINISHED = frozenset({BulkActionStatus.COMPLETED, BulkActionStatus.COMPLETED_SUCCESS,
-                      BulkActionStatus.COMPLETED_FAILED, BulkActionStatus.FAILED, BulkActionStatus.CANCELED})
+FINISHED = frozenset(
+    {
+        BulkActionStatus.COMPLETED,
+        BulkActionStatus.COMPLETED_SUCCESS,
+        BulkActionStatus.COMPLETED_FAILED,
+        BulkActionStatus.FAILED,
+        BulkActionStatus.CANCELED,
+    }
+)
 
 
 def backfill_request(pairs: Iterable[tuple[AssetKey, str]], asset_graph, tags: Mapping[str, str]) -> RunRequest:
@@ -53,6 +66,15 @@ def backfills_in_flight(instance: DagsterInstance, tag: str) -> list:
 
 def record_backfill(instance: DagsterInstance, request: RunRequest, backfill_id: str) -> None:
     """Record ``request``'s backfill as in flight, as the sensor daemon does when it takes the request."""
-    instance.add_backfill(PartitionBackfill.from_asset_graph_subset(
-        backfill_id=backfill_id, backfill_timestamp=0.0, tags=request.tags, dynamic_partitions_store=instance,
-        asset_graph_subset=request.asset_graph_subset, title=None, description=None, run_config=None))
+    instance.add_backfill(
+        PartitionBackfill.from_asset_graph_subset(
+            backfill_id=backfill_id,
+            backfill_timestamp=0.0,
+            tags=request.tags,
+            dynamic_partitions_store=instance,
+            asset_graph_subset=request.asset_graph_subset,
+            title=None,
+            description=None,
+            run_config=None,
+        )
+    )

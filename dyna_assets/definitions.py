@@ -16,15 +16,33 @@ from .warehouse.assets import warehouse_episodes
 from .warehouse.review import review_pool
 from .warehouse.sensors import warehouse_sync_sensor
 
+
 def build_definitions(environ=None) -> Definitions:
     """The project's graph with the resources of the deployment ``environ`` (default: this process's
     environment) names: what the webserver and the daemon load."""
     return Definitions(
-        assets=[raw_episodes, mcap_episodes, step_ladders, warehouse_episodes, manifests, datasets, cache_sets,
-                mcap_replica, checkpoints, evaluations, released_models, review_pool],
+        assets=[
+            raw_episodes,
+            mcap_episodes,
+            step_ladders,
+            warehouse_episodes,
+            manifests,
+            datasets,
+            cache_sets,
+            mcap_replica,
+            checkpoints,
+            evaluations,
+            released_models,
+            review_pool,
+        ],
         asset_checks=[mcaps_present],
-        sensors=[landing_sensor, version_drift_sensor, warehouse_sync_sensor, curation_spec_sensor,
-                 manifest_prewarm_sensor],
+        sensors=[
+            landing_sensor,
+            version_drift_sensor,
+            warehouse_sync_sensor,
+            curation_spec_sensor,
+            manifest_prewarm_sensor,
+        ],
         resources=resources(environ),  # embedded defaults, or production by DYNA_ENV (dyna_assets/deployment.py)
         executor=executor(environ),  # production: one Kubernetes pod per step
     )

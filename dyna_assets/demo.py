@@ -18,10 +18,10 @@ from dagster import DagsterInstance, materialize
 
 from dyna_resources.episodes.sim import generate_fleet
 from dyna_resources.episodes.sim.fleet import arrival_folder
-from dyna_resources.resources import IngestResource
 from dyna_resources.home import DynaHome
 from dyna_resources.ingest.batches import batch_summary
 from dyna_resources.ingest.ray_units import ray_cluster
+from dyna_resources.resources import IngestResource
 
 from .definitions import defs
 from .ingest.local import check_mcaps_present, ingest_landed, reprocess_stale
@@ -66,15 +66,25 @@ def main(argv: list[str] | None = None) -> int:
     ensure_instance_config(Path(os.environ["DAGSTER_HOME"]))
 
     if not any(home.landing.rglob("*.h5")):
-        print(f"landing {args.episodes} sample episodes in {home.landing} "
-              f"(faults: {', '.join(FAULTS)}) ...", flush=True)
+        print(
+            f"landing {args.episodes} sample episodes in {home.landing} (faults: {', '.join(FAULTS)}) ...", flush=True
+        )
         # in a time-named folder, as uploaders do: later drops (`dyna generate`) sort after it, past the cursor
-        generate_fleet(home.landing / arrival_folder(), args.episodes, seed=args.seed, width=args.width,
-                       height=args.height, duration_s=(6.0, 12.0), faults=FAULTS, workers=os.cpu_count() or 1,
-                       mark_complete=True)
+        generate_fleet(
+            home.landing / arrival_folder(),
+            args.episodes,
+            seed=args.seed,
+            width=args.width,
+            height=args.height,
+            duration_s=(6.0, 12.0),
+            faults=FAULTS,
+            workers=os.cpu_count() or 1,
+            mark_complete=True,
+        )
     landed = sum(p.stat().st_size for p in home.landing.rglob("*.h5"))
-    ingest = IngestResource(home=defs.resources["home"], target_batch_bytes=max(1, landed // args.batches),
-                            max_wait_s=0)
+    ingest = IngestResource(
+        home=defs.resources["home"], target_batch_bytes=max(1, landed // args.batches), max_wait_s=0
+    )
     resources = {**defs.resources, "ingest": ingest}
 
     instance = DagsterInstance.get()
@@ -82,10 +92,14 @@ def main(argv: list[str] | None = None) -> int:
     # One local Ray cluster for every ingest run (each run would otherwise start its own): the runs'
     # work units are its tasks. $RAY_ADDRESS points the demo at a running cluster instead.
     with ray_cluster(num_cpus=os.cpu_count() or 1) as cluster:
-        print(f"work units run on Ray: {'a local cluster' if cluster.started_here else cluster.address}, "
-              f"{cluster.resources.get('CPU', 0):g} CPUs", flush=True)
-        results = ingest_landed(instance, defs, cursor_file=home.root / "landing_sensor.cursor",
-                                resources=resources, run_config=quiet)
+        print(
+            f"work units run on Ray: {'a local cluster' if cluster.started_here else cluster.address}, "
+            f"{cluster.resources.get('CPU', 0):g} CPUs",
+            flush=True,
+        )
+        results = ingest_landed(
+            instance, defs, cursor_file=home.root / "landing_sensor.cursor", resources=resources, run_config=quiet
+        )
         redone = reprocess_stale(instance, defs, resources=resources, run_config=quiet)  # after a version bump
     if redone:
         print(f"re-transcoded {len(redone)} batch(es) written by an older pipeline version", flush=True)
@@ -93,11 +107,19 @@ def main(argv: list[str] | None = None) -> int:
     partitions = [p.key for p in ingest.stores().registry.sealed_partitions_after(0)]
     present = check_mcaps_present(instance, defs, partitions, resources=resources, run_config=quiet)
     checked = [ev for r in present for ev in r.get_asset_check_evaluations()]
-    print(f"mcaps_present: {sum(ev.passed for ev in checked)} of {len(partitions)} ingest partitions have every "
-          f"MCAP in its store as recorded", flush=True)
+    print(
+        f"mcaps_present: {sum(ev.passed for ev in checked)} of {len(partitions)} ingest partitions have every "
+        f"MCAP in its store as recorded",
+        flush=True,
+    )
     results += present
-    warehouse = materialize([defs.get_assets_def("warehouse_episodes")], instance=instance, resources=resources,
-                            run_config=quiet, raise_on_error=False)
+    warehouse = materialize(
+        [defs.get_assets_def("warehouse_episodes")],
+        instance=instance,
+        resources=resources,
+        run_config=quiet,
+        raise_on_error=False,
+    )
     results.append(warehouse)
     spec = home.curation / "demo-clean.yaml"
     if not spec.exists():
@@ -110,33 +132,80 @@ def main(argv: list[str] | None = None) -> int:
     if not steps_spec.exists():
         steps_spec.write_text(STEPS_SPEC)
     instance.add_dynamic_partitions("curation_specs", [spec.stem, steps_spec.stem])
-    manifest = materialize([defs.get_assets_def("manifests")], instance=instance, resources=resources,
-                           partition_key=spec.stem, run_config=quiet, raise_on_error=False)
-    grasps = materialize([defs.get_assets_def("manifests")], instance=instance, resources=resources,
-                         partition_key=steps_spec.stem, run_config=quiet, raise_on_error=False)
+    manifest = materialize(
+        [defs.get_assets_def("manifests")],
+        instance=instance,
+        resources=resources,
+        partition_key=spec.stem,
+        run_config=quiet,
+        raise_on_error=False,
+    )
+    grasps = materialize(
+        [defs.get_assets_def("manifests")],
+        instance=instance,
+        resources=resources,
+        partition_key=steps_spec.stem,
+        run_config=quiet,
+        raise_on_error=False,
+    )
     results += [manifest, grasps]
     warmed = replica = None
     if manifest.success:  # what the prewarm sensor does when the manifest's DataVersion changes
-        warmed = materialize([defs.get_assets_def("cache_sets")], instance=instance, resources=resources,
-                             partition_key=spec.stem, run_config=quiet, raise_on_error=False)
-        replica = materialize([defs.get_assets_def("mcap_replica")], instance=instance, resources=resources,
-                              partition_key=spec.stem, run_config=quiet, raise_on_error=False)
+        warmed = materialize(
+            [defs.get_assets_def("cache_sets")],
+            instance=instance,
+            resources=resources,
+            partition_key=spec.stem,
+            run_config=quiet,
+            raise_on_error=False,
+        )
+        replica = materialize(
+            [defs.get_assets_def("mcap_replica")],
+            instance=instance,
+            resources=resources,
+            partition_key=spec.stem,
+            run_config=quiet,
+            raise_on_error=False,
+        )
         results += [warmed, replica]
     trained = None
     if warmed is not None and warmed.success:  # the first checkpoints of a model trained on that cache set
-        trained = materialize([defs.get_assets_def("checkpoints")], instance=instance, resources=resources,
-                              partition_key=spec.stem, run_config=quiet, raise_on_error=False)
+        trained = materialize(
+            [defs.get_assets_def("checkpoints")],
+            instance=instance,
+            resources=resources,
+            partition_key=spec.stem,
+            run_config=quiet,
+            raise_on_error=False,
+        )
         results.append(trained)
     later = {}
     if manifest.success:
-        later["datasets"] = materialize([defs.get_assets_def("datasets")], instance=instance, resources=resources,
-                                        partition_key=spec.stem, run_config=quiet, raise_on_error=False)
+        later["datasets"] = materialize(
+            [defs.get_assets_def("datasets")],
+            instance=instance,
+            resources=resources,
+            partition_key=spec.stem,
+            run_config=quiet,
+            raise_on_error=False,
+        )
     if trained is not None and trained.success:  # evaluate the checkpoint, then release its weights
         for name in ("evaluations", "released_models"):
-            later[name] = materialize([defs.get_assets_def(name)], instance=instance, resources=resources,
-                                      partition_key=spec.stem, run_config=quiet, raise_on_error=False)
-    later["review_pool"] = materialize([defs.get_assets_def("review_pool")], instance=instance, resources=resources,
-                                       run_config=quiet, raise_on_error=False)
+            later[name] = materialize(
+                [defs.get_assets_def(name)],
+                instance=instance,
+                resources=resources,
+                partition_key=spec.stem,
+                run_config=quiet,
+                raise_on_error=False,
+            )
+    later["review_pool"] = materialize(
+        [defs.get_assets_def("review_pool")],
+        instance=instance,
+        resources=resources,
+        run_config=quiet,
+        raise_on_error=False,
+    )
     results += list(later.values())
     failed = [r for r in results if not r.success]
     files = print_summary(home, ingest, results)
@@ -174,8 +243,10 @@ def print_manifest(home: DynaHome, spec: Path, result) -> None:
     node_copy = local_copy(md["arrow"], home.node_cache)  # what local rank 0 of each node does
     table = open_manifest(node_copy)
     slices = [rank_slice(table, r, 4).num_rows for r in range(4)]
-    print(f"manifest from {spec.name}: {md['rows']} segments of {md['episodes']} episodes "
-          f"({md['segment_hours'] * 60:.1f} segment-minutes), sha256 {md['sha256'][:12]}…")
+    print(
+        f"manifest from {spec.name}: {md['rows']} segments of {md['episodes']} episodes "
+        f"({md['segment_hours'] * 60:.1f} segment-minutes), sha256 {md['sha256'][:12]}…"
+    )
     print(f"  Parquet {md['parquet']}\n  Arrow IPC {md['arrow']}")
     print(f"  node copy {node_copy} (checksum verified); 4 ranks mmap it and take {slices} rows, zero-copy")
     print(f"  by task: {md['by_task']}")
@@ -196,45 +267,68 @@ def print_ladders(home: DynaHome, ingest: IngestResource, ladders) -> None:
     mark = {"success": "ok", "failure": "FAILED", "done": "", "incomplete": "incomplete", "after_failure": "-"}
     for e in rows:
         steps = json.loads(e["step_ladder"])
-        line = " > ".join(f"{s['name']} {s['duration_s']:.1f}s{(' ' + mark[s['outcome']]) if mark[s['outcome']] else ''}"
-                          f"{(' (' + s['failure_mode'] + ')') if s['failure_mode'] else ''}" for s in steps)
+        line = " > ".join(
+            f"{s['name']} {s['duration_s']:.1f}s{(' ' + mark[s['outcome']]) if mark[s['outcome']] else ''}"
+            f"{(' (' + s['failure_mode'] + ')') if s['failure_mode'] else ''}"
+            for s in steps
+        )
         print(f"  {e['episode_id']:<20}{e['task']:<12} {line}")
     drawn = [e for e in rows if e["failed_step"]][:1] + [e for e in rows if not e["failed_step"]][:1]
     out = home.root / "ladders"
     out.mkdir(exist_ok=True)
     for e in drawn:
         steps, streams = ladder_episode(e["mcap_uri"], e["task"], config)
-        (out / f"{e['episode_id']}.png").write_bytes(ladder_png(steps, signals_of(streams, config), config,
-                                                                 title=f"{e['episode_id']}  ({e['task']})"))
+        (out / f"{e['episode_id']}.png").write_bytes(
+            ladder_png(steps, signals_of(streams, config), config, title=f"{e['episode_id']}  ({e['task']})")
+        )
     if drawn:
-        print(f"  pictures: {out}/*.png (and per partition in the UI: step_ladders -> a partition -> metadata 'ladders')")
+        print(
+            f"  pictures: {out}/*.png (and per partition in the UI: step_ladders -> a partition -> metadata 'ladders')"
+        )
     print("=" * 86)
 
 
 def print_cache(partition: str, warmed, replica) -> None:
     c = {k: getattr(v, "value", v) for k, v in warmed.asset_materializations_for_node("cache_sets")[0].metadata.items()}
-    r = {k: getattr(v, "value", v) for k, v in replica.asset_materializations_for_node("mcap_replica")[0].metadata.items()}
+    r = {
+        k: getattr(v, "value", v)
+        for k, v in replica.asset_materializations_for_node("mcap_replica")[0].metadata.items()
+    }
     mib = 1 << 20
-    print(f"cache set {partition}: working set {c['working_set_bytes'] / mib:.1f} MiB of {c['files']} MCAP files in "
-          f"{c['pages']} pages; fetched {c['fetched_pages']} ({c['fetched_bytes'] / mib:.1f} MiB), "
-          f"{c['already_warm_pages']} already warm, {c['seconds']:.2f} s")
-    print(f"  node page cache {c['cache_dir']}  (training reads dynacache:: URLs; misses and a broken cache go to "
-          f"the origin)")
-    print(f"  second origin {r['replica']}: {r['copied']} copied, {r['skipped_current']} already current, "
-          f"{r['bytes_copied'] / mib:.1f} MiB, each verified by sha256")
+    print(
+        f"cache set {partition}: working set {c['working_set_bytes'] / mib:.1f} MiB of {c['files']} MCAP files in "
+        f"{c['pages']} pages; fetched {c['fetched_pages']} ({c['fetched_bytes'] / mib:.1f} MiB), "
+        f"{c['already_warm_pages']} already warm, {c['seconds']:.2f} s"
+    )
+    print(
+        f"  node page cache {c['cache_dir']}  (training reads dynacache:: URLs; misses and a broken cache go to "
+        f"the origin)"
+    )
+    print(
+        f"  second origin {r['replica']}: {r['copied']} copied, {r['skipped_current']} already current, "
+        f"{r['bytes_copied'] / mib:.1f} MiB, each verified by sha256"
+    )
     print("=" * 86)
 
 
 def print_training(partition: str, trained) -> None:
-    m = {k: getattr(v, "value", v) for k, v in trained.asset_materializations_for_node("checkpoints")[0].metadata.items()}
-    print(f"checkpoints {partition}: {m['steps']} steps, loss {m['loss_first']:.3f} -> {m['loss_last']:.3f}, "
-          f"{m['samples_per_s']:.1f} samples/s, data wait {m['data_wait_fraction']:.1%}, optimizer {m['optimizer_mode']}")
+    m = {
+        k: getattr(v, "value", v) for k, v in trained.asset_materializations_for_node("checkpoints")[0].metadata.items()
+    }
+    print(
+        f"checkpoints {partition}: {m['steps']} steps, loss {m['loss_first']:.3f} -> {m['loss_last']:.3f}, "
+        f"{m['samples_per_s']:.1f} samples/s, data wait {m['data_wait_fraction']:.1%}, optimizer {m['optimizer_mode']}"
+    )
     if "loader" in m:
-        print(f"  loader {m['loader']}: {m['samples_per_epoch']} samples per epoch, "
-              f"{m['decodes_per_frame']:.2f} frames decoded per frame delivered, first-epoch data wait "
-              f"{m['data_wait_first_epoch']:.1%}, {m['skipped_samples']} samples skipped")
-    print(f"  {m['checkpoints_dir']}  (async, sharded; each COMPLETE.json records the manifest, versions and commit "
-          f"{m['lineage'].get('code_commit', '?')[:12]})")
+        print(
+            f"  loader {m['loader']}: {m['samples_per_epoch']} samples per epoch, "
+            f"{m['decodes_per_frame']:.2f} frames decoded per frame delivered, first-epoch data wait "
+            f"{m['data_wait_first_epoch']:.1%}, {m['skipped_samples']} samples skipped"
+        )
+    print(
+        f"  {m['checkpoints_dir']}  (async, sharded; each COMPLETE.json records the manifest, versions and commit "
+        f"{m['lineage'].get('code_commit', '?')[:12]})"
+    )
     print("=" * 86)
 
 
@@ -247,14 +341,20 @@ def print_flywheel(results: dict) -> None:
 
     d, e, rel, pool = md("datasets"), md("evaluations"), md("released_models"), md("review_pool")
     if d and d.get("dataset"):
-        print(f"dataset {d['dataset']}: {d['rows']} segments, {d['episodes']} episodes, manifest {d['sha256'][:12]}… "
-              f"(immutable; training can name it instead of a path)")
+        print(
+            f"dataset {d['dataset']}: {d['rows']} segments, {d['episodes']} episodes, manifest {d['sha256'][:12]}… "
+            f"(immutable; training can name it instead of a path)"
+        )
     if e:
-        print(f"evaluation of step {e['checkpoint_step']}: action MSE {e['action_mse']:.4f}, latent MSE "
-              f"{e['latent_mse']:.4f} ({e.get('note', 'held-out manifest')})")
+        print(
+            f"evaluation of step {e['checkpoint_step']}: action MSE {e['action_mse']:.4f}, latent MSE "
+            f"{e['latent_mse']:.4f} ({e.get('note', 'held-out manifest')})"
+        )
     if rel:
-        print(f"released model {rel['url']} (sha256 {rel['sha256'][:12]}…, "
-              f"{'already released' if rel['already_released'] else 'new'})")
+        print(
+            f"released model {rel['url']} (sha256 {rel['sha256'][:12]}…, "
+            f"{'already released' if rel['already_released'] else 'new'})"
+        )
     if pool:
         print(f"review pool: {pool['episodes']} episode(s) waiting (dyna review list / dyna review set …)")
     print("=" * 86)
@@ -265,7 +365,8 @@ def print_warehouse(warehouse) -> None:
         rows = wh.con.execute(
             "SELECT task, count(*) AS episodes, round(sum(duration_s) / 60, 2) AS minutes, "
             "count(*) FILTER (WHERE camera_dead OR camera_dropped) AS flagged "
-            "FROM episodes WHERE status = 'transcoded' GROUP BY task ORDER BY task").fetchall()
+            "FROM episodes WHERE status = 'transcoded' GROUP BY task ORDER BY task"
+        ).fetchall()
         total = wh.count()
     print(f"warehouse (DuckDB, synced from the registry by CDC): {wh.path}, {total} rows")
     print(f"  {'task':<14}{'episodes':>9}{'minutes':>9}{'flagged':>9}")
@@ -283,29 +384,38 @@ def print_summary(home: DynaHome, ingest: IngestResource, results) -> list[Path]
     print(f"DAGSTER_HOME={os.environ['DAGSTER_HOME']}   registry: {registry.describe()}")
     print(f"runs this time: {len(results)} ({sum(r.success for r in results)} succeeded)")
     units = registry.batches_after(0)
-    print(f"\n{'ingest partition / work unit':<30}{'files':>6}{'episodes':>9}{'minutes':>8}{'MB in':>8}{'MB out':>8}"
-          f"{'ratio':>7}{'quarantined':>12}")
+    print(
+        f"\n{'ingest partition / work unit':<30}{'files':>6}{'episodes':>9}{'minutes':>8}{'MB in':>8}{'MB out':>8}"
+        f"{'ratio':>7}{'quarantined':>12}"
+    )
     for partition in registry.sealed_partitions_after(0):
         mine = [u.key for u in units if u.partition_key == partition.key]
         for label, keys in [(f"{partition.key} ({len(mine)} units)", mine)] + [(f"  {k}", [k]) for k in mine]:
             s = batch_summary(keys, registry)
-            print(f"{label:<30}{s['files']:>6}{s['episodes']:>9}{s['hours'] * 60:>8.1f}{s['bytes_in'] / 1e6:>8.1f}"
-                  f"{s['bytes_out'] / 1e6:>8.1f}{s['compression_ratio']:>7.3f}{s['quarantined']:>12}")
+            print(
+                f"{label:<30}{s['files']:>6}{s['episodes']:>9}{s['hours'] * 60:>8.1f}{s['bytes_in'] / 1e6:>8.1f}"
+                f"{s['bytes_out'] / 1e6:>8.1f}{s['compression_ratio']:>7.3f}{s['quarantined']:>12}"
+            )
     for r in results:
         for ev in r.get_asset_check_evaluations():
             if not ev.passed:
-                print(f"  check {ev.asset_key.to_user_string()}:{ev.check_name} [{ev.severity.value}] "
-                      f"partition {r.dagster_run.tags.get('dagster/partition')}: {ev.description}")
+                print(
+                    f"  check {ev.asset_key.to_user_string()}:{ev.check_name} [{ev.severity.value}] "
+                    f"partition {r.dagster_run.tags.get('dagster/partition')}: {ev.description}"
+                )
     print()
     eps = registry.episodes()
     print(f"{'episode':<22}{'status':<12}{'task':<14}{'robot':<10}{'sec':>6}{'MB':>7}  quality, flags")
     for e in eps:
         reasons = [r["check"] for r in json.loads(e["quality_reasons"] or "[]")]
-        flags = [k for k in ("camera_dropped", "camera_dead") if e[k]] + ([f"{e['quality_verdict']}: {', '.join(reasons)}"]
-                                                                        if reasons else [])
+        flags = [k for k in ("camera_dropped", "camera_dead") if e[k]] + (
+            [f"{e['quality_verdict']}: {', '.join(reasons)}"] if reasons else []
+        )
         mb = f"{e['mcap_bytes'] / 1e6:>7.2f}" if e["mcap_bytes"] else f"{'-':>7}"
-        print(f"{e['episode_id']:<22}{e['status']:<12}{e['task']:<14}{e['robot_id']:<10}{e['duration_s']:>6.1f}{mb}  "
-              f"{', '.join(flags) or 'ok'}  (pipeline {e['pipeline_version'] or '-'})")
+        print(
+            f"{e['episode_id']:<22}{e['status']:<12}{e['task']:<14}{e['robot_id']:<10}{e['duration_s']:>6.1f}{mb}  "
+            f"{', '.join(flags) or 'ok'}  (pipeline {e['pipeline_version'] or '-'})"
+        )
     for q in registry.quarantined():
         where = f" [{q['stream']}]" if q.get("stream") else ""
         print(f"quarantined {q['source_path']} at {q['stage']}/{q['gate']}{where}: {q['reason'][:80]}")
@@ -313,8 +423,10 @@ def print_summary(home: DynaHome, ingest: IngestResource, results) -> list[Path]
     if files:
         with EpisodeReader(files[0]) as r:
             m = r.metadata()
-        print(f"\nstamps on {files[0].name}: schema {m['schema_version']}, pipeline {m['pipeline_version']}, "
-              f"robot software {m.get('robot_sw_version', '-')}, source sha256 {m['source_sha256'][:12]}…")
+        print(
+            f"\nstamps on {files[0].name}: schema {m['schema_version']}, pipeline {m['pipeline_version']}, "
+            f"robot software {m.get('robot_sw_version', '-')}, source sha256 {m['source_sha256'][:12]}…"
+        )
     return files
 
 
@@ -333,7 +445,9 @@ def print_howto(home: DynaHome, files: list[Path]) -> None:
     print("                per-partition metadata and progress in the run log, step_ladders")
     print("                with a ladder picture per sampled episode; the landing")
     print("                sensor picks up new files dropped into the landing zone, the drift sensor")
-    print("                backfills only stale partitions after PIPELINE_VERSION changes (dyna_resources/versions.py);")
+    print(
+        "                backfills only stale partitions after PIPELINE_VERSION changes (dyna_resources/versions.py);"
+    )
     print("                manifests -> cache_sets: the prewarm sensor warms a manifest's pages when its")
     print("                DataVersion changes; mcap_replica copies its files to the second origin;")
     print("                checkpoints trains on it (torchrun through Dagster Pipes, metrics in the run log)")

@@ -22,8 +22,17 @@ from dagster_ray import Lifecycle
 
 from dyna_resources.home import DEFAULT_ROOT
 from dyna_resources.ingest.tick import LandingSettings
-from dyna_resources.resources import (CacheResource, GatesResource, HomeResource, IngestResource, LadderResource,
-                                      ReplicaResource, TrainerResource, TranscodeResource, WarehouseResource)
+from dyna_resources.resources import (
+    CacheResource,
+    GatesResource,
+    HomeResource,
+    IngestResource,
+    LadderResource,
+    ReplicaResource,
+    TrainerResource,
+    TranscodeResource,
+    WarehouseResource,
+)
 from dyna_resources.storage.alluxio import ENV_PREFIX as ALLUXIO_ENV_PREFIX
 
 from .ray import EmbeddedRay
@@ -37,7 +46,8 @@ PRODUCTION_SETTINGS = {
     "DYNA_CHECKPOINT_STORE": "where checkpoints are uploaded: gs://bucket/checkpoints",
 }
 # Optional in production: DYNA_LANDING_URL (gs:// or s3:// landing zone), DYNA_MCAP_STORE (where MCAPs are
-# published), DYNA_SCRATCH_DIR (node-local scratch for staging and writing), DYNA_RAY_NAMESPACE / _WORKER_CPUS / _WORKER_MEMORY / _MAX_WORKERS (the KubeRay
+# published), DYNA_SCRATCH_DIR (node-local scratch for staging and writing), DYNA_RAY_NAMESPACE / _WORKER_CPUS
+# / _WORKER_MEMORY / _MAX_WORKERS (the KubeRay
 # cluster of the ingest steps), DYNA_REPLICA_STORE + DYNA_S3_ENDPOINT_URL (second origin), DYNA_ORIGIN_ROUTES,
 # DYNA_CACHE_CAPACITY_GB / _PAGE_MB / _TTL_S, DYNA_ALLUXIO_* (cluster cache), GOOGLE_APPLICATION_CREDENTIALS.
 
@@ -63,15 +73,35 @@ def production_ray(env: Mapping[str, str]):
     from dagster_ray.kuberay import KubeRayInteractiveJob, RayClusterSpec
 
     cpus, memory = env.get("DYNA_RAY_WORKER_CPUS", "16"), env.get("DYNA_RAY_WORKER_MEMORY", "64Gi")
-    worker = {"groupName": "ingest", "replicas": 0, "minReplicas": 0,
-              "maxReplicas": int(env.get("DYNA_RAY_MAX_WORKERS", "64")), "rayStartParams": {},
-              "template": {"spec": {"containers": [{"name": "worker", "resources": {
-                  "requests": {"cpu": cpus, "memory": memory}, "limits": {"cpu": cpus, "memory": memory}}}]}}}
+    worker = {
+        "groupName": "ingest",
+        "replicas": 0,
+        "minReplicas": 0,
+        "maxReplicas": int(env.get("DYNA_RAY_MAX_WORKERS", "64")),
+        "rayStartParams": {},
+        "template": {
+            "spec": {
+                "containers": [
+                    {
+                        "name": "worker",
+                        "resources": {
+                            "requests": {"cpu": cpus, "memory": memory},
+                            "limits": {"cpu": cpus, "memory": memory},
+                        },
+                    }
+                ]
+            }
+        },
+    }
     spec = RayClusterSpec(enable_in_tree_autoscaling=True, ray_version="2.60.0", worker_group_specs=[worker])
     return KubeRayInteractiveJob(
-        ray_job={"metadata": {"namespace": env.get("DYNA_RAY_NAMESPACE", "dyna")},
-                 "spec": {"ray_cluster_spec": spec.model_dump(), "active_deadline_seconds": 24 * 3600}},
-        timeout=900.0, lifecycle=Lifecycle(connect=False))
+        ray_job={
+            "metadata": {"namespace": env.get("DYNA_RAY_NAMESPACE", "dyna")},
+            "spec": {"ray_cluster_spec": spec.model_dump(), "active_deadline_seconds": 24 * 3600},
+        },
+        timeout=900.0,
+        lifecycle=Lifecycle(connect=False),
+    )
 
 
 def _environ(environ: Mapping[str, str] | None) -> Mapping[str, str]:
@@ -80,11 +110,16 @@ def _environ(environ: Mapping[str, str] | None) -> Mapping[str, str]:
 
 def _cache_settings(env: Mapping[str, str]) -> dict:
     """The page cache's optional settings (both modes): size, pages, TTL, other origins, Alluxio."""
-    settings: dict = {"origin_routes": env.get("DYNA_ORIGIN_ROUTES", ""),
-                      "s3_endpoint_url": env.get("DYNA_S3_ENDPOINT_URL", ""),
-                      "alluxio": {k: v for k, v in env.items() if k.startswith(ALLUXIO_ENV_PREFIX)}}
-    for field, name in (("capacity_gb", "DYNA_CACHE_CAPACITY_GB"), ("page_mb", "DYNA_CACHE_PAGE_MB"),
-                        ("ttl_s", "DYNA_CACHE_TTL_S")):
+    settings: dict = {
+        "origin_routes": env.get("DYNA_ORIGIN_ROUTES", ""),
+        "s3_endpoint_url": env.get("DYNA_S3_ENDPOINT_URL", ""),
+        "alluxio": {k: v for k, v in env.items() if k.startswith(ALLUXIO_ENV_PREFIX)},
+    }
+    for field, name in (
+        ("capacity_gb", "DYNA_CACHE_CAPACITY_GB"),
+        ("page_mb", "DYNA_CACHE_PAGE_MB"),
+        ("ttl_s", "DYNA_CACHE_TTL_S"),
+    ):
         if env.get(name):
             settings[field] = float(env[name])
     return settings
@@ -98,17 +133,28 @@ def embedded_resources(environ: Mapping[str, str] | None = None) -> dict:
     """Everything under ``$DYNA_HOME`` (default ``./.dyna``); ``DYNA_REGISTRY_URL`` and the optional
     settings above are honoured when set."""
     env = _environ(environ)
-    home = HomeResource(root=env.get("DYNA_HOME") or DEFAULT_ROOT, manifest_store=env.get("DYNA_MANIFEST_STORE", ""),
-                        registry_url=env.get("DYNA_REGISTRY_URL", ""), model_store=env.get("DYNA_MODEL_STORE", ""))
-    return {"home": home, "ingest": IngestResource(home=home), "gates": GatesResource(home=home),
-            "transcode": TranscodeResource(),
-            "warehouse": WarehouseResource(home=home, path=env.get("DYNA_WAREHOUSE_PATH", "")),
-            "cache": CacheResource(home=home, root=env.get("DYNA_CACHE_DIR", ""), **_cache_settings(env)),
-            "replica": ReplicaResource(home=home, target=env.get("DYNA_REPLICA_STORE", ""),
-                                       endpoint_url=env.get("DYNA_S3_ENDPOINT_URL", "")),
-            "trainer": TrainerResource(anchors="every", checkpoint_store=env.get("DYNA_CHECKPOINT_STORE", ""),
-                                       **_trainer_settings(env)),
-            "ladders": LadderResource(home=home), "ray": embedded_ray(env)}
+    home = HomeResource(
+        root=env.get("DYNA_HOME") or DEFAULT_ROOT,
+        manifest_store=env.get("DYNA_MANIFEST_STORE", ""),
+        registry_url=env.get("DYNA_REGISTRY_URL", ""),
+        model_store=env.get("DYNA_MODEL_STORE", ""),
+    )
+    return {
+        "home": home,
+        "ingest": IngestResource(home=home),
+        "gates": GatesResource(home=home),
+        "transcode": TranscodeResource(),
+        "warehouse": WarehouseResource(home=home, path=env.get("DYNA_WAREHOUSE_PATH", "")),
+        "cache": CacheResource(home=home, root=env.get("DYNA_CACHE_DIR", ""), **_cache_settings(env)),
+        "replica": ReplicaResource(
+            home=home, target=env.get("DYNA_REPLICA_STORE", ""), endpoint_url=env.get("DYNA_S3_ENDPOINT_URL", "")
+        ),
+        "trainer": TrainerResource(
+            anchors="every", checkpoint_store=env.get("DYNA_CHECKPOINT_STORE", ""), **_trainer_settings(env)
+        ),
+        "ladders": LadderResource(home=home),
+        "ray": embedded_ray(env),
+    }
 
 
 def production_resources(environ: Mapping[str, str] | None = None) -> dict:
@@ -116,23 +162,31 @@ def production_resources(environ: Mapping[str, str] | None = None) -> dict:
     missing = [name for name in PRODUCTION_SETTINGS if not env.get(name)]
     if missing:
         raise MissingSettingsError(missing)
-    home = HomeResource(root=EnvVar("DYNA_HOME"), manifest_store=EnvVar("DYNA_MANIFEST_STORE"),
-                        registry_url=EnvVar("DYNA_REGISTRY_URL"), model_store=env.get("DYNA_MODEL_STORE", ""))
+    home = HomeResource(
+        root=EnvVar("DYNA_HOME"),
+        manifest_store=EnvVar("DYNA_MANIFEST_STORE"),
+        registry_url=EnvVar("DYNA_REGISTRY_URL"),
+        model_store=env.get("DYNA_MODEL_STORE", ""),
+    )
     return {
         "home": home,
         # a fleet uploads all day: full batches, a short one only after an hour (the embedded default: 30 s)
-        "ingest": IngestResource.with_landing(LandingSettings(), home=home,
-                                              # no shared volume for ingest: the fleet's bucket in, MCAPs out
-                                              landing_url=env.get("DYNA_LANDING_URL", ""),
-                                              mcap_store=env.get("DYNA_MCAP_STORE", ""),
-                                              endpoint_url=env.get("DYNA_S3_ENDPOINT_URL", ""),
-                                              scratch_dir=env.get("DYNA_SCRATCH_DIR", "")),
+        "ingest": IngestResource.with_landing(
+            LandingSettings(),
+            home=home,
+            # no shared volume for ingest: the fleet's bucket in, MCAPs out
+            landing_url=env.get("DYNA_LANDING_URL", ""),
+            mcap_store=env.get("DYNA_MCAP_STORE", ""),
+            endpoint_url=env.get("DYNA_S3_ENDPOINT_URL", ""),
+            scratch_dir=env.get("DYNA_SCRATCH_DIR", ""),
+        ),
         "gates": GatesResource(home=home),  # $DYNA_HOME/gates.yaml when present
         "transcode": TranscodeResource(),
         "warehouse": WarehouseResource(home=home, path=EnvVar("DYNA_WAREHOUSE_PATH")),
         "cache": CacheResource(home=home, root=EnvVar("DYNA_CACHE_DIR"), **_cache_settings(env)),
-        "replica": ReplicaResource(home=home, target=env.get("DYNA_REPLICA_STORE", ""),
-                                   endpoint_url=env.get("DYNA_S3_ENDPOINT_URL", "")),
+        "replica": ReplicaResource(
+            home=home, target=env.get("DYNA_REPLICA_STORE", ""), endpoint_url=env.get("DYNA_S3_ENDPOINT_URL", "")
+        ),
         "trainer": TrainerResource(checkpoint_store=EnvVar("DYNA_CHECKPOINT_STORE"), **_trainer_settings(env)),
         "ladders": LadderResource(home=home),  # $DYNA_HOME/step_ladders.yaml when present
         "ray": production_ray(env),  # the ingest assets' work units (DYNA_RAY_* size its worker group)

@@ -6,10 +6,12 @@ prewarm and training run on the GPU nodes, whose NVMe holds the page cache."""
 
 def pod(cpu: str, memory: str, *, gpus: int = 0, pool: str = "cpu") -> dict:
     limits = {"memory": memory, **({"nvidia.com/gpu": str(gpus)} if gpus else {})}
-    return {"dagster-k8s/config": {
-        "container_config": {"resources": {"requests": {"cpu": cpu, "memory": memory}, "limits": limits}},
-        "pod_spec_config": {"node_selector": {"dyna/pool": pool}},
-    }}
+    return {
+        "dagster-k8s/config": {
+            "container_config": {"resources": {"requests": {"cpu": cpu, "memory": memory}, "limits": limits}},
+            "pod_spec_config": {"node_selector": {"dyna/pool": pool}},
+        }
+    }
 
 
 INGEST = pod("1", "2Gi")  # inventory and pre gates: I/O bound

@@ -26,5 +26,8 @@ def partition_keys(context: AssetExecutionContext, what: str = "partition key") 
         else:  # an asset check's context selects checks
             names = [f"{k.asset_key.to_user_string()}.{k.name}" for k in context.selected_asset_check_keys]
         assets = ", ".join(sorted(names))
-        raise Failure(description=f"{assets}: {e}",
-                      metadata={"partition_key": repr(e.key), "reason": e.reason}, allow_retries=False) from None
+        raise Failure(
+            description=f"{assets}: {e}",
+            metadata={"partition_key": repr(e.key), "reason": e.reason},
+            allow_retries=False,
+        ) from None

@@ -31,9 +31,17 @@ def _generate(args) -> int:
     duration = (float(lo), float(hi)) if hi else float(lo)
     # One time-stamped folder per call: dropped into the landing zone, its keys sort after every earlier
     # drop's, so the landing sensor's next tick sees them (it lists only keys after its cursor).
-    eps = generate_fleet(Path(args.out) / arrival_folder(), args.episodes, seed=args.seed, width=args.width,
-                         height=args.height, duration_s=duration, faults=faults, workers=args.workers,
-                         mark_complete=True)
+    eps = generate_fleet(
+        Path(args.out) / arrival_folder(),
+        args.episodes,
+        seed=args.seed,
+        width=args.width,
+        height=args.height,
+        duration_s=duration,
+        faults=faults,
+        workers=args.workers,
+        mark_complete=True,
+    )
     for e in eps:
         print(f"{e.path}  {e.spec.task:<12} {e.spec.duration_s:5.1f} s  {e.fault or ''}")
     return 0
@@ -44,8 +52,10 @@ def _transcode(args) -> int:
 
     settings = TranscodeSettings(video=VideoSettings(gop_frames=args.gop_frames, crf=args.crf, preset=args.preset))
     r = transcode_episode(args.src, args.dst, settings)
-    print(f"{r.episode_id}: {r.bytes_in / 1e6:.2f} MB -> {r.bytes_out / 1e6:.2f} MB "
-          f"({r.bytes_out / r.bytes_in:.3f}) in {r.total_s:.1f} s; chunks {r.chunks}")
+    print(
+        f"{r.episode_id}: {r.bytes_in / 1e6:.2f} MB -> {r.bytes_out / 1e6:.2f} MB "
+        f"({r.bytes_out / r.bytes_in:.3f}) in {r.total_s:.1f} s; chunks {r.chunks}"
+    )
     return 0
 
 
@@ -54,8 +64,10 @@ def _training_streams(args) -> int:
 
     r = add_training_streams(args.src, args.dst, args.spec)
     for s in r.streams.values():
-        print(f"{s.name}: {s.action}, {s.frames} frames encoded, {s.bytes / 1e6:.2f} MB "
-              f"({r.bytes_fraction(s.name):.1%} of the source)")
+        print(
+            f"{s.name}: {s.action}, {s.frames} frames encoded, {s.bytes / 1e6:.2f} MB "
+            f"({r.bytes_fraction(s.name):.1%} of the source)"
+        )
     print(f"{r.bytes_before / 1e6:.2f} MB -> {r.bytes_after / 1e6:.2f} MB in {r.seconds:.1f} s")
     return 0
 
@@ -70,7 +82,9 @@ def _inspect(args) -> int:
         print(f"{'chunk offset':>14} {'bytes':>10} {'compression':>11}  topics")
         for ci in r.summary.chunk_indexes:
             topics = sorted(r.channels[c].topic for c in ci.message_index_offsets)
-            print(f"{ci.chunk_start_offset:>14} {ci.chunk_length:>10} {ci.compression or 'none':>11}  {' '.join(topics)}")
+            print(
+                f"{ci.chunk_start_offset:>14} {ci.chunk_length:>10} {ci.compression or 'none':>11}  {' '.join(topics)}"
+            )
     return 0
 
 
@@ -89,8 +103,10 @@ def _review_list(args) -> int:
         reg.close()
     for r in pool:
         reasons = "; ".join(f"{x['check']}: {x['detail']}" for x in r["quality_reasons"])
-        print(f"{r['episode_id']}  smooth {r['smoothness_score']}  sensors {r['sensor_health_score']}  "
-              f"task {r['task_score']}  {reasons}")
+        print(
+            f"{r['episode_id']}  smooth {r['smoothness_score']}  sensors {r['sensor_health_score']}  "
+            f"task {r['task_score']}  {reasons}"
+        )
     print(f"{len(pool)} episode(s) to review", file=sys.stderr)
     return 0
 
@@ -116,7 +132,7 @@ def _quarantine_release(args) -> int:
         done = release_quarantined(reg, args.reason_class, dry_run=args.dry_run)
     finally:
         reg.close()
-    for r in done.records[:args.show]:
+    for r in done.records[: args.show]:
         print(f"{r['source_path']}  [{r['stage']}/{r['gate']}]  {r['reason'][:200]}")
     if len(done.records) > args.show:
         print(f"... and {len(done.records) - args.show} more")
@@ -124,11 +140,15 @@ def _quarantine_release(args) -> int:
     verb = "would release" if done.dry_run else "released"
     print(f"{verb} {len(done.records)} {args.reason_class} quarantine record(s) ({kinds})")
     if not done.dry_run and done.records:
-        print(f"{len(done.pending)} episode(s) now pending: the next run of their partitions redoes them "
-              "(the drift sensor launches it)")
+        print(
+            f"{len(done.pending)} episode(s) now pending: the next run of their partitions redoes them "
+            "(the drift sensor launches it)"
+        )
         for p in done.reinventory:
-            print(f"held back before inventory; run again: dagster asset materialize -w workspace.yaml "
-                  f"--select raw_episodes,mcap_episodes --partition {p}")
+            print(
+                f"held back before inventory; run again: dagster asset materialize -w workspace.yaml "
+                f"--select raw_episodes,mcap_episodes --partition {p}"
+            )
     return 0
 
 
@@ -155,10 +175,14 @@ def _ladder(args) -> int:
     print(f"{args.mcap} ({task}, {config.version})")
     for s in steps:
         mode = f" ({s.failure_mode})" if s.failure_mode else ""
-        print(f"  {s.index:>2} {s.name:<12}{(s.start_ns - steps[0].start_ns) / 1e9:>8.2f}s {s.duration_s:>7.2f}s  "
-              f"{s.outcome}{mode}")
+        print(
+            f"  {s.index:>2} {s.name:<12}{(s.start_ns - steps[0].start_ns) / 1e9:>8.2f}s {s.duration_s:>7.2f}s  "
+            f"{s.outcome}{mode}"
+        )
     if args.png:
-        Path(args.png).write_bytes(ladder_png(steps, signals_of(streams, config), config, title=f"{args.mcap} ({task})"))
+        Path(args.png).write_bytes(
+            ladder_png(steps, signals_of(streams, config), config, title=f"{args.mcap} ({task})")
+        )
         print(f"picture: {args.png}")
     return 0
 
@@ -175,8 +199,11 @@ def _training_spec(text: str):
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="dyna", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    g = sub.add_parser("generate", help="write a sample fleet of legacy HDF5 episodes into OUT/<UTC time>/ "
-                                        "(keys that sort after earlier drops into a landing zone)")
+    g = sub.add_parser(
+        "generate",
+        help="write a sample fleet of legacy HDF5 episodes into OUT/<UTC time>/ "
+        "(keys that sort after earlier drops into a landing zone)",
+    )
     g.add_argument("out")
     g.add_argument("--episodes", type=int, default=8)
     g.add_argument("--seed", type=int, default=0)
@@ -193,12 +220,20 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--crf", type=float, default=VideoSettings.crf)
     t.add_argument("--preset", default=VideoSettings.preset)
     t.set_defaults(fn=_transcode)
-    ts = sub.add_parser("training-streams", help="add derived small video streams (training resolution and "
-                                                 "GOP) to an MCAP episode; the archive is kept byte for byte")
+    ts = sub.add_parser(
+        "training-streams",
+        help="add derived small video streams (training resolution and "
+        "GOP) to an MCAP episode; the archive is kept byte for byte",
+    )
     ts.add_argument("src")
     ts.add_argument("dst", help="may be SRC (replaced atomically)")
-    ts.add_argument("--spec", action="append", required=True, type=_training_spec,
-                    help="NAME:HxW[:GOP], e.g. t128:128x128:30 (repeatable)")
+    ts.add_argument(
+        "--spec",
+        action="append",
+        required=True,
+        type=_training_spec,
+        help="NAME:HxW[:GOP], e.g. t128:128x128:30 (repeatable)",
+    )
     ts.set_defaults(fn=_training_streams)
     i = sub.add_parser("inspect", help="print an MCAP episode's stamps and chunk layout")
     i.add_argument("mcap")
@@ -220,8 +255,11 @@ def main(argv: list[str] | None = None) -> int:
     rs.set_defaults(fn=_review_set)
     q = sub.add_parser("quarantine", help="quarantine records: release those a fault of the machine wrote")
     qsub = q.add_subparsers(dest="quarantine_cmd", required=True)
-    qr = qsub.add_parser("release", help="release every record of a reason class (ingest/faults.py's table): their "
-                                         "episodes become pending and are re-ingested by the next run")
+    qr = qsub.add_parser(
+        "release",
+        help="release every record of a reason class (ingest/faults.py's table): their "
+        "episodes become pending and are re-ingested by the next run",
+    )
     qr.add_argument("--reason-class", required=True, choices=["infrastructure", "data"])
     qr.add_argument("--dry-run", action="store_true", help="list what would be released, change nothing")
     qr.add_argument("--show", type=int, default=50, help="records to print (default 50)")

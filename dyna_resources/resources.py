@@ -123,8 +123,14 @@ class IngestResource(ConfigurableResource):
         if not self.mcap_store:
             return IngestStores(registry, landing, home.mcap, home.quarantine)
         scratch = Path(self.scratch_dir) if self.scratch_dir else home.scratch
-        return IngestStores(registry, landing, scratch / "mcap", scratch / "quarantine", mcap_store=self.mcap_store,
-                            endpoint_url=endpoint)
+        return IngestStores(
+            registry,
+            landing,
+            scratch / "mcap",
+            scratch / "quarantine",
+            mcap_store=self.mcap_store,
+            endpoint_url=endpoint,
+        )
 
     def landing_settings(self) -> LandingSettings:
         return LandingSettings(**{f.name: getattr(self, f.name) for f in dataclasses.fields(LandingSettings)})
@@ -189,9 +195,13 @@ class TranscodeResource(ConfigurableResource):
     unit_memory_gb: float = 4.0
 
     def settings(self) -> TranscodeSettings:
-        return TranscodeSettings(video=VideoSettings(gop_frames=self.gop_frames, crf=self.crf, preset=self.preset,
-                                                     x264_options=self.x264_options),
-                                 crf_by_site=tuple(sorted(self.crf_by_site.items())), max_cpu_s=self.max_cpu_s)
+        return TranscodeSettings(
+            video=VideoSettings(
+                gop_frames=self.gop_frames, crf=self.crf, preset=self.preset, x264_options=self.x264_options
+            ),
+            crf_by_site=tuple(sorted(self.crf_by_site.items())),
+            max_cpu_s=self.max_cpu_s,
+        )
 
     def pool_size(self) -> int:
         return self.workers or os.cpu_count() or 1
@@ -224,8 +234,11 @@ class CacheResource(ConfigurableResource):
         return self.root or str(self.home.home().page_cache)
 
     def cache(self) -> PageCache:
-        config: dict[str, Any] = {"root": self.root_dir(), "page_size": int(self.page_mb * (1 << 20)),
-                                  "quotas": {k: int(v * (1 << 30)) for k, v in self.quotas_gb.items()}}
+        config: dict[str, Any] = {
+            "root": self.root_dir(),
+            "page_size": int(self.page_mb * (1 << 20)),
+            "quotas": {k: int(v * (1 << 30)) for k, v in self.quotas_gb.items()},
+        }
         if self.capacity_gb:
             config["capacity_bytes"] = int(self.capacity_gb * (1 << 30))
         if self.ttl_s:
@@ -299,11 +312,23 @@ class TrainerResource(ConfigurableResource):
 
     def prepare(self, home: HomeResource, cache: CacheResource, partition: str) -> TrainingRun:
         """The run of curation spec ``partition`` on its current manifest (or on ``dataset``), ready to launch."""
-        return prepare_run(self.settings(), home.home(), partition, manifest_url=home.manifest_arrow_url(partition),
-                           registry_url=home.resolved_registry_url(), cache_dir=cache.root_dir())
+        return prepare_run(
+            self.settings(),
+            home.home(),
+            partition,
+            manifest_url=home.manifest_arrow_url(partition),
+            registry_url=home.resolved_registry_url(),
+            cache_dir=cache.root_dir(),
+        )
 
     def run_dir(self, home: HomeResource, cache: CacheResource, partition: str) -> Path:
         """The run folder ``prepare`` would use for ``partition`` now (nothing written)."""
-        cfg = plan_run(self.settings(), home.home(), partition, manifest_url=home.manifest_arrow_url(partition),
-                       registry_url=home.resolved_registry_url(), cache_dir=cache.root_dir())
+        cfg = plan_run(
+            self.settings(),
+            home.home(),
+            partition,
+            manifest_url=home.manifest_arrow_url(partition),
+            registry_url=home.resolved_registry_url(),
+            cache_dir=cache.root_dir(),
+        )
         return Path(cfg.run_dir)

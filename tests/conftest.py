@@ -24,15 +24,26 @@ def default_home_stays_unused():
     yield
     written = sorted(str(p.relative_to(UNUSED_HOME)) for p in Path(UNUSED_HOME).rglob("*"))
     shutil.rmtree(UNUSED_HOME, ignore_errors=True)
-    assert not written, f"tests wrote into the default home $DYNA_HOME={UNUSED_HOME} (each test makes its own): " \
-                        f"{written[:20]}"
+    assert not written, (
+        f"tests wrote into the default home $DYNA_HOME={UNUSED_HOME} (each test makes its own): {written[:20]}"
+    )
 
 
 def small_spec(episode_id: str = "ep-test-000001", **overrides) -> EpisodeSpec:
     base = dict(
-        episode_id=episode_id, seed=1234, task="pick_place", robot_id="arm-07", robot_model="dyna-a1",
-        robot_sw_version="4.2.1", site="sfo-lab", operator="op-3", success=True,
-        started_at="2026-11-02T08:15:00Z", duration_s=4.0, width=160, height=120,
+        episode_id=episode_id,
+        seed=1234,
+        task="pick_place",
+        robot_id="arm-07",
+        robot_model="dyna-a1",
+        robot_sw_version="4.2.1",
+        site="sfo-lab",
+        operator="op-3",
+        success=True,
+        started_at="2026-11-02T08:15:00Z",
+        duration_s=4.0,
+        width=160,
+        height=120,
     )
     base.update(overrides)
     return EpisodeSpec(**base)
@@ -86,6 +97,6 @@ def mcap_fleet(episode_factory, tmp_path_factory):
     return paths, segment_rows(paths)
 
 
-from tests.postgres import postgres_url, registry  # noqa: E402,F401  (fixtures: SQLite and a throwaway PostgreSQL)
 from tests.gcs import gcs, gcs_emulator, gcs_unreachable  # noqa: E402,F401  (fixtures: a GCS emulator on 127.0.0.1)
+from tests.postgres import postgres_url, registry  # noqa: E402,F401  (fixtures: SQLite and a throwaway PostgreSQL)
 from tests.s3 import s3, s3_server, s3_unreachable_endpoint  # noqa: E402,F401  (fixtures: a moto S3 server on 127.0.0.1)

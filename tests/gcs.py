@@ -18,20 +18,20 @@ import os
 
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")  # must precede `import gcsfs`
 
-import re  # noqa: E402
-import socket  # noqa: E402
-import sys  # noqa: E402
-import threading  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
-from functools import partial  # noqa: E402
-from http.server import ThreadingHTTPServer  # noqa: E402
-from urllib.parse import parse_qs, unquote, urlsplit  # noqa: E402
+import re
+import socket
+import sys
+import threading
+from dataclasses import dataclass
+from functools import partial
+from http.server import ThreadingHTTPServer
+from urllib.parse import parse_qs, unquote, urlsplit
 
-import gcsfs  # noqa: E402
-import gcsfs.core  # noqa: E402
-import pytest  # noqa: E402
-from gcp_storage_emulator import server as emulator  # noqa: E402
-from gcsfs.retry import retry_request  # noqa: E402
+import gcsfs
+import gcsfs.core
+import pytest
+from gcp_storage_emulator import server as emulator
+from gcsfs.retry import retry_request
 
 BUCKET = "dyna-test"
 
@@ -125,8 +125,10 @@ class Gcs:
 @pytest.fixture(scope="session")
 def gcs_emulator():
     if gcsfs.GCSFileSystem is not gcsfs.core.GCSFileSystem:
-        pytest.fail("gcsfs was imported before GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false was set "
-                    "(import tests.gcs earlier): its experimental client hangs on the emulator")
+        pytest.fail(
+            "gcsfs was imported before GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false was set "
+            "(import tests.gcs earlier): its experimental client hangs on the emulator"
+        )
     srv = emulator.create_server("127.0.0.1", 0, in_memory=True, default_bucket=BUCKET)
     # Private attributes of gcp-storage-emulator's Server: swap in the recording server thread.
     api = srv._api = _CountingAPIThread(srv._storage)
@@ -161,5 +163,6 @@ def gcs_unreachable():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again on leaving the block: nothing listens there
-    return _OneAttemptGCSFileSystem(token="anon", endpoint_url=f"http://127.0.0.1:{port}", project="test",
-                                    skip_instance_cache=True)
+    return _OneAttemptGCSFileSystem(
+        token="anon", endpoint_url=f"http://127.0.0.1:{port}", project="test", skip_instance_cache=True
+    )

@@ -52,8 +52,9 @@ def registry(request, tmp_path):
         finally:
             reg.close()
             with conn.cursor() as cur:
-                cur.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
-                            "WHERE database = %s", (name,))  # a database with a slot cannot be dropped
+                cur.execute(
+                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = %s", (name,)
+                )  # a database with a slot cannot be dropped
                 cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
     finally:
         conn.close()

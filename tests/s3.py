@@ -48,8 +48,12 @@ def s3_server():
     server.start()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
-    fs = s3fs.S3FileSystem(key=KEY, secret=SECRET, skip_instance_cache=True,
-                           client_kwargs={"endpoint_url": endpoint, "region_name": REGION})
+    fs = s3fs.S3FileSystem(
+        key=KEY,
+        secret=SECRET,
+        skip_instance_cache=True,
+        client_kwargs={"endpoint_url": endpoint, "region_name": REGION},
+    )
     fs.call_s3("create_bucket", Bucket=BUCKET)
     try:
         yield S3(fs=fs, bucket=BUCKET, endpoint=endpoint)

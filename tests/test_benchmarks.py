@@ -47,14 +47,17 @@ def _env(tmp_path: Path) -> dict[str, str]:
 def test_benchmark_runs_tiny(name, tmp_path):
     cmd = [sys.executable, "-m", "benchmarks", name, "--tiny"]
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=TIMEOUT_S,
-                              check=False)
+        proc = subprocess.run(
+            cmd, cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=TIMEOUT_S, check=False
+        )
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
         pytest.fail(f"`{' '.join(cmd[1:])}` still running after {TIMEOUT_S} s; stdout so far:\n{out[-3000:]}")
     where = f"`python -m benchmarks {name} --tiny`"
-    assert proc.returncode == 0, (f"{where} exited {proc.returncode}\n--- stdout (tail)\n{proc.stdout[-3000:]}"
-                                  f"\n--- stderr (tail)\n{proc.stderr[-3000:]}")
+    assert proc.returncode == 0, (
+        f"{where} exited {proc.returncode}\n--- stdout (tail)\n{proc.stdout[-3000:]}"
+        f"\n--- stderr (tail)\n{proc.stderr[-3000:]}"
+    )
     lines = [line for line in proc.stdout.splitlines() if line.strip()]
     assert lines, f"{where} printed nothing on stdout"
     try:
@@ -71,15 +74,23 @@ def test_benchmark_runs_tiny(name, tmp_path):
 
 # -- the manifest benchmark's synthetic warehouse: derived from the warehouse's columns --------------
 
+
 def test_manifest_warehouse_takes_a_column_the_registry_gains(tmp_path):
-    new = [("brand_new_score", "DOUBLE"), ("brand_new_note", "VARCHAR"), ("brand_new_flag", "BOOLEAN"),
-           ("brand_new_count", "INTEGER"), ("brand_new_ns", "BIGINT")]
+    new = [
+        ("brand_new_score", "DOUBLE"),
+        ("brand_new_note", "VARCHAR"),
+        ("brand_new_flag", "BOOLEAN"),
+        ("brand_new_count", "INTEGER"),
+        ("brand_new_ns", "BIGINT"),
+    ]
     make_warehouse(tmp_path / "w.duckdb", 2000, warehouse_columns() + new)
 
     with duckdb.connect(str(tmp_path / "w.duckdb"), read_only=True) as con:
         described = {r[0]: r[1] for r in con.execute("DESCRIBE episodes").fetchall()}
-        nulls = con.execute("SELECT count(*) FROM episodes WHERE brand_new_score IS NULL OR brand_new_note IS NULL "
-                            "OR brand_new_flag IS NULL OR brand_new_count IS NULL OR brand_new_ns IS NULL").fetchone()
+        nulls = con.execute(
+            "SELECT count(*) FROM episodes WHERE brand_new_score IS NULL OR brand_new_note IS NULL "
+            "OR brand_new_flag IS NULL OR brand_new_count IS NULL OR brand_new_ns IS NULL"
+        ).fetchone()
         distinct_tasks = con.execute("SELECT count(DISTINCT task) FROM episodes").fetchone()
     assert described == dict(warehouse_columns() + new)
     assert nulls == (0,) and distinct_tasks == (6,)
@@ -102,8 +113,9 @@ def test_manifest_warehouse_names_realistic_values_for_a_column_that_is_gone(tmp
 def test_loader_mix_sweep_runs_tiny(tmp_path):
     """`python -m benchmarks loader --mix-sweep` (the bounded mix's measured effect in docs/benchmarks.md) rots too."""
     cmd = [sys.executable, "-m", "benchmarks", "loader", "--tiny", "--mix-sweep", "--dir", str(tmp_path / "corpus")]
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=TIMEOUT_S,
-                          check=False)
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=TIMEOUT_S, check=False
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     last = json.loads(proc.stdout.strip().splitlines()[-1])
     assert last["size"] == "tiny" and set(last["mix_sweep"]) == {"1", "3", "8"}

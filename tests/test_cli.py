@@ -2,8 +2,23 @@ from dyna_resources.cli import main
 
 
 def test_cli_generate_transcode_inspect(tmp_path, capsys):
-    assert main(["generate", str(tmp_path / "fleet"), "--episodes", "2", "--width", "96", "--height", "64",
-                 "--faults", "truncated=1"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                str(tmp_path / "fleet"),
+                "--episodes",
+                "2",
+                "--width",
+                "96",
+                "--height",
+                "64",
+                "--faults",
+                "truncated=1",
+            ]
+        )
+        == 0
+    )
     files = sorted((tmp_path / "fleet").glob("*/*.h5"))  # fleet/<UTC time>/<episode>.h5
     assert len(files) == 2
     capsys.readouterr()

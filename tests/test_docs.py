@@ -55,8 +55,9 @@ def anchors(path: Path) -> set[str]:
 
 
 def relative_links(path: Path) -> list[str]:
-    return [t for t in LINK.findall(_prose(path.read_text()))
-            if not re.match(r"^[a-z][a-z0-9+.-]*:", t, re.I)]  # http:, https:, mailto: are not checked
+    return [
+        t for t in LINK.findall(_prose(path.read_text())) if not re.match(r"^[a-z][a-z0-9+.-]*:", t, re.I)
+    ]  # http:, https:, mailto: are not checked
 
 
 def test_slug_follows_github():
@@ -105,7 +106,7 @@ def _latest_figures_rows() -> dict[str, str]:
         cells = [c.strip() for c in r.strip().strip("|").split("|")]
         m = re.fullmatch(r"`(\w+)`", cells[0])
         if m:
-            assert all(cells[1:len(header)]), f"row of {m.group(1)} has an empty cell: {r}"
+            assert all(cells[1 : len(header)]), f"row of {m.group(1)} has an empty cell: {r}"
             out[m.group(1)] = r
     return out
 
@@ -158,7 +159,11 @@ def _python_folders() -> set[str]:
         if p.suffix != ".py" or len(rel.parts) < 2 or rel.parts[0].startswith("."):
             continue
         folders.add(rel.parts[0] + "/")
-        if len(rel.parts) >= 3 and rel.parts[0] != "tests" and (ROOT / rel.parts[0] / rel.parts[1] / "__init__.py").exists():
+        if (
+            len(rel.parts) >= 3
+            and rel.parts[0] != "tests"
+            and (ROOT / rel.parts[0] / rel.parts[1] / "__init__.py").exists()
+        ):
             folders.add(f"{rel.parts[0]}/{rel.parts[1]}/")
     return folders
 

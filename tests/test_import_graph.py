@@ -27,8 +27,12 @@ def module_name(path: Path) -> str:
 
 
 def project_modules() -> dict[str, Path]:
-    return {module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")
-            if ".venv" not in p.parts and "__pycache__" not in p.parts}
+    return {
+        module_name(p): p
+        for pkg in PACKAGES
+        for p in (ROOT / pkg).rglob("*.py")
+        if ".venv" not in p.parts and "__pycache__" not in p.parts
+    }
 
 
 def _type_checking_only(node: ast.AST, parents: dict) -> bool:
@@ -137,8 +141,11 @@ sys.exit(1 if failed else 0)
 
 
 def dagster_free_modules() -> list[str]:
-    return sorted(n for n in project_modules() if n.split(".")[0] in DAGSTER_FREE and n not in DAGSTER_LAYER
-                  and not n.startswith("infra.dagster"))  # infra/dagster: the deployment's Dagster config
+    return sorted(
+        n
+        for n in project_modules()
+        if n.split(".")[0] in DAGSTER_FREE and n not in DAGSTER_LAYER and not n.startswith("infra.dagster")
+    )  # infra/dagster: the deployment's Dagster config
 
 
 def test_engines_trainer_and_infra_import_without_dagster():
@@ -166,8 +173,11 @@ def private_imports(path: Path) -> list[str]:
             continue
         for name in names:
             top = name.split(".")[0]
-            if top not in PACKAGES and top != "tests" and any(p.startswith("_") and not p.startswith("__")
-                                                              for p in name.split(".")[1:]):
+            if (
+                top not in PACKAGES
+                and top != "tests"
+                and any(p.startswith("_") and not p.startswith("__") for p in name.split(".")[1:])
+            ):
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {name}")
     return found
 

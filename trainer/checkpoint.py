@@ -149,8 +149,14 @@ class SaveHandle:
             self._future.result()
 
     def timings(self) -> dict[str, Any]:
-        return {"step": self.step, "blocking_s": self.blocking_s, "waited_s": self.waited_s,
-                "write_s": self.write_s, "upload_s": self.upload_s, "total_s": self.total_s}
+        return {
+            "step": self.step,
+            "blocking_s": self.blocking_s,
+            "waited_s": self.waited_s,
+            "write_s": self.write_s,
+            "upload_s": self.upload_s,
+            "total_s": self.total_s,
+        }
 
 
 class CheckpointManager:
@@ -160,8 +166,14 @@ class CheckpointManager:
     and call ``save``/``latest``/``load`` on every rank. ``local_dir`` is per node (ranks on
     one host share it); the store is the exchange between nodes."""
 
-    def __init__(self, local_dir: str | os.PathLike, *, store_url: str | Store | None = None,
-                 endpoint_url: str | None = None, keep: int = 3):
+    def __init__(
+        self,
+        local_dir: str | os.PathLike,
+        *,
+        store_url: str | Store | None = None,
+        endpoint_url: str | None = None,
+        keep: int = 3,
+    ):
         if keep < 1:
             raise ValueError("keep must be at least 1")
         self.local_dir = Path(local_dir)
@@ -184,9 +196,11 @@ class CheckpointManager:
         # Reused across saves: DCP's stager then keeps its CPU (pinned, with CUDA) buffers and
         # only copies into them. Safe because one save is in flight at a time.
         cuda = torch.cuda.is_available()
-        self._stager = DefaultStager(StagingOptions(
-            use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=False,
-            use_non_blocking_copy=False))
+        self._stager = DefaultStager(
+            StagingOptions(
+                use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=False, use_non_blocking_copy=False
+            )
+        )
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
         self._inflight: SaveHandle | None = None
         self._closed = False
@@ -207,8 +221,12 @@ class CheckpointManager:
             (path / MARKER).unlink(missing_ok=True)
             (path / _VERIFIED).unlink(missing_ok=True)
         future = dcp.async_save(
-            state, storage_writer=dcp.FileSystemWriter(path), process_group=self._pg,
-            async_stager=self._stager, no_dist=self._pg is None)
+            state,
+            storage_writer=dcp.FileSystemWriter(path),
+            process_group=self._pg,
+            async_stager=self._stager,
+            no_dist=self._pg is None,
+        )
         handle = SaveHandle(step=step, path=path, waited_s=waited)
         handle.blocking_s = time.perf_counter() - t0
         handle._future = self._executor.submit(self._finish, handle, future, t0, extra)
@@ -256,13 +274,12 @@ class CheckpointManager:
             if self.rank == 0:
                 mine.append(".metadata")
             own = _hash_files(handle.path, mine)
-        except Exception as e:  # noqa: BLE001  (raised below, on every rank)
+        except Exception as e:
             err = e
         parts = self._all_gather((own, time.time(), extra, _describe(err)))
         self._agree([p[3] for p in parts], f"writing {name} to {self.local_dir}", err)
         files = {n: meta for p in parts for n, meta in p[0].items()}
-        record = {"step": handle.step, "time": parts[0][1], "files": dict(sorted(files.items())),
-                  "extra": parts[0][2]}
+        record = {"step": handle.step, "time": parts[0][1], "files": dict(sorted(files.items())), "extra": parts[0][2]}
         pointer = {"step": handle.step, "dir": name}
 
         err = None
@@ -276,7 +293,7 @@ class CheckpointManager:
                     self.store.delete(f"{name}/{MARKER}")
                 for f in own:
                     self.store.put_file(handle.path / f, f"{name}/{f}")
-        except Exception as e:  # noqa: BLE001  (raised below, on every rank)
+        except Exception as e:
             err = e
         where = f"uploading {name} to {self._store_name()}" if self.store else f"finishing {name}"
         self._agree(self._all_gather(_describe(err)), where, err)
@@ -292,7 +309,7 @@ class CheckpointManager:
                 self._prune_remote()
             if self._node_leader:
                 self._prune_local()
-        except Exception as e:  # noqa: BLE001  (raised below, on every rank)
+        except Exception as e:
             err = e
         self._agree(self._all_gather(_describe(err)), f"publishing {name} to {self._store_name()}", err)
         handle.total_s = time.perf_counter() - t0
@@ -344,7 +361,7 @@ class CheckpointManager:
             mine, err = set(), None
             try:
                 mine = self._candidates() - excluded
-            except Exception as e:  # noqa: BLE001  (raised below, on every rank)
+            except Exception as e:
                 err = e
             parts = self._all_gather((mine, _describe(err)))
             self._agree([p[1] for p in parts], "looking for the latest checkpoint", err)
@@ -363,7 +380,7 @@ class CheckpointManager:
                 info = self._materialize(step, session)
             except _Damaged as e:
                 damaged = str(e)
-            except Exception as e:  # noqa: BLE001  (raised below, on every rank)
+            except Exception as e:
                 err = e
             parts = self._all_gather((damaged, _describe(err)))
             self._agree([p[1] for p in parts], f"restoring {step_dir(step)}", err)
@@ -374,8 +391,7 @@ class CheckpointManager:
                     continue
                 skipped.append(f"{step_dir(step)} (rank {r}): {problem}")
                 if r == self.rank or self.rank == 0:
-                    warnings.warn(f"skipping checkpoint {step_dir(step)} (rank {r}): {problem}",
-                                  stacklevel=2)
+                    warnings.warn(f"skipping checkpoint {step_dir(step)} (rank {r}): {problem}", stacklevel=2)
             excluded.add(step)
 
     def load(self, info: CheckpointInfo, state: dict[str, Any]) -> dict:
@@ -390,8 +406,10 @@ class CheckpointManager:
             if _read_json(self.local_dir / step_dir(s) / MARKER) is not None:
                 found.add(s)
             elif self.rank == 0:
-                warnings.warn(f"ignoring incomplete checkpoint {self.local_dir / step_dir(s)}: "
-                              f"no {MARKER} (killed mid-write?)", stacklevel=3)
+                warnings.warn(
+                    f"ignoring incomplete checkpoint {self.local_dir / step_dir(s)}: no {MARKER} (killed mid-write?)",
+                    stacklevel=3,
+                )
         if self.store is not None:
             for s, keys in _remote_steps(self.store).items():
                 if f"{step_dir(s)}/{MARKER}" in keys:
@@ -414,19 +432,20 @@ class CheckpointManager:
                 record = self._remote_record(name)
             files = record["files"]
             if not _stamp_matches(folder, files, session):
-                bad = [n for n, h in _hash_files(folder, list(files), missing_ok=True).items()
-                       if h != files[n]]
+                bad = [n for n, h in _hash_files(folder, list(files), missing_ok=True).items() if h != files[n]]
                 bad += [n for n in files if not (folder / n).is_file()]
                 if bad and self.store is None:
-                    raise _Damaged(f"{folder}: files missing or not matching {MARKER} "
-                                   f"(size/sha256): {', '.join(sorted(set(bad)))}")
+                    raise _Damaged(
+                        f"{folder}: files missing or not matching {MARKER} (size/sha256): {', '.join(sorted(set(bad)))}"
+                    )
                 for n in sorted(set(bad)):
                     self._download(f"{name}/{n}", folder / n, files[n])
                 if from_store:
                     _write_json(folder / MARKER, record)
                 _write_json(folder / _VERIFIED, {"session": session, "files": _stat_files(folder, files)})
-        return CheckpointInfo(step=record["step"], path=folder, extra=record.get("extra", {}),
-                              files=files, time=record["time"])
+        return CheckpointInfo(
+            step=record["step"], path=folder, extra=record.get("extra", {}), files=files, time=record["time"]
+        )
 
     def _remote_record(self, name: str) -> dict:
         if self.store is None:
@@ -458,8 +477,7 @@ class CheckpointManager:
         except _Damaged:
             raise
         except Exception as e:
-            raise CheckpointError(f"downloading {key} from {self._store_name()} failed: "
-                                  f"{_describe(e)}") from e
+            raise CheckpointError(f"downloading {key} from {self._store_name()} failed: {_describe(e)}") from e
         finally:
             tmp.unlink(missing_ok=True)
 
@@ -493,8 +511,12 @@ class AppState(Stateful):
     / DTensor sharding, wrapped or compiled modules and optimizer state keyed by parameter FQN
     (the "Getting Started with Distributed Checkpoint" recipe)."""
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
-                 options: StateDictOptions | None = None):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        options: StateDictOptions | None = None,
+    ):
         self.model, self.optimizer, self.options = model, optimizer, options
 
     def state_dict(self) -> dict[str, Any]:
@@ -507,8 +529,13 @@ class AppState(Stateful):
         if self.optimizer is None:
             set_model_state_dict(self.model, state_dict["model"], options=self.options)
             return
-        set_state_dict(self.model, self.optimizer, model_state_dict=state_dict["model"],
-                       optim_state_dict=state_dict["optim"], options=self.options)
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=state_dict["model"],
+            optim_state_dict=state_dict["optim"],
+            options=self.options,
+        )
 
 
 def rng_state() -> dict[str, Any]:
@@ -549,6 +576,7 @@ class RNGState(Stateful):
 # ---- files ------------------------------------------------------------------------------------
 def _hash_files(folder: Path, names: list[str], *, missing_ok: bool = False) -> dict[str, dict]:
     """{name: {"size", "sha256"}}, hashed in parallel (hashlib releases the GIL)."""
+
     def one(name: str) -> tuple[str, dict | None]:
         try:
             with open(folder / name, "rb") as f:
@@ -633,5 +661,15 @@ def _describe(e: BaseException | None) -> str | None:
     return redact(f"{type(e).__name__}: {msg}" if msg else type(e).__name__)
 
 
-__all__ = ["AppState", "CheckpointError", "CheckpointInfo", "CheckpointManager", "NoIntactCheckpointError",
-           "RNGState", "SaveHandle", "rng_state", "set_rng_state", "step_dir"]
+__all__ = [
+    "AppState",
+    "CheckpointError",
+    "CheckpointInfo",
+    "CheckpointManager",
+    "NoIntactCheckpointError",
+    "RNGState",
+    "SaveHandle",
+    "rng_state",
+    "set_rng_state",
+    "step_dir",
+]

@@ -17,7 +17,8 @@ silently repeating a distant value.
 
 Order, deterministic from (seed, epoch): the rank's rows (sorted by episode and time) are cut into
 blocks of ``block`` consecutive segments, the blocks are permuted, and a bounded shuffle (each
-row moves fewer than ``shuffle_buffer`` places) mixes the stream; blocks keep reads of one file together (its chunks are reused), the buffer mixes
+row moves fewer than ``shuffle_buffer`` places) mixes the stream; blocks keep reads of one file together (its
+chunks are reused), the buffer mixes
 episodes. The stream is cut into batches of ``batch_size`` and batch ``j`` goes to worker
 ``j % num_workers``: the DataLoader's round-robin then hands the training loop batches 0, 1, 2, …
 in order, so the position in an epoch is one number (batches consumed) and resuming skips exactly
@@ -58,8 +59,11 @@ class SampleSpec:
     frame_offsets_s: tuple[float, ...] = (-0.5, 0.0)
     future_frame_s: float = 0.5
     image_size: tuple[int, int] = (64, 64)  # (H, W) after an area resize
-    proprio_streams: tuple[tuple[str, str], ...] = (("joint_states", "position"), ("joint_states", "velocity"),
-                                                      ("gripper", "position"))
+    proprio_streams: tuple[tuple[str, str], ...] = (
+        ("joint_states", "position"),
+        ("joint_states", "velocity"),
+        ("gripper", "position"),
+    )
     proprio_steps: int = 40
     proprio_hz: float = 50.0
     action_stream: tuple[str, str] = ("action", "command")
@@ -84,8 +88,10 @@ class SampleSpec:
         if not 1e-3 <= self.anchor_every_s <= 3600:
             raise ValueError(f"sample spec: anchor_every_s {self.anchor_every_s} outside [0.001, 3600] s")
         if self.clip_frames < 0 or (self.clip_frames and not 0 < self.clip_hz <= 1000):
-            raise ValueError(f"sample spec: clip_frames {self.clip_frames} at clip_hz {self.clip_hz}: "
-                             "expected clip_frames >= 0 and 0 < clip_hz <= 1000")
+            raise ValueError(
+                f"sample spec: clip_frames {self.clip_frames} at clip_hz {self.clip_hz}: "
+                "expected clip_frames >= 0 and 0 < clip_hz <= 1000"
+            )
 
     @property
     def action_horizon_ns(self) -> int:
@@ -103,8 +109,7 @@ class SampleSpec:
         """Offsets from the anchor of the frames each camera gives (the clip's, or frame_offsets_s)."""
         if self.clip_frames:
             step = 1e9 / self.clip_hz
-            return np.array([-int(round((self.clip_frames - 1 - i) * step)) for i in range(self.clip_frames)],
-                            np.int64)
+            return np.array([-int(round((self.clip_frames - 1 - i) * step)) for i in range(self.clip_frames)], np.int64)
         return np.array([_ns(o) for o in self.frame_offsets_s], np.int64)
 
     def all_frame_offsets_ns(self) -> np.ndarray:
@@ -173,8 +178,15 @@ class ManifestDataset(IterableDataset):
         row_codes = rank_of[uris.indices.to_numpy(zero_copy_only=False)]
         self._start = self.manifest.column("start_ns").slice(self.first_row, per_rank).to_numpy()
         self._end = self.manifest.column("end_ns").slice(self.first_row, per_rank).to_numpy()
-        self.plan = plan_samples(self._start, self._end, row_codes, len(names), anchors=self.spec.anchors,
-                                 every_ns=self.spec.anchor_every_ns, end_offset_ns=self.spec.action_horizon_ns)
+        self.plan = plan_samples(
+            self._start,
+            self._end,
+            row_codes,
+            len(names),
+            anchors=self.spec.anchors,
+            every_ns=self.spec.anchor_every_ns,
+            end_offset_ns=self.spec.action_horizon_ns,
+        )
         self.rows = self._usable_samples(per_rank)  # samples per epoch (rows, with one sample per segment)
         self._uri_codes = self.plan.code
         self._passes = 0  # full passes this process's copy started (persistent DataLoader workers)
@@ -187,8 +199,12 @@ class ManifestDataset(IterableDataset):
         epoch ended): the fewest any rank's slice holds."""
         if self.spec.anchors == "end":
             return per_rank
-        counts = samples_per_row(self.manifest.column("start_ns").to_numpy(), self.manifest.column("end_ns").to_numpy(),
-                                 self.spec.anchors, self.spec.anchor_every_ns)[:per_rank * self.world]
+        counts = samples_per_row(
+            self.manifest.column("start_ns").to_numpy(),
+            self.manifest.column("end_ns").to_numpy(),
+            self.spec.anchors,
+            self.spec.anchor_every_ns,
+        )[: per_rank * self.world]
         return int(counts.reshape(self.world, per_rank).sum(axis=1).min())
 
     # ---- position (the data part of a checkpoint) ---------------------------------------------
@@ -197,13 +213,20 @@ class ManifestDataset(IterableDataset):
         return -(-self.rows // self.batch_size)
 
     def state_dict(self) -> dict:
-        return {"epoch": self.position.epoch, "batches": self.position.batches, "seed": self.seed,
-                "rows": self.rows, "batch_size": self.batch_size}
+        return {
+            "epoch": self.position.epoch,
+            "batches": self.position.batches,
+            "seed": self.seed,
+            "rows": self.rows,
+            "batch_size": self.batch_size,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         if (state["rows"], state["batch_size"]) != (self.rows, self.batch_size):
-            raise ValueError(f"data position is for {state['rows']} rows in batches of {state['batch_size']}, this "
-                             f"slice has {self.rows} rows in batches of {self.batch_size}: not the same run")
+            raise ValueError(
+                f"data position is for {state['rows']} rows in batches of {state['batch_size']}, this "
+                f"slice has {self.rows} rows in batches of {self.batch_size}: not the same run"
+            )
         self.seed = state["seed"]
         self.position = LoaderPosition(state["epoch"], state["batches"])
 
@@ -217,7 +240,7 @@ class ManifestDataset(IterableDataset):
     def order(self, epoch: int) -> np.ndarray:
         """This rank's local row indices in the order of ``epoch`` (a pure function of seed, epoch)."""
         rng = np.random.default_rng([self.seed, epoch, self.rank])
-        local = np.argsort(self._uri_codes[:self.rows], kind="stable")  # by episode, then time (manifest order)
+        local = np.argsort(self._uri_codes[: self.rows], kind="stable")  # by episode, then time (manifest order)
         n_blocks = -(-self.rows // self.block)
         block_order = rng.permutation(n_blocks)
         # Blocks in permuted order: row r of the stream is row (block_order[r // block] * block + r % block),
@@ -234,8 +257,11 @@ class ManifestDataset(IterableDataset):
     def worker_batches(self, epoch: int, start_batch: int, worker: int, workers: int) -> list[np.ndarray]:
         """The batches (local row indices) worker ``worker`` produces, from ``start_batch`` on."""
         order = self.order(epoch)
-        return [order[j * self.batch_size:(j + 1) * self.batch_size]
-                for j in range(start_batch, self.batches_per_epoch) if (j - start_batch) % workers == worker]
+        return [
+            order[j * self.batch_size : (j + 1) * self.batch_size]
+            for j in range(start_batch, self.batches_per_epoch)
+            if (j - start_batch) % workers == worker
+        ]
 
     # ---- iteration ----------------------------------------------------------------------------
     def _pass_start(self) -> tuple[int, int, int, int]:
@@ -246,8 +272,7 @@ class ManifestDataset(IterableDataset):
         # A persistent worker's copy never sees the training process's advance(): it counts its own
         # passes from the position it was created with (the DataLoader is built after a resume).
         passes, self._passes = self._passes, self._passes + 1
-        return (info.id, info.num_workers, self.position.epoch + passes,
-                self.position.batches if passes == 0 else 0)
+        return (info.id, info.num_workers, self.position.epoch + passes, self.position.batches if passes == 0 else 0)
 
     def __iter__(self) -> Iterator[dict]:
         worker, workers, epoch, start = self._pass_start()
@@ -261,7 +286,7 @@ class ManifestDataset(IterableDataset):
         g = first + worker
         while last is None or g < last:
             e, j = divmod(g, per_epoch)
-            rows = self.order_cache(e)[j * self.batch_size:(j + 1) * self.batch_size]
+            rows = self.order_cache(e)[j * self.batch_size : (j + 1) * self.batch_size]
             yield self.collate([self.sample(int(r), self._readers) for r in rows])
             g += workers
 
@@ -293,9 +318,11 @@ class ManifestDataset(IterableDataset):
             old.close()
             self._evicted_decodes += frames.decoded
         opener = self.open_file or _fsspec_open
-        entry = readers[uri] = (open_episode(opener, uri),
-                                FrameCache(swscale_rgb(*self.spec.image_size), max_frames=self.frames_per_reader),
-                                ChunkMemo(self.chunks_per_reader))
+        entry = readers[uri] = (
+            open_episode(opener, uri),
+            FrameCache(swscale_rgb(*self.spec.image_size), max_frames=self.frames_per_reader),
+            ChunkMemo(self.chunks_per_reader),
+        )
         return entry
 
     def decoded_frames(self, readers: OrderedDict | None = None) -> int:
@@ -312,8 +339,16 @@ class ManifestDataset(IterableDataset):
         t, code = int(plan.anchor_ns[i]), int(plan.code[i])
         lo, hi = int(plan.lo_ns[code]), int(plan.hi_ns[code])
         proprio, actions = t + spec.proprio_offsets_ns(), t + spec.action_offsets_ns()
-        return SampleTimes(t, np.clip(t + spec.all_frame_offsets_ns(), lo, hi), np.clip(proprio, lo, hi),
-                           np.clip(actions, lo, hi), proprio < lo, actions > hi, lo, hi)
+        return SampleTimes(
+            t,
+            np.clip(t + spec.all_frame_offsets_ns(), lo, hi),
+            np.clip(proprio, lo, hi),
+            np.clip(actions, lo, hi),
+            proprio < lo,
+            actions > hi,
+            lo,
+            hi,
+        )
 
     def sample(self, i: int, readers: OrderedDict | None = None) -> dict:
         """Sample ``i`` of this rank's plan, read at random (a worker's open episodes keep their decoded
@@ -325,8 +360,12 @@ class ManifestDataset(IterableDataset):
         cams = list(spec.cameras) if spec.cameras is not None else r.cameras
         kw = {"stream": spec.stream} if spec.stream else {}
         frames = r.read_frames(cams, times.frames, memo=memo, cache=frame_cache, **kw)
-        streams = r.read_streams(spec.stream_names(), int(times.proprio[0]) - _ns(spec.tolerance_s),
-                                 int(times.actions[-1]) + _ns(spec.tolerance_s), memo=memo)
+        streams = r.read_streams(
+            spec.stream_names(),
+            int(times.proprio[0]) - _ns(spec.tolerance_s),
+            int(times.actions[-1]) + _ns(spec.tolerance_s),
+            memo=memo,
+        )
         images = np.stack([frames[c].images for c in cams])  # (C, K+1, 3, h, w) uint8
         return self.assemble(i, images, streams, times, r.path)
 
@@ -334,20 +373,40 @@ class ManifestDataset(IterableDataset):
         """One sample's tensors from its frames (C, K+1, 3, h, w) and the streams around it."""
         spec = self.spec
         span = (times.lo_ns, times.hi_ns)
-        proprio = np.concatenate([_on_grid(streams[s], f, times.proprio, spec.tolerance_s, path, span,
-                                           times.proprio_pad) for s, f in spec.proprio_streams], axis=1)
-        actions = _on_grid(streams[spec.action_stream[0]], spec.action_stream[1], times.actions, spec.tolerance_s,
-                           path, span, times.actions_pad)
+        proprio = np.concatenate(
+            [
+                _on_grid(streams[s], f, times.proprio, spec.tolerance_s, path, span, times.proprio_pad)
+                for s, f in spec.proprio_streams
+            ],
+            axis=1,
+        )
+        actions = _on_grid(
+            streams[spec.action_stream[0]],
+            spec.action_stream[1],
+            times.actions,
+            spec.tolerance_s,
+            path,
+            span,
+            times.actions_pad,
+        )
         images = torch.from_numpy(images)
-        return {"frames": images[:, :-1], "future": images[:, -1], "proprio": torch.from_numpy(proprio),
-                "actions": torch.from_numpy(actions), "proprio_is_pad": torch.from_numpy(times.proprio_pad),
-                "actions_is_pad": torch.from_numpy(times.actions_pad),
-                "row": self.first_row + int(self.plan.row[i]), "anchor_ns": times.anchor_ns}
+        return {
+            "frames": images[:, :-1],
+            "future": images[:, -1],
+            "proprio": torch.from_numpy(proprio),
+            "actions": torch.from_numpy(actions),
+            "proprio_is_pad": torch.from_numpy(times.proprio_pad),
+            "actions_is_pad": torch.from_numpy(times.actions_pad),
+            "row": self.first_row + int(self.plan.row[i]),
+            "anchor_ns": times.anchor_ns,
+        }
 
     @staticmethod
     def collate(samples: list[dict]) -> dict:
-        out = {k: torch.stack([s[k] for s in samples])
-               for k in ("frames", "future", "proprio", "actions", "proprio_is_pad", "actions_is_pad")}
+        out = {
+            k: torch.stack([s[k] for s in samples])
+            for k in ("frames", "future", "proprio", "actions", "proprio_is_pad", "actions_is_pad")
+        }
         out["row"] = torch.tensor([s["row"] for s in samples], dtype=torch.int64)
         out["anchor_ns"] = torch.tensor([s["anchor_ns"] for s in samples], dtype=torch.int64)
         return out
@@ -391,15 +450,23 @@ def _ns(seconds: float) -> int:
 EDGE_PAD_NS = 100_000_000
 
 
-def _on_grid(stream, field_name: str, grid_ns: np.ndarray, tolerance_s: float, path: str,
-             span: tuple[int, int] | None = None, pad: np.ndarray | None = None) -> np.ndarray:
+def _on_grid(
+    stream,
+    field_name: str,
+    grid_ns: np.ndarray,
+    tolerance_s: float,
+    path: str,
+    span: tuple[int, int] | None = None,
+    pad: np.ndarray | None = None,
+) -> np.ndarray:
     """The recorded values nearest each grid time, each within the tolerance (else WindowError).
     With the episode's ``span``, edge points (see ``EDGE_PAD_NS``) take the edge sample and are set in
     ``pad``."""
     ts = stream.timestamps_ns
     if field_name not in stream.fields:
-        raise WindowError(path, f"stream {stream.name} has no field {field_name!r} (has {sorted(stream.fields)})",
-                          stream.name)
+        raise WindowError(
+            path, f"stream {stream.name} has no field {field_name!r} (has {sorted(stream.fields)})", stream.name
+        )
     values = stream.fields[field_name]
     if len(ts) == 0:
         raise WindowError(path, f"no {stream.name} samples near {int(grid_ns[0])}..{int(grid_ns[-1])}", stream.name)
@@ -409,17 +476,22 @@ def _on_grid(stream, field_name: str, grid_ns: np.ndarray, tolerance_s: float, p
     gap = np.abs(ts[nearest] - grid_ns)
     allowed = np.full(len(grid_ns), _ns(tolerance_s))
     if span is not None:
-        edge = (((grid_ns > ts[-1]) & (grid_ns >= span[1] - EDGE_PAD_NS))
-                | ((grid_ns < ts[0]) & (grid_ns <= span[0] + EDGE_PAD_NS)))
+        edge = ((grid_ns > ts[-1]) & (grid_ns >= span[1] - EDGE_PAD_NS)) | (
+            (grid_ns < ts[0]) & (grid_ns <= span[0] + EDGE_PAD_NS)
+        )
         allowed[edge] = max(_ns(tolerance_s), EDGE_PAD_NS)
         if pad is not None:
             pad |= edge & (gap > _ns(tolerance_s))
     bad = np.flatnonzero(gap > allowed)
     if len(bad):
         i = int(bad[0])
-        raise WindowError(path, f"{stream.name}.{field_name}: no sample within {tolerance_s * 1e3:.0f} ms of "
-                                f"{int(grid_ns[i])} (nearest {gap[i] / 1e6:.1f} ms away; {len(bad)} of {len(grid_ns)} "
-                                f"grid points)", stream.name)
+        raise WindowError(
+            path,
+            f"{stream.name}.{field_name}: no sample within {tolerance_s * 1e3:.0f} ms of "
+            f"{int(grid_ns[i])} (nearest {gap[i] / 1e6:.1f} ms away; {len(bad)} of {len(grid_ns)} "
+            f"grid points)",
+            stream.name,
+        )
     out = np.asarray(values[nearest], dtype=np.float32)
     return out.reshape(len(grid_ns), -1)
 

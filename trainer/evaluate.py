@@ -41,6 +41,7 @@ def register(name: str) -> Callable[[Evaluation], Evaluation]:
     def deco(fn: Evaluation) -> Evaluation:
         EVALUATIONS[name] = fn
         return fn
+
     return deco
 
 
@@ -53,14 +54,15 @@ def resolve(name: str) -> Evaluation:
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name == name:
             return ep.load()
-    raise KeyError(f"unknown evaluation {name!r}: not registered ({', '.join(sorted(EVALUATIONS))}), "
-                   f"not a 'module:function' path, not in entry point group {ENTRY_POINT_GROUP!r}")
+    raise KeyError(
+        f"unknown evaluation {name!r}: not registered ({', '.join(sorted(EVALUATIONS))}), "
+        f"not a 'module:function' path, not in entry point group {ENTRY_POINT_GROUP!r}"
+    )
 
 
 @register(DEFAULT)
 @torch.no_grad()
-def evaluate(model: WorldActionModel, manifest_table: pa.Table, spec, *, batch_size: int = 8,
-             open_file=None) -> dict:
+def evaluate(model: WorldActionModel, manifest_table: pa.Table, spec, *, batch_size: int = 8, open_file=None) -> dict:
     """Offline action-prediction error over every segment of ``manifest_table`` (each exactly once)."""
     was_training = model.training
     model.eval()
@@ -84,8 +86,12 @@ def evaluate(model: WorldActionModel, manifest_table: pa.Table, spec, *, batch_s
     if n == 0:
         raise ValueError("the evaluation manifest has no segments")
     per_step = (action_sq / n).tolist()
-    return {"segments": n, "action_mse": sum(per_step) / chunk, "action_mse_per_step": per_step,
-            "latent_mse": float(latent_sq / n)}
+    return {
+        "segments": n,
+        "action_mse": sum(per_step) / chunk,
+        "action_mse_per_step": per_step,
+        "latent_mse": float(latent_sq / n),
+    }
 
 
 def load_model(run_dir: str | Path, step: int | None = None) -> tuple[WorldActionModel, TrainConfig, CheckpointInfo]:
@@ -112,8 +118,12 @@ def load_model(run_dir: str | Path, step: int | None = None) -> tuple[WorldActio
 
 def checkpoint_ref(run_dir: str | Path, info: CheckpointInfo) -> dict:
     marker = (info.path / MARKER).read_bytes()
-    return {"run_dir": str(run_dir), "step": info.step, "path": str(info.path),
-            "sha256": hashlib.sha256(marker).hexdigest()}
+    return {
+        "run_dir": str(run_dir),
+        "step": info.step,
+        "path": str(info.path),
+        "sha256": hashlib.sha256(marker).hexdigest(),
+    }
 
 
 def dataset_ref(lineage: dict) -> dict:
@@ -143,48 +153,80 @@ class EvaluationResult:
 
     def as_record(self) -> dict:
         """The JSON written beside the checkpoints."""
-        return {"evaluation": {"name": self.evaluation, "metrics": self.metrics}, "checkpoint": self.checkpoint,
-                "lineage": self.lineage, "dataset": self.dataset, "code_commit": self.code_commit or None,
-                "heldout_manifest": self.heldout_manifest, "heldout_manifest_sha256": self.heldout_manifest_sha256,
-                "heldout_is_training_data": self.heldout_is_training_data}
+        return {
+            "evaluation": {"name": self.evaluation, "metrics": self.metrics},
+            "checkpoint": self.checkpoint,
+            "lineage": self.lineage,
+            "dataset": self.dataset,
+            "code_commit": self.code_commit or None,
+            "heldout_manifest": self.heldout_manifest,
+            "heldout_manifest_sha256": self.heldout_manifest_sha256,
+            "heldout_is_training_data": self.heldout_is_training_data,
+        }
 
     @classmethod
     def from_record(cls, record: dict, path: str = "") -> EvaluationResult:
-        return cls(evaluation=record["evaluation"]["name"], metrics=record["evaluation"]["metrics"],
-                   checkpoint=record["checkpoint"], lineage=record["lineage"], dataset=record["dataset"],
-                   code_commit=record.get("code_commit") or "", heldout_manifest=record["heldout_manifest"],
-                   heldout_manifest_sha256=record["heldout_manifest_sha256"],
-                   heldout_is_training_data=record["heldout_is_training_data"], path=path)
+        return cls(
+            evaluation=record["evaluation"]["name"],
+            metrics=record["evaluation"]["metrics"],
+            checkpoint=record["checkpoint"],
+            lineage=record["lineage"],
+            dataset=record["dataset"],
+            code_commit=record.get("code_commit") or "",
+            heldout_manifest=record["heldout_manifest"],
+            heldout_manifest_sha256=record["heldout_manifest_sha256"],
+            heldout_is_training_data=record["heldout_is_training_data"],
+            path=path,
+        )
 
     @property
     def version(self) -> str:
         """What makes this evaluation this one: checkpoint x held-out manifest x evaluation."""
-        return hashlib.sha256(f"{self.checkpoint['sha256']}:{self.heldout_manifest_sha256}:{self.evaluation}"
-                              .encode()).hexdigest()
+        return hashlib.sha256(
+            f"{self.checkpoint['sha256']}:{self.heldout_manifest_sha256}:{self.evaluation}".encode()
+        ).hexdigest()
 
     def as_metadata(self) -> dict:
         """Flat values for an asset's metadata (the asset wraps dicts as JSON)."""
         md = {
-            "evaluation": self.evaluation, "metrics": self.metrics, "checkpoint": self.checkpoint,
-            "checkpoint_step": self.checkpoint["step"], "checkpoint_sha256": self.checkpoint["sha256"],
-            "lineage": self.lineage, "dataset": self.dataset, "dataset_ref": self.dataset.get("ref", ""),
-            "manifest_sha256": self.dataset.get("manifest_sha256", ""), "code_commit": self.code_commit,
-            "heldout_manifest": self.heldout_manifest, "heldout_manifest_sha256": self.heldout_manifest_sha256,
+            "evaluation": self.evaluation,
+            "metrics": self.metrics,
+            "checkpoint": self.checkpoint,
+            "checkpoint_step": self.checkpoint["step"],
+            "checkpoint_sha256": self.checkpoint["sha256"],
+            "lineage": self.lineage,
+            "dataset": self.dataset,
+            "dataset_ref": self.dataset.get("ref", ""),
+            "manifest_sha256": self.dataset.get("manifest_sha256", ""),
+            "code_commit": self.code_commit,
+            "heldout_manifest": self.heldout_manifest,
+            "heldout_manifest_sha256": self.heldout_manifest_sha256,
             "heldout_is_training_data": self.heldout_is_training_data,
-            "run_dir": self.checkpoint.get("run_dir", ""), "result_path": self.path,
+            "run_dir": self.checkpoint.get("run_dir", ""),
+            "result_path": self.path,
         }
         if self.heldout_is_training_data:
-            md["note"] = ("evaluated on the training manifest: not held out (set heldout_manifest to a held-out "
-                          "curation spec's manifest for a real held-out error)")
+            md["note"] = (
+                "evaluated on the training manifest: not held out (set heldout_manifest to a held-out "
+                "curation spec's manifest for a real held-out error)"
+            )
         for k in ("action_mse", "latent_mse"):
             if isinstance(self.metrics.get(k), (int, float)):
                 md[k] = float(self.metrics[k])
         return md
 
 
-def evaluate_checkpoint(run_dir: str | Path, manifest_url: str, *, step: int | None = None,
-                        evaluation: str = DEFAULT, batch_size: int = 8, cache_dir: str | Path | None = None,
-                        open_file=None, record: bool = True) -> EvaluationResult:
+def evaluate_checkpoint(
+    run_dir: str | Path,
+    manifest_url: str,
+    *,
+    step: int | None = None,
+    evaluation: str = DEFAULT,
+    batch_size: int = 8,
+    cache_dir: str | Path | None = None,
+    open_file=None,
+    record: bool = True,
+) -> EvaluationResult:
     """Run ``evaluation`` on checkpoint ``step`` (default: latest) of ``run_dir`` against the manifest at
     ``manifest_url`` (its Arrow IPC URL). With ``record``, the result is also written to
     ``run_dir/evaluations/``, next to the checkpoints it describes."""
@@ -193,13 +235,19 @@ def evaluate_checkpoint(run_dir: str | Path, manifest_url: str, *, step: int | N
     local = local_copy(manifest_url, cache_dir or run_dir / "node-cache")
     heldout_sha = local.stem  # local_copy names the copy by its verified SHA-256
     torch.manual_seed(0)  # an evaluation that samples is repeatable
-    metrics = resolve(evaluation)(model, open_manifest(local), cfg.sample, batch_size=batch_size,
-                                  open_file=open_file)
+    metrics = resolve(evaluation)(model, open_manifest(local), cfg.sample, batch_size=batch_size, open_file=open_file)
     lineage = dict(info.extra.get("lineage", {}))
     result = EvaluationResult(
-        evaluation=evaluation, metrics=metrics, checkpoint=checkpoint_ref(run_dir, info), lineage=lineage,
-        dataset=dataset_ref(lineage), code_commit=lineage.get("code_commit") or "", heldout_manifest=manifest_url,
-        heldout_manifest_sha256=heldout_sha, heldout_is_training_data=heldout_sha == lineage.get("manifest_sha256"))
+        evaluation=evaluation,
+        metrics=metrics,
+        checkpoint=checkpoint_ref(run_dir, info),
+        lineage=lineage,
+        dataset=dataset_ref(lineage),
+        code_commit=lineage.get("code_commit") or "",
+        heldout_manifest=manifest_url,
+        heldout_manifest_sha256=heldout_sha,
+        heldout_is_training_data=heldout_sha == lineage.get("manifest_sha256"),
+    )
     if not record:
         return result
     out = run_dir / "evaluations" / f"step-{info.step:09d}-{_slug(evaluation)}-{heldout_sha[:12]}.json"
@@ -224,16 +272,20 @@ def _row(md: dict, this: bool = False) -> str:
         return f"{v:.5g}" if isinstance(v, (int, float)) else "–"
 
     held = (md.get("heldout_manifest_sha256") or "")[:12]
-    return (f"| {ck.get('step', '?')}{' (this)' if this else ''} | `{(ck.get('sha256') or '')[:12]}` | "
-            f"{ds.get('ref') or ''} | `{(md.get('code_commit') or '')[:12]}` | "
-            f"{md.get('evaluation', '?')} | `{held}` | {num('action_mse')} | {num('latent_mse')} |")
+    return (
+        f"| {ck.get('step', '?')}{' (this)' if this else ''} | `{(ck.get('sha256') or '')[:12]}` | "
+        f"{ds.get('ref') or ''} | `{(md.get('code_commit') or '')[:12]}` | "
+        f"{md.get('evaluation', '?')} | `{held}` | {num('action_mse')} | {num('latent_mse')} |"
+    )
 
 
 def comparison_table(current: dict, earlier: list[dict]) -> str:
     """Markdown: this evaluation (``EvaluationResult.as_metadata``), then earlier ones (newest first, one row
     per checkpoint x held-out manifest x evaluation)."""
-    head = ("| step | checkpoint | dataset | code | evaluation | held-out | action MSE | latent MSE |\n"
-            "|---|---|---|---|---|---|---|---|")
+    head = (
+        "| step | checkpoint | dataset | code | evaluation | held-out | action MSE | latent MSE |\n"
+        "|---|---|---|---|---|---|---|---|"
+    )
 
     def ident(md):
         return ((md.get("checkpoint") or {}).get("sha256"), md.get("heldout_manifest_sha256"), md.get("evaluation"))
@@ -250,5 +302,18 @@ def _slug(name: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in name)
 
 
-__all__ = ["DEFAULT", "ENTRY_POINT_GROUP", "EVALUATIONS", "EvaluationResult", "checkpoint_ref", "comparison_table",
-           "dataset_ref", "evaluate", "evaluate_checkpoint", "latest_recorded", "load_model", "register", "resolve"]
+__all__ = [
+    "DEFAULT",
+    "ENTRY_POINT_GROUP",
+    "EVALUATIONS",
+    "EvaluationResult",
+    "checkpoint_ref",
+    "comparison_table",
+    "dataset_ref",
+    "evaluate",
+    "evaluate_checkpoint",
+    "latest_recorded",
+    "load_model",
+    "register",
+    "resolve",
+]

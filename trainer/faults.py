@@ -51,7 +51,7 @@ class Fault:
         except json.JSONDecodeError as e:
             raise FaultSpecError(f"{ENV}: not JSON ({e}): {text!r}") from None
         if not isinstance(spec, dict):
-            raise FaultSpecError(f"{ENV}: expected an object like {{\"step\": 7, \"rank\": 1}}, got {text!r}")
+            raise FaultSpecError(f'{ENV}: expected an object like {{"step": 7, "rank": 1}}, got {text!r}')
         known = [f.name for f in fields(cls)]
         unknown = sorted(set(spec) - set(known))
         if unknown:

@@ -71,9 +71,12 @@ class GopDataset(ManifestDataset):
         if self.spec.anchors == "end":
             counts = np.full(self.world, per_rank)
         else:
-            counts = samples_per_row(self.manifest.column("start_ns").to_numpy(),
-                                     self.manifest.column("end_ns").to_numpy(), self.spec.anchors,
-                                     self.spec.anchor_every_ns)[:per_rank * self.world]
+            counts = samples_per_row(
+                self.manifest.column("start_ns").to_numpy(),
+                self.manifest.column("end_ns").to_numpy(),
+                self.spec.anchors,
+                self.spec.anchor_every_ns,
+            )[: per_rank * self.world]
             counts = counts.reshape(self.world, per_rank).sum(axis=1)
         n, self.lanes = usable_samples(counts, self.lanes, self.batch_size)
         return n
@@ -84,23 +87,35 @@ class GopDataset(ManifestDataset):
 
     def lanes_of(self, epoch: int) -> list[LaneOrder]:
         if self._lane_memo is None or self._lane_memo[0] != epoch:
-            self._lane_memo = (epoch, lane_orders(self.plan, self._units, self.rows, lanes=self.lanes,
-                                                  mix_units=self.mix_units, seed=self.seed, epoch=epoch,
-                                                  rank=self.rank))
+            self._lane_memo = (
+                epoch,
+                lane_orders(
+                    self.plan,
+                    self._units,
+                    self.rows,
+                    lanes=self.lanes,
+                    mix_units=self.mix_units,
+                    seed=self.seed,
+                    epoch=epoch,
+                    rank=self.rank,
+                ),
+            )
         return self._lane_memo[1]
 
     def batch_samples(self, epoch: int, j: int) -> np.ndarray:
         """The sample indices of batch ``j`` of ``epoch`` (what any worker count delivers there)."""
         lane = self.lanes_of(epoch)[j % self.lanes]
         i = j // self.lanes
-        return lane.samples[i * self.batch_size:(i + 1) * self.batch_size]
+        return lane.samples[i * self.batch_size : (i + 1) * self.batch_size]
 
     # ---- iteration ----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict]:
         worker, workers, epoch, start = self._pass_start()
         if self.lanes % workers:
-            raise ValueError(f"{workers} DataLoader workers do not divide lanes={self.lanes}: a unit would be "
-                             "decoded by several workers; choose a worker count that divides lanes (or set lanes)")
+            raise ValueError(
+                f"{workers} DataLoader workers do not divide lanes={self.lanes}: a unit would be "
+                "decoded by several workers; choose a worker count that divides lanes (or set lanes)"
+            )
         per_epoch = self.batches_per_epoch
         first = epoch * per_epoch + start
         last = None if self.continuous else (epoch + 1) * per_epoch
@@ -178,20 +193,41 @@ class GopDataset(ManifestDataset):
             rate = float(r.channels[cid].metadata.get("rate_hz", 0) or 0)
             period = int(1e9 / rate) if rate > 0 else 0
             tolerance = np.where(frame_pad.ravel(), max(period, EDGE_PAD_NS), period)
-            return decode_at(r, cam, frame_t.ravel(), transform=transform, stream=spec.stream, memo=memo,
-                             backend=self._backend, tolerance_ns=tolerance)
+            return decode_at(
+                r,
+                cam,
+                frame_t.ravel(),
+                transform=transform,
+                stream=spec.stream,
+                memo=memo,
+                backend=self._backend,
+                tolerance_ns=tolerance,
+            )
 
         pool = self._threads(len(cams))
         frames = list(pool.map(one, cams)) if pool is not None else [one(c) for c in cams]
         tol = _ns(spec.tolerance_s)
         streams_error = None
         try:
-            streams = r.read_streams(spec.stream_names(), int(proprio_t.min()) - tol, int(action_t.max()) + tol,
-                                     memo=memo)
+            streams = r.read_streams(
+                spec.stream_names(), int(proprio_t.min()) - tol, int(action_t.max()) + tol, memo=memo
+            )
         except EpisodeError as e:  # a damaged proprio chunk fails the unit's samples, not the run
             streams, streams_error = {}, e
-        return _Unit(samples, frames, streams, streams_error, frame_t, proprio_t, action_t, lo, hi, r.path,
-                     decoded=sum(f.decoded for f in frames), bytes_read=r.log.bytes - bytes_before)
+        return _Unit(
+            samples,
+            frames,
+            streams,
+            streams_error,
+            frame_t,
+            proprio_t,
+            action_t,
+            lo,
+            hi,
+            r.path,
+            decoded=sum(f.decoded for f in frames),
+            bytes_read=r.log.bytes - bytes_before,
+        )
 
     def unit_sample(self, unit: _Unit, k: int) -> dict:
         """Sample ``k`` of ``unit`` (its position in ``unit.samples``), from the unit's decode."""
@@ -207,9 +243,16 @@ class GopDataset(ManifestDataset):
             raise unit.streams_error
         images = np.stack([f.images[rows] for f in unit.frames])  # (C, K+1, 3, h, w)
         t = int(self.plan.anchor_ns[i])
-        times = SampleTimes(t, unit.frame_t[k], unit.proprio_t[k], unit.action_t[k],
-                            t + spec.proprio_offsets_ns() < unit.lo, t + spec.action_offsets_ns() > unit.hi,
-                            unit.lo, unit.hi)
+        times = SampleTimes(
+            t,
+            unit.frame_t[k],
+            unit.proprio_t[k],
+            unit.action_t[k],
+            t + spec.proprio_offsets_ns() < unit.lo,
+            t + spec.action_offsets_ns() > unit.hi,
+            unit.lo,
+            unit.hi,
+        )
         return self.assemble(i, images, unit.streams, times, unit.path)
 
 
@@ -247,7 +290,7 @@ class _LaneReader:
         self.last_good: list[dict] = []
 
     def _members(self, u: int) -> np.ndarray:
-        positions = self._by_unit[self._bounds[u]:self._bounds[u + 1]]
+        positions = self._by_unit[self._bounds[u] : self._bounds[u + 1]]
         positions = np.sort(positions[positions >= self.begin])
         return self.order.samples[positions]
 

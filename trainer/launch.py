@@ -94,20 +94,33 @@ def launch_command(settings: TrainerSettings, config_path: Path) -> list[str]:
         from infra.slurm.launcher import SlurmLauncher
         from infra.slurm.launcher import launch_command as slurm_command
 
-        slurm = SlurmLauncher(partition=settings.slurm_partition, nodes=settings.slurm_nodes,
-                              gpus_per_node=settings.slurm_gpus_per_node, time_limit=settings.slurm_time_limit,
-                              max_attempts=settings.slurm_max_attempts, in_place_restarts=settings.max_restarts,
-                              workdir=str(REPO))
+        slurm = SlurmLauncher(
+            partition=settings.slurm_partition,
+            nodes=settings.slurm_nodes,
+            gpus_per_node=settings.slurm_gpus_per_node,
+            time_limit=settings.slurm_time_limit,
+            max_attempts=settings.slurm_max_attempts,
+            in_place_restarts=settings.max_restarts,
+            workdir=str(REPO),
+        )
         return slurm_command(config_path, config_path.parent, slurm)
     train = ["-m", "trainer.train", "--config", str(config_path)]
     if settings.nproc_per_node == 1 and settings.max_restarts == 0:
         return [sys.executable, *train]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={settings.nproc_per_node}", f"--max-restarts={settings.max_restarts}", *train]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={settings.nproc_per_node}",
+        f"--max-restarts={settings.max_restarts}",
+        *train,
+    ]
 
 
-def plan_run(settings: TrainerSettings, home: DynaHome, spec: str, *, manifest_url: str, registry_url: str,
-             cache_dir: str) -> TrainConfig:
+def plan_run(
+    settings: TrainerSettings, home: DynaHome, spec: str, *, manifest_url: str, registry_url: str, cache_dir: str
+) -> TrainConfig:
     """The run's config, its ``run_dir`` the keyed run folder (nothing written there: ``prepare_run`` does;
     ``evaluations`` and ``released_models`` use this to find the run ``checkpoints`` trained).
 
@@ -128,28 +141,48 @@ def plan_run(settings: TrainerSettings, home: DynaHome, spec: str, *, manifest_u
         dataset = settings.dataset
     manifest_sha = local_copy(manifest_url, home.node_cache).stem
     if dataset and manifest_sha != published_sha:
-        raise ManifestIntegrityError(f"dataset {dataset}: {manifest_url} has SHA-256 {manifest_sha}, "
-                                     f"published as {published_sha}")
+        raise ManifestIntegrityError(
+            f"dataset {dataset}: {manifest_url} has SHA-256 {manifest_sha}, published as {published_sha}"
+        )
     size = (settings.image_size, settings.image_size)
     cfg = TrainConfig(
-        manifest=manifest_url, run_dir="", steps=settings.steps, batch_size=settings.batch_size, seed=settings.seed,
-        optimizer_mode=settings.optimizer_mode, workers=settings.workers, checkpoint_every=settings.checkpoint_every,
-        keep_checkpoints=settings.keep_checkpoints, checkpoint_store=settings.checkpoint_store,
+        manifest=manifest_url,
+        run_dir="",
+        steps=settings.steps,
+        batch_size=settings.batch_size,
+        seed=settings.seed,
+        optimizer_mode=settings.optimizer_mode,
+        workers=settings.workers,
+        checkpoint_every=settings.checkpoint_every,
+        keep_checkpoints=settings.keep_checkpoints,
+        checkpoint_store=settings.checkpoint_store,
         all_checkpoints_damaged=settings.all_checkpoints_damaged,  # type: ignore[arg-type]
-        cache_dir=cache_dir, model=ModelConfig(image_size=size),
-        sample=SampleSpec(image_size=size, anchors=settings.anchors, anchor_every_s=settings.anchor_every_s,
-                          stream=settings.read_stream or None),
+        cache_dir=cache_dir,
+        model=ModelConfig(image_size=size),
+        sample=SampleSpec(
+            image_size=size,
+            anchors=settings.anchors,
+            anchor_every_s=settings.anchor_every_s,
+            stream=settings.read_stream or None,
+        ),
         loader=LoaderConfig(kind=settings.loader, mix_units=settings.mix_units),  # type: ignore[arg-type]
-        lineage={"curation_spec": spec, "dataset": dataset or f"manifest:{manifest_sha[:16]}",
-                 "manifest": manifest_url, "manifest_sha256": manifest_sha,
-                 "schema_version": versions.SCHEMA_VERSION, "pipeline_version": versions.PIPELINE_VERSION,
-                 "code_commit": code_commit()})
+        lineage={
+            "curation_spec": spec,
+            "dataset": dataset or f"manifest:{manifest_sha[:16]}",
+            "manifest": manifest_url,
+            "manifest_sha256": manifest_sha,
+            "schema_version": versions.SCHEMA_VERSION,
+            "pipeline_version": versions.PIPELINE_VERSION,
+            "code_commit": code_commit(),
+        },
+    )
     cfg.run_dir = str(home.run_dir(spec, run_key(cfg)))
     return cfg
 
 
-def prepare_run(settings: TrainerSettings, home: DynaHome, spec: str, *, manifest_url: str, registry_url: str,
-                cache_dir: str) -> TrainingRun:
+def prepare_run(
+    settings: TrainerSettings, home: DynaHome, spec: str, *, manifest_url: str, registry_url: str, cache_dir: str
+) -> TrainingRun:
     """Resolve the run's data (:func:`plan_run`), write its config into its keyed run folder and build its
     command."""
     cfg = plan_run(settings, home, spec, manifest_url=manifest_url, registry_url=registry_url, cache_dir=cache_dir)
@@ -158,10 +191,17 @@ def prepare_run(settings: TrainerSettings, home: DynaHome, spec: str, *, manifes
     config_path = run_dir / "config.json"
     config_path.write_text(cfg.to_json())
     threads = settings.omp_num_threads or max(1, (os.cpu_count() or 1) // 2)
-    env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # torchrun's restarts hang without it
-           "OMP_NUM_THREADS": str(threads)}
-    return TrainingRun(run_dir=run_dir, config=json.loads(cfg.to_json()), command=launch_command(settings, config_path),
-                       env=env, resuming=(run_dir / "checkpoints" / "latest").exists())
+    env = {
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # torchrun's restarts hang without it
+        "OMP_NUM_THREADS": str(threads),
+    }
+    return TrainingRun(
+        run_dir=run_dir,
+        config=json.loads(cfg.to_json()),
+        command=launch_command(settings, config_path),
+        env=env,
+        resuming=(run_dir / "checkpoints" / "latest").exists(),
+    )
 
 
 def run_key(cfg: TrainConfig) -> str:
@@ -175,8 +215,13 @@ def code_commit() -> str:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10)
         if head.returncode != 0:
             return "unknown"
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
         return head.stdout.strip() + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"

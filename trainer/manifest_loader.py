@@ -48,8 +48,14 @@ class ManifestError(RuntimeError):
     pass
 
 
-def local_copy(arrow_url: str | Path, cache_dir: str | Path, *, fs: fsspec.AbstractFileSystem | None = None,
-               parallel: int = DEFAULT_PARALLEL, part_bytes: int = DEFAULT_PART_BYTES) -> Path:
+def local_copy(
+    arrow_url: str | Path,
+    cache_dir: str | Path,
+    *,
+    fs: fsspec.AbstractFileSystem | None = None,
+    parallel: int = DEFAULT_PARALLEL,
+    part_bytes: int = DEFAULT_PART_BYTES,
+) -> Path:
     """The node-local copy of a manifest's Arrow IPC file, downloaded at most once per node."""
     if parallel < 1 or part_bytes < 1:
         raise ValueError(f"parallel ({parallel}) and part_bytes ({part_bytes}) must be positive")
@@ -92,6 +98,7 @@ def rank_slice(table: pa.Table, rank: int, world: int, *, strided: bool = False)
 
 # --- locating and reading the store -------------------------------------------------------
 
+
 def _resolve(url: str, fs: fsspec.AbstractFileSystem | None) -> tuple[fsspec.AbstractFileSystem, str]:
     if fs is None:
         fs, path = fsspec.core.url_to_fs(url)
@@ -107,8 +114,10 @@ def _read_sidecar(fs, path: str, url: str) -> dict:
     try:
         raw = fs.cat_file(sidecar_path)
     except FileNotFoundError:
-        raise ManifestError(f"{_redact(url)}: manifest sidecar missing ({Path(sidecar_path).name}: "
-                            "manifest not written, or not completely)") from None
+        raise ManifestError(
+            f"{_redact(url)}: manifest sidecar missing ({Path(sidecar_path).name}: "
+            "manifest not written, or not completely)"
+        ) from None
     except Exception as e:
         raise _store_error(url, "reading the sidecar", e) from e
     try:
@@ -140,18 +149,23 @@ def _version(info: dict) -> tuple:
 
 
 def _store_error(url: str, doing: str, e: BaseException) -> ManifestError:
-    return ManifestError(f"{_redact(url)}: object store unreachable or refused the request while {doing} "
-                         f"({type(e).__name__}: {_redact(str(e))})")
+    return ManifestError(
+        f"{_redact(url)}: object store unreachable or refused the request while {doing} "
+        f"({type(e).__name__}: {_redact(str(e))})"
+    )
 
 
 # --- the download -------------------------------------------------------------------------
+
 
 def _download(fs, path: str, url: str, dst: Path, sidecar: dict, *, parallel: int, part_bytes: int) -> None:
     size, version = _stat(fs, path, url)
     expected = sidecar.get("arrow_bytes")
     if expected is not None and size != expected:
-        raise ManifestError(f"{_redact(url)}: size mismatch (store has {size} bytes, sidecar says {expected}): "
-                            "manifest replaced or being rewritten")
+        raise ManifestError(
+            f"{_redact(url)}: size mismatch (store has {size} bytes, sidecar says {expected}): "
+            "manifest replaced or being rewritten"
+        )
     tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -164,16 +178,17 @@ def _download(fs, path: str, url: str, dst: Path, sidecar: dict, *, parallel: in
         if _stat(fs, path, url) != (size, version):
             raise ManifestError(f"{_redact(url)}: object changed during download (size or generation differs)")
         if digest != sidecar["sha256"]:
-            raise ManifestError(f"{_redact(url)}: checksum mismatch (got {digest[:12]}…, sidecar says "
-                                f"{sidecar['sha256'][:12]}…): download corrupt or manifest replaced")
+            raise ManifestError(
+                f"{_redact(url)}: checksum mismatch (got {digest[:12]}…, sidecar says "
+                f"{sidecar['sha256'][:12]}…): download corrupt or manifest replaced"
+            )
         os.replace(tmp, dst)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
 
 
-def _fetch_parts(fs, path: str, url: str, fd: int, size: int, version: tuple, *,
-                 parallel: int, part_bytes: int) -> str:
+def _fetch_parts(fs, path: str, url: str, fd: int, size: int, version: tuple, *, parallel: int, part_bytes: int) -> str:
     """Fetch every part concurrently, pwrite it into ``fd``; hash in file order; return the hex digest.
 
     At most 2 x parallel parts are in flight or waiting to be hashed, which bounds memory
@@ -182,7 +197,7 @@ def _fetch_parts(fs, path: str, url: str, fd: int, size: int, version: tuple, *,
     parts = iter(_ranges(size, part_bytes))
     h = hashlib.sha256()
     with ThreadPoolExecutor(parallel, thread_name_prefix="manifest-part") as pool:
-        submit = lambda rng: pool.submit(_fetch_part, fs, path, url, fd, rng, pin)  # noqa: E731
+        submit = lambda rng: pool.submit(_fetch_part, fs, path, url, fd, rng, pin)
         window = deque(submit(rng) for rng in islice(parts, 2 * parallel))
         try:
             while window:
@@ -200,16 +215,18 @@ def _fetch_part(fs, path: str, url: str, fd: int, rng: tuple[int, int], pin: dic
     try:
         data = fs.cat_file(path, start, end, **pin)
     except FileNotFoundError:
-        raise ManifestError(f"{_redact(url)}: object changed during download (gone, or its generation "
-                            "was replaced)") from None
+        raise ManifestError(
+            f"{_redact(url)}: object changed during download (gone, or its generation was replaced)"
+        ) from None
     except Exception as e:
         raise _store_error(url, f"fetching bytes {start}-{end}", e) from e
     if len(data) != end - start:
-        raise ManifestError(f"{_redact(url)}: object changed during download (bytes {start}-{end} "
-                            f"returned {len(data)} bytes)")
+        raise ManifestError(
+            f"{_redact(url)}: object changed during download (bytes {start}-{end} returned {len(data)} bytes)"
+        )
     view = memoryview(data)
     while view:
-        view = view[os.pwrite(fd, view, start + len(data) - len(view)):]
+        view = view[os.pwrite(fd, view, start + len(data) - len(view)) :]
     return data
 
 

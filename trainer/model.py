@@ -107,8 +107,11 @@ class WorldActionModel(nn.Module):
         action_loss = F.mse_loss(actions, batch["actions"])
         latent_loss = F.mse_loss(latents, target)
         total = action_loss + self.cfg.future_weight * latent_loss
-        return total, {"loss": float(total.detach()), "action_loss": float(action_loss.detach()),
-                       "latent_loss": float(latent_loss.detach())}
+        return total, {
+            "loss": float(total.detach()),
+            "action_loss": float(action_loss.detach()),
+            "latent_loss": float(latent_loss.detach()),
+        }
 
     @torch.no_grad()
     def update_target(self) -> None:

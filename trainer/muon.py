@@ -137,8 +137,13 @@ class DistributedMuon(torch.optim.Optimizer):
     from torchrun's environment when a process group is initialized, else a single process.
     """
 
-    def __init__(self, model: nn.Module, config: MuonConfig = MuonConfig(), topology: Topology | None = None,
-                 groups: ProcessGroups | None = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        config: MuonConfig = MuonConfig(),
+        topology: Topology | None = None,
+        groups: ProcessGroups | None = None,
+    ):
         if topology is None:
             topology = Topology.from_env() if dist.is_available() and dist.is_initialized() else Topology.single()
         self.config, self.topology = config, topology
@@ -153,15 +158,26 @@ class DistributedMuon(torch.optim.Optimizer):
         for kind, params in (("Muon", self._muon_params), ("AdamW", self._adamw_params)):
             if len({(p.dtype, p.device) for p in params}) > 1:
                 raise ValueError(f"the {kind} parameters must share one dtype and device")
-        muon_kwargs = {"lr": config.lr, "weight_decay": config.weight_decay, "momentum": config.momentum,
-                       "nesterov": config.nesterov, "ns_steps": config.ns_steps, "adjust_lr_fn": config.adjust_lr_fn}
+        muon_kwargs = {
+            "lr": config.lr,
+            "weight_decay": config.weight_decay,
+            "momentum": config.momentum,
+            "nesterov": config.nesterov,
+            "ns_steps": config.ns_steps,
+            "adjust_lr_fn": config.adjust_lr_fn,
+        }
         param_groups = []
         if muon:  # a Muon over all matrices gives the group its full set of keys (and checks they are 2-D)
             param_groups.append({**torch.optim.Muon(self._muon_params, **muon_kwargs).param_groups[0], "kind": "muon"})
         self._adamw = None
         if adamw:
-            self._adamw = torch.optim.AdamW(self._adamw_params, lr=config.adamw_lr, betas=config.adamw_betas,
-                                            eps=config.adamw_eps, weight_decay=config.adamw_weight_decay)
+            self._adamw = torch.optim.AdamW(
+                self._adamw_params,
+                lr=config.adamw_lr,
+                betas=config.adamw_betas,
+                eps=config.adamw_eps,
+                weight_decay=config.adamw_weight_decay,
+            )
             param_groups.append(self._adamw.param_groups[0])  # shared: a scheduler's lr reaches AdamW
             param_groups[-1]["kind"] = "adamw"
         super().__init__(param_groups, defaults={})
@@ -228,7 +244,7 @@ class DistributedMuon(torch.optim.Optimizer):
         mine /= self.topology.world_size
         mean = torch.empty_like(flat)
         for j in range(node.size):
-            piece = mean[bounds[j]:bounds[j + 1]]
+            piece = mean[bounds[j] : bounds[j + 1]]
             if j == node.index:
                 piece.copy_(mine)
             if sizes[j]:
@@ -331,7 +347,7 @@ class DistributedMuon(torch.optim.Optimizer):
                 g.broadcast(flat, j, purpose)
                 offset = 0
                 for p in present:
-                    gathered[p] = flat[offset:offset + p.numel()].view_as(p).clone()
+                    gathered[p] = flat[offset : offset + p.numel()].view_as(p).clone()
                     offset += p.numel()
         return gathered
 
@@ -352,14 +368,14 @@ def _sum_rows(received: torch.Tensor, rows: int) -> torch.Tensor:
 def _copy_into(tensors: list[torch.Tensor], flat: torch.Tensor) -> None:
     offset = 0
     for t in tensors:
-        t.data.copy_(flat[offset:offset + t.numel()].view_as(t))
+        t.data.copy_(flat[offset : offset + t.numel()].view_as(t))
         offset += t.numel()
 
 
 def _set_grads(params: list[torch.Tensor], flat: torch.Tensor) -> None:
     offset = 0
     for p in params:
-        piece = flat[offset:offset + p.numel()].view_as(p)
+        piece = flat[offset : offset + p.numel()].view_as(p)
         if p.grad is None:
             p.grad = piece.clone()
         else:

@@ -43,8 +43,9 @@ class Release:
     sidecar: dict
 
 
-def export_weights(run_dir: str | os.PathLike, step: int | None = None, out_dir: str | os.PathLike | None = None
-                   ) -> Path:
+def export_weights(
+    run_dir: str | os.PathLike, step: int | None = None, out_dir: str | os.PathLike | None = None
+) -> Path:
     """Write checkpoint ``step`` (default: latest) of ``run_dir`` as a release folder (default:
     ``run_dir/releases/step-…``); returns that folder."""
     model, cfg, info = load_model(run_dir, step)
@@ -56,10 +57,17 @@ def export_weights(run_dir: str | os.PathLike, step: int | None = None, out_dir:
     torch.save(state, tmp)
     tmp.replace(weights)
     lineage = dict(info.extra.get("lineage", {}))
-    sidecar = {"format": "torch-state-dict", "weights": WEIGHTS, "sha256": _sha256(weights),
-               "size": weights.stat().st_size, "model_config": cfg.model.as_dict(), "lineage": lineage,
-               "dataset": dataset_ref(lineage), "code_commit": lineage.get("code_commit"),
-               "source": checkpoint_ref(run_dir, info)}
+    sidecar = {
+        "format": "torch-state-dict",
+        "weights": WEIGHTS,
+        "sha256": _sha256(weights),
+        "size": weights.stat().st_size,
+        "model_config": cfg.model.as_dict(),
+        "lineage": lineage,
+        "dataset": dataset_ref(lineage),
+        "code_commit": lineage.get("code_commit"),
+        "source": checkpoint_ref(run_dir, info),
+    }
     sidecar["safetensors"] = _write_safetensors(state, out / SAFETENSORS, safetensors_metadata(sidecar))
     (out / SIDECAR).write_text(json.dumps(sidecar, indent=1, sort_keys=True))
     return out
@@ -69,10 +77,17 @@ def safetensors_metadata(sidecar: dict) -> dict[str, str]:
     """The safetensors header's metadata (string -> string): one ``lineage.<key>`` entry per lineage
     field, the model config and source checkpoint as JSON, and the ``model.pt`` hash that addresses
     the release. ``format: pt`` is what Hugging Face loaders expect of PyTorch weights."""
+
     def text(v) -> str:
         return v if isinstance(v, str) else json.dumps(v, sort_keys=True)
-    return {"format": "pt", "model_config": text(sidecar["model_config"]), "source": text(sidecar["source"]),
-            "release_sha256": sidecar["sha256"], **{f"lineage.{k}": text(v) for k, v in sidecar["lineage"].items()}}
+
+    return {
+        "format": "pt",
+        "model_config": text(sidecar["model_config"]),
+        "source": text(sidecar["source"]),
+        "release_sha256": sidecar["sha256"],
+        **{f"lineage.{k}": text(v) for k, v in sidecar["lineage"].items()},
+    }
 
 
 def publish(weights_dir: str | os.PathLike, store_url: str | Store, name: str) -> Release:
@@ -84,10 +99,12 @@ def publish(weights_dir: str | os.PathLike, store_url: str | Store, name: str) -
     url = store.url(prefix)
     if store.exists(f"{prefix}/{SIDECAR}"):
         there = json.loads(store.cat(f"{prefix}/{SIDECAR}"))
-        if _files(there) == _files(sidecar) and all(store.info(f"{prefix}/{f}").size == size
-                                                    for f, (_, size) in _files(there).items()):
-            return Release(url=url, sha256=sidecar["sha256"], size=sidecar["size"], already_released=True,
-                           sidecar=there)
+        if _files(there) == _files(sidecar) and all(
+            store.info(f"{prefix}/{f}").size == size for f, (_, size) in _files(there).items()
+        ):
+            return Release(
+                url=url, sha256=sidecar["sha256"], size=sidecar["size"], already_released=True, sidecar=there
+            )
     # damaged, or from before the safetensors copy: not a release until re-uploaded whole
     store.delete(f"{prefix}/{SIDECAR}")
     for f in _files(sidecar):
@@ -134,8 +151,7 @@ def _write_safetensors(state: dict[str, torch.Tensor], path: Path, metadata: dic
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_bytes(data)
     tmp.replace(path)
-    return {"file": path.name, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data),
-            "format": "safetensors"}
+    return {"file": path.name, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "format": "safetensors"}
 
 
 def _sorted_metadata(data: bytes) -> bytes:

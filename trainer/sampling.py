@@ -63,8 +63,16 @@ def samples_per_row(start_ns: np.ndarray, end_ns: np.ndarray, anchors: str, ever
     return np.maximum(1, -(-length // every_ns))
 
 
-def plan_samples(start_ns: np.ndarray, end_ns: np.ndarray, code: np.ndarray, n_codes: int, *, anchors: str,
-                 every_ns: int, end_offset_ns: int) -> SamplePlan:
+def plan_samples(
+    start_ns: np.ndarray,
+    end_ns: np.ndarray,
+    code: np.ndarray,
+    n_codes: int,
+    *,
+    anchors: str,
+    every_ns: int,
+    end_offset_ns: int,
+) -> SamplePlan:
     """The samples of a slice: ``anchors="end"``, one per row at ``end - end_offset_ns``;
     ``anchors="every"``, one every ``every_ns`` from each row's start, before its end."""
     start_ns, end_ns, code = (np.asarray(a, np.int64) for a in (start_ns, end_ns, code))
@@ -109,8 +117,9 @@ def unit_of(plan: SamplePlan, first_frame_offset_ns: int, unit_ns: int) -> np.nd
     return np.unique(plan.code * (1 << 31) + window, return_inverse=True)[1].astype(np.int64)
 
 
-def lane_orders(plan: SamplePlan, units: np.ndarray, n_use: int, *, lanes: int, mix_units: float, seed: int,
-                epoch: int, rank: int) -> list[LaneOrder]:
+def lane_orders(
+    plan: SamplePlan, units: np.ndarray, n_use: int, *, lanes: int, mix_units: float, seed: int, epoch: int, rank: int
+) -> list[LaneOrder]:
     """The lanes of an epoch (see the module doc): each unit's samples stay together up to the
     bounded mix, units come in a random order from (seed, epoch, rank)."""
     rng = np.random.default_rng([seed, epoch, rank, 0x60B])
@@ -123,7 +132,7 @@ def lane_orders(plan: SamplePlan, units: np.ndarray, n_use: int, *, lanes: int, 
     per_lane = n_use // lanes
     out = []
     for lane in range(lanes):
-        part = sequence[lane * per_lane:(lane + 1) * per_lane]
+        part = sequence[lane * per_lane : (lane + 1) * per_lane]
         unit_place = place[units[part]]
         # Dense rank of the unit's place inside this lane: 0, 1, 2, ... in the order units arrive.
         local = np.concatenate([[0], np.cumsum(np.diff(unit_place) != 0)]) if len(part) else unit_place
@@ -136,5 +145,4 @@ def lane_orders(plan: SamplePlan, units: np.ndarray, n_use: int, *, lanes: int, 
     return out
 
 
-__all__ = ["LaneOrder", "SamplePlan", "lane_orders", "plan_samples", "samples_per_row", "unit_of",
-           "usable_samples"]
+__all__ = ["LaneOrder", "SamplePlan", "lane_orders", "plan_samples", "samples_per_row", "unit_of", "usable_samples"]

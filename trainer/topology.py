@@ -52,9 +52,14 @@ class Topology:
     def simulated(cls, rank: int, world_size: int, ranks_per_node: int) -> Topology:
         if ranks_per_node < 1 or world_size % ranks_per_node:
             raise ValueError(f"world_size {world_size} is not a multiple of ranks_per_node {ranks_per_node}")
-        return cls(rank=rank, world_size=world_size, local_rank=rank % ranks_per_node,
-                   local_world_size=ranks_per_node, node=rank // ranks_per_node,
-                   num_nodes=world_size // ranks_per_node)
+        return cls(
+            rank=rank,
+            world_size=world_size,
+            local_rank=rank % ranks_per_node,
+            local_world_size=ranks_per_node,
+            node=rank // ranks_per_node,
+            num_nodes=world_size // ranks_per_node,
+        )
 
     @classmethod
     def from_env(cls, env: dict | None = None, ranks_per_node: int | None = None) -> Topology:
@@ -64,9 +69,14 @@ class Topology:
         if simulated:
             return cls.simulated(rank, world, simulated)
         local_world = int(env.get("LOCAL_WORLD_SIZE", world))
-        return cls(rank=rank, world_size=world, local_rank=int(env.get("LOCAL_RANK", rank % local_world)),
-                   local_world_size=local_world, node=int(env.get("GROUP_RANK", rank // local_world)),
-                   num_nodes=world // local_world)
+        return cls(
+            rank=rank,
+            world_size=world,
+            local_rank=int(env.get("LOCAL_RANK", rank % local_world)),
+            local_world_size=local_world,
+            node=int(env.get("GROUP_RANK", rank // local_world)),
+            num_nodes=world // local_world,
+        )
 
     def node_of(self, rank: int) -> int:
         return rank // self.local_world_size
@@ -112,8 +122,9 @@ class CountedGroup:
     def index(self) -> int:
         return self.ranks.index(self.topology.rank)
 
-    def all_to_all(self, send: torch.Tensor, send_sizes: list[int], recv_sizes: list[int],
-                   purpose: str) -> torch.Tensor:
+    def all_to_all(
+        self, send: torch.Tensor, send_sizes: list[int], recv_sizes: list[int], purpose: str
+    ) -> torch.Tensor:
         """``send`` holds member j's chunk at position j; returns the chunks received, in member order."""
         if self.size == 1:
             return send

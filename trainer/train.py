@@ -114,8 +114,10 @@ class TrainConfig:
 
     def __post_init__(self):
         if self.all_checkpoints_damaged not in get_args(OnAllDamaged):
-            raise ValueError(f"all_checkpoints_damaged: {self.all_checkpoints_damaged!r} is not one of "
-                             f"{', '.join(map(repr, get_args(OnAllDamaged)))}")
+            raise ValueError(
+                f"all_checkpoints_damaged: {self.all_checkpoints_damaged!r} is not one of "
+                f"{', '.join(map(repr, get_args(OnAllDamaged)))}"
+            )
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=1)
@@ -133,8 +135,10 @@ class TrainConfig:
         # (they load as they were); one that asks for a fault would silently train without it: refused.
         fault = d.pop("fault", None)
         if fault:
-            raise ValueError(f"this config asks for fault injection (\"fault\": {json.dumps(fault)}), which is no "
-                             f"longer a config field: set {FAULT_ENV} in the trainer's environment instead (test-only)")
+            raise ValueError(
+                f'this config asks for fault injection ("fault": {json.dumps(fault)}), which is no '
+                f"longer a config field: set {FAULT_ENV} in the trainer's environment instead (test-only)"
+            )
         d["model"] = ModelConfig.from_dict(d.get("model", {}))
         sample = dict(d.get("sample", {}))
         for k in ("cameras", "frame_offsets_s", "image_size", "action_stream"):
@@ -203,8 +207,9 @@ def run(cfg: TrainConfig) -> dict:
     if topo.rank == 0 and not (run_dir / "config.json").exists():  # what evaluations and releases read back
         (run_dir / "config.json").write_text(cfg.to_json())
     _log_to(attempt_dir / f"rank{topo.rank}.log")
-    log.info("attempt %d, rank %d of %d (node %d of %d)", attempt, topo.rank, topo.world_size, topo.node,
-             topo.num_nodes)
+    log.info(
+        "attempt %d, rank %d of %d (node %d of %d)", attempt, topo.rank, topo.world_size, topo.node, topo.num_nodes
+    )
 
     # The step and the DataLoader workers share the node's cores: oversubscribing them makes the step
     # slower and the batch hand-off late (measured on 2 cores: data wait 3.6% -> 1.2%).
@@ -222,39 +227,71 @@ def run(cfg: TrainConfig) -> dict:
 
         cache = PageCache(CacheConfig.from_env(cfg.cache_dir, root=cfg.cache_dir), Origins.from_env())
         open_file = CachedFileSystem(cache).open
-    common = dict(batch_size=cfg.batch_size, rank=topo.rank, world=topo.world_size, seed=cfg.seed, open_file=open_file,
-                  continuous=True)
+    common = dict(
+        batch_size=cfg.batch_size,
+        rank=topo.rank,
+        world=topo.world_size,
+        seed=cfg.seed,
+        open_file=open_file,
+        continuous=True,
+    )
     if cfg.loader.kind == "gop":
         lc = cfg.loader
         decoder = lc.decoder if lc.decoder != "auto" or torch.cuda.is_available() else "cpu"
-        ds = GopDataset(manifest, cfg.sample, unit_s=lc.unit_s, mix_units=lc.mix_units, lanes=lc.lanes,
-                        decode_threads=lc.decode_threads, decoder=decoder, bad_samples=lc.bad_samples, **common)
+        ds = GopDataset(
+            manifest,
+            cfg.sample,
+            unit_s=lc.unit_s,
+            mix_units=lc.mix_units,
+            lanes=lc.lanes,
+            decode_threads=lc.decode_threads,
+            decoder=decoder,
+            bad_samples=lc.bad_samples,
+            **common,
+        )
     else:
         ds = ManifestDataset(manifest, cfg.sample, **common)
-    log.info("loader %s: %d samples per epoch on this rank, %d batches", cfg.loader.kind, ds.rows,
-             ds.batches_per_epoch)
+    log.info("loader %s: %d samples per epoch on this rank, %d batches", cfg.loader.kind, ds.rows, ds.batches_per_epoch)
 
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
     model = WorldActionModel(cfg.model)
-    optimizer = DistributedMuon(model, MuonConfig(lr=cfg.muon_lr, weight_decay=cfg.weight_decay, adamw_lr=cfg.lr,
-                                                  adamw_weight_decay=cfg.weight_decay, mode=cfg.optimizer_mode,
-                                                  node_local_min_nodes=cfg.node_local_min_nodes), topo)
+    optimizer = DistributedMuon(
+        model,
+        MuonConfig(
+            lr=cfg.muon_lr,
+            weight_decay=cfg.weight_decay,
+            adamw_lr=cfg.lr,
+            adamw_weight_decay=cfg.weight_decay,
+            mode=cfg.optimizer_mode,
+            node_local_min_nodes=cfg.node_local_min_nodes,
+        ),
+        topo,
+    )
     counter = StepCounter()
-    state = {"app": AppState(model, optimizer), "data": DataPosition(ds), "rng": RNGState(topo.rank),
-             "step": counter}
-    summary: dict = {"attempt": attempt, "attempt_name": attempt_name, "world_size": topo.world_size,
-                     "optimizer_mode": optimizer.mode}
+    state = {"app": AppState(model, optimizer), "data": DataPosition(ds), "rng": RNGState(topo.rank), "step": counter}
+    summary: dict = {
+        "attempt": attempt,
+        "attempt_name": attempt_name,
+        "world_size": topo.world_size,
+        "optimizer_mode": optimizer.mode,
+    }
     with ExitStack() as stack:
         endpoint = os.environ.get("DYNA_S3_ENDPOINT_URL") if cfg.checkpoint_store.startswith("s3://") else None
-        ckpt = stack.enter_context(CheckpointManager(run_dir / "checkpoints", store_url=cfg.checkpoint_store or None,
-                                                     endpoint_url=endpoint, keep=cfg.keep_checkpoints))
+        ckpt = stack.enter_context(
+            CheckpointManager(
+                run_dir / "checkpoints",
+                store_url=cfg.checkpoint_store or None,
+                endpoint_url=endpoint,
+                keep=cfg.keep_checkpoints,
+            )
+        )
         latest = _resume_point(ckpt, cfg, summary)
         if latest is not None:
             ckpt.load(latest, state)
             log.info("resumed from step %d (%s)", counter.step, latest.path)
             summary["resumed_from"] = counter.step
         pipes = stack.enter_context(_pipes()) if topo.rank == 0 else None
-        metrics = open(run_dir / "metrics.jsonl", "a") if topo.rank == 0 else None  # noqa: SIM115
+        metrics = open(run_dir / "metrics.jsonl", "a") if topo.rank == 0 else None
         if metrics is not None:
             stack.callback(metrics.close)
         summary.update(_loop(cfg, model, optimizer, ds, ckpt, counter, state, topo, attempt, metrics, pipes, fault))
@@ -263,13 +300,17 @@ def run(cfg: TrainConfig) -> dict:
         final = ckpt.latest()  # collective; verified
         if final is not None:
             marker = (final.path / "COMPLETE.json").read_bytes()
-            summary["checkpoint"] = {"step": final.step, "path": str(final.path),
-                                     "sha256": hashlib.sha256(marker).hexdigest()}
+            summary["checkpoint"] = {
+                "step": final.step,
+                "path": str(final.path),
+                "sha256": hashlib.sha256(marker).hexdigest(),
+            }
         if topo.rank == 0:
             (run_dir / "result.json").write_text(json.dumps(summary, indent=1, default=str))
             if pipes is not None:
-                pipes.report_asset_materialization(metadata=_pipes_metadata(summary, cfg),
-                                                   data_version=(summary.get("checkpoint") or {}).get("sha256"))
+                pipes.report_asset_materialization(
+                    metadata=_pipes_metadata(summary, cfg), data_version=(summary.get("checkpoint") or {}).get("sha256")
+                )
     if distributed:
         dist.destroy_process_group()
     return summary
@@ -282,8 +323,9 @@ def _resume_point(ckpt: CheckpointManager, cfg: TrainConfig, summary: dict) -> C
         latest = ckpt.latest()
     except NoIntactCheckpointError as e:
         if cfg.all_checkpoints_damaged != "start_fresh":
-            raise CheckpointError(f"{e}. To train from step 0 instead, set all_checkpoints_damaged to "
-                                  "'start_fresh' in the trainer config") from e
+            raise CheckpointError(
+                f"{e}. To train from step 0 instead, set all_checkpoints_damaged to 'start_fresh' in the trainer config"
+            ) from e
         for reason in e.skipped:
             log.warning("damaged checkpoint skipped: %s", reason)
         log.warning("no intact checkpoint: starting from step 0 (all_checkpoints_damaged = 'start_fresh')")
@@ -297,8 +339,9 @@ def _resume_point(ckpt: CheckpointManager, cfg: TrainConfig, summary: dict) -> C
     return latest
 
 
-def _loop(cfg, model, optimizer, ds, ckpt, counter, state, topo, attempt, metrics, pipes,
-          fault: Fault | None = None) -> dict:
+def _loop(
+    cfg, model, optimizer, ds, ckpt, counter, state, topo, attempt, metrics, pipes, fault: Fault | None = None
+) -> dict:
     losses: dict[int, float] = {}
     window, total = StepTimes(), StepTimes()
     blocking: list[float] = []
@@ -308,8 +351,14 @@ def _loop(cfg, model, optimizer, ds, ckpt, counter, state, topo, attempt, metric
     first_epoch_steps = 0
     io = {"decoded_frames": 0, "delivered_frames": 0, "bytes_read": 0, "skipped": 0}
     # Persistent workers keep their open episodes and decoded frames from one epoch to the next.
-    loader = DataLoader(ds, batch_size=None, num_workers=cfg.workers, worker_init_fn=worker_init_threads,
-                        prefetch_factor=cfg.prefetch if cfg.workers else None, persistent_workers=cfg.workers > 0)
+    loader = DataLoader(
+        ds,
+        batch_size=None,
+        num_workers=cfg.workers,
+        worker_init_fn=worker_init_threads,
+        prefetch_factor=cfg.prefetch if cfg.workers else None,
+        persistent_workers=cfg.workers > 0,
+    )
     it = None
     t_start = time.perf_counter()
     while counter.step < cfg.steps:
@@ -350,9 +399,13 @@ def _loop(cfg, model, optimizer, ds, ckpt, counter, state, topo, attempt, metric
             ckpt.save(step, state, extra={"lineage": cfg.lineage, "loss": parts["loss"], "attempt": attempt})
             blocking.append(time.perf_counter() - tc)
         if step % cfg.log_every == 0 or step == cfg.steps:
-            record_ = {"step": step, "attempt": attempt, **{k: round(v, 6) for k, v in parts.items()},
-                       "samples_per_s": round(window.samples / window.total_s, 2) if window.total_s else 0.0,
-                       "data_wait_fraction": round(window.fraction(), 4)}
+            record_ = {
+                "step": step,
+                "attempt": attempt,
+                **{k: round(v, 6) for k, v in parts.items()},
+                "samples_per_s": round(window.samples / window.total_s, 2) if window.total_s else 0.0,
+                "data_wait_fraction": round(window.fraction(), 4),
+            }
             log.info("%s", record_)
             if metrics is not None:
                 metrics.write(json.dumps(record_) + "\n")
@@ -364,15 +417,24 @@ def _loop(cfg, model, optimizer, ds, ckpt, counter, state, topo, attempt, metric
         if fault is not None:
             fault.after_step(step, topo.rank, attempt, ckpt)
     first = min(losses) if losses else None
-    return {"steps": counter.step, "losses": losses, "loss_first": losses.get(first) if first else None,
-            "loss_last": losses.get(counter.step), "samples_per_s": total.samples / total.total_s if total.total_s else 0,
-            "data_wait_fraction": total.fraction(), "checkpoint_blocking_s": blocking, "step_compute_s": compute,
-            "step_wait_s": waits,
-            "data_wait_first_epoch": first_epoch.fraction() if first_epoch.total_s else None,
-            "first_epoch_steps": first_epoch_steps,
-            "decodes_per_frame": io["decoded_frames"] / io["delivered_frames"] if io["delivered_frames"] else None,
-            **io, "loader": cfg.loader.kind, "samples_per_epoch": ds.rows * topo.world_size,
-            "wall_s": time.perf_counter() - t_start}
+    return {
+        "steps": counter.step,
+        "losses": losses,
+        "loss_first": losses.get(first) if first else None,
+        "loss_last": losses.get(counter.step),
+        "samples_per_s": total.samples / total.total_s if total.total_s else 0,
+        "data_wait_fraction": total.fraction(),
+        "checkpoint_blocking_s": blocking,
+        "step_compute_s": compute,
+        "step_wait_s": waits,
+        "data_wait_first_epoch": first_epoch.fraction() if first_epoch.total_s else None,
+        "first_epoch_steps": first_epoch_steps,
+        "decodes_per_frame": io["decoded_frames"] / io["delivered_frames"] if io["delivered_frames"] else None,
+        **io,
+        "loader": cfg.loader.kind,
+        "samples_per_epoch": ds.rows * topo.world_size,
+        "wall_s": time.perf_counter() - t_start,
+    }
 
 
 class Prefetcher:
@@ -394,7 +456,7 @@ class Prefetcher:
             for batch in it:
                 self._q.put(batch)
             self._q.put(self._END)
-        except BaseException as e:  # noqa: BLE001  (handed to the training loop, raised there)
+        except BaseException as e:
             self._q.put(e)
 
     def __iter__(self):
@@ -432,17 +494,22 @@ def _pipes():
 def _pipes_metadata(summary: dict, cfg: TrainConfig) -> dict:
     ck = summary.get("checkpoints") or []
     return {
-        "steps": summary["steps"], "loss_first": summary["loss_first"], "loss_last": summary["loss_last"],
+        "steps": summary["steps"],
+        "loss_first": summary["loss_first"],
+        "loss_last": summary["loss_last"],
         "samples_per_s": round(summary["samples_per_s"], 2),
         "data_wait_fraction": round(summary["data_wait_fraction"], 4),
         "data_wait_first_epoch": round(summary["data_wait_first_epoch"] or 0.0, 4),
         "decodes_per_frame": round(summary["decodes_per_frame"] or 0.0, 3),
-        "loader": summary["loader"], "samples_per_epoch": summary["samples_per_epoch"],
+        "loader": summary["loader"],
+        "samples_per_epoch": summary["samples_per_epoch"],
         "skipped_samples": summary["skipped"],
         "checkpoint_blocking_s": max(summary["checkpoint_blocking_s"] or [0.0]),
         "checkpoint_write_s": max((c.get("write_s") or 0.0 for c in ck), default=0.0),
-        "attempt": summary["attempt"], "world_size": summary["world_size"],
-        "optimizer_mode": summary["optimizer_mode"], "run_dir": cfg.run_dir,
+        "attempt": summary["attempt"],
+        "world_size": summary["world_size"],
+        "optimizer_mode": summary["optimizer_mode"],
+        "run_dir": cfg.run_dir,
         "checkpoint": {"raw_value": summary.get("checkpoint") or {}, "type": "json"},
         "lineage": {"raw_value": cfg.lineage, "type": "json"},
     }

@@ -3,8 +3,15 @@
 No ``from __future__ import annotations`` here: Dagster reads the context annotation at runtime.
 """
 
-from dagster import (AssetCheckResult, AssetCheckSpec, AssetExecutionContext, DataVersion, MaterializeResult,
-                     MetadataValue, asset)
+from dagster import (
+    AssetCheckResult,
+    AssetCheckSpec,
+    AssetExecutionContext,
+    DataVersion,
+    MaterializeResult,
+    MetadataValue,
+    asset,
+)
 
 from dyna_resources.resources import CacheResource, HomeResource, ReplicaResource
 from dyna_resources.storage.prewarm import prewarm_manifest
@@ -24,13 +31,19 @@ def _manifest(context: AssetExecutionContext, home: HomeResource):
     return name, path, open_manifest(path)
 
 
-@asset(partitions_def=curation_specs, deps=["manifests"], group_name="cache", tags={"dyna/stage": "cache"},
-       op_tags=k8s.PREWARM,
-       check_specs=[AssetCheckSpec("complete", asset="cache_sets",
-                                   description="every file of the manifest was prewarmed")],
-       description="Exactly the pages a training run on this manifest will read (chunks of the read profile's "
-                   "topic groups, found through each MCAP's chunk index), fetched into the node-local page "
-                   "cache before training; or an Alluxio load job when $DYNA_ALLUXIO_* configures a cluster.")
+@asset(
+    partitions_def=curation_specs,
+    deps=["manifests"],
+    group_name="cache",
+    tags={"dyna/stage": "cache"},
+    op_tags=k8s.PREWARM,
+    check_specs=[
+        AssetCheckSpec("complete", asset="cache_sets", description="every file of the manifest was prewarmed")
+    ],
+    description="Exactly the pages a training run on this manifest will read (chunks of the read profile's "
+    "topic groups, found through each MCAP's chunk index), fetched into the node-local page "
+    "cache before training; or an Alluxio load job when $DYNA_ALLUXIO_* configures a cluster.",
+)
 def cache_sets(context: AssetExecutionContext, home: HomeResource, cache: CacheResource):
     name, path, table = _manifest(context, home)
     manifest_sha = path.stem
@@ -40,38 +53,58 @@ def cache_sets(context: AssetExecutionContext, home: HomeResource, cache: CacheR
     if front is not None:
         report = front.load(sorted(set(table.column("uri").to_pylist())))
         return MaterializeResult(
-            metadata={"backend": "alluxio", "manifest_sha256": manifest_sha, **report.as_metadata(),
-                      "failed": MetadataValue.json(dict(report.failed))},
+            metadata={
+                "backend": "alluxio",
+                "manifest_sha256": manifest_sha,
+                **report.as_metadata(),
+                "failed": MetadataValue.json(dict(report.failed)),
+            },
             check_results=[AssetCheckResult(passed=report.ok, metadata={"failed": len(report.failed)})],
-            data_version=DataVersion(version))
+            data_version=DataVersion(version),
+        )
 
     def progress(done: int, total: int):
         if done == total or done % max(1, total // 10) == 0:
             context.log.info(f"prewarm: {done}/{total} pages")
 
     with cache.cache() as page_cache:
-        report = prewarm_manifest(table, page_cache, read_set, dataset=name,
-                                  parallel=cache.parallel, progress=progress)
+        report = prewarm_manifest(table, page_cache, read_set, dataset=name, parallel=cache.parallel, progress=progress)
         usage = page_cache.usage()
         root = str(page_cache.root)
     for url, why in report.errors.items():
         context.log.warning(f"not prewarmed: {url}: {why}")
     return MaterializeResult(
-        metadata={"backend": "page-cache", "cache_dir": MetadataValue.path(root), "manifest_sha256": manifest_sha,
-                  "groups": MetadataValue.json(list(read_set.groups)), **report.as_metadata(),
-                  "dataset_bytes_cached": usage.get(name, 0), "errors": MetadataValue.json(report.errors)},
-        check_results=[AssetCheckResult(passed=not report.errors, metadata={"files_not_prewarmed": len(report.errors)})],
+        metadata={
+            "backend": "page-cache",
+            "cache_dir": MetadataValue.path(root),
+            "manifest_sha256": manifest_sha,
+            "groups": MetadataValue.json(list(read_set.groups)),
+            **report.as_metadata(),
+            "dataset_bytes_cached": usage.get(name, 0),
+            "errors": MetadataValue.json(report.errors),
+        },
+        check_results=[
+            AssetCheckResult(passed=not report.errors, metadata={"files_not_prewarmed": len(report.errors)})
+        ],
         data_version=DataVersion(version),
     )
 
 
-@asset(partitions_def=curation_specs, deps=["manifests"], group_name="cache", tags={"dyna/stage": "replica"},
-       op_tags=k8s.REPLICA,
-       check_specs=[AssetCheckSpec("complete", asset="mcap_replica",
-                                   description="every MCAP file of the manifest is on the second origin")],
-       description="The manifest's MCAP files copied to the second, neutral origin (S3-compatible): only what "
-                   "is missing, each verified by SHA-256 after upload and tagged with the primary's version so "
-                   "the page cache keys stay the same whichever origin a cluster reads.")
+@asset(
+    partitions_def=curation_specs,
+    deps=["manifests"],
+    group_name="cache",
+    tags={"dyna/stage": "replica"},
+    op_tags=k8s.REPLICA,
+    check_specs=[
+        AssetCheckSpec(
+            "complete", asset="mcap_replica", description="every MCAP file of the manifest is on the second origin"
+        )
+    ],
+    description="The manifest's MCAP files copied to the second, neutral origin (S3-compatible): only what "
+    "is missing, each verified by SHA-256 after upload and tagged with the primary's version so "
+    "the page cache keys stay the same whichever origin a cluster reads.",
+)
 def mcap_replica(context: AssetExecutionContext, home: HomeResource, replica: ReplicaResource):
     _, _, table = _manifest(context, home)
     uris = sorted(set(table.column("uri").to_pylist()))
@@ -80,8 +113,14 @@ def mcap_replica(context: AssetExecutionContext, home: HomeResource, replica: Re
     for url, why in report.failed.items():
         context.log.warning(f"not replicated: {url}: {why}")
     return MaterializeResult(
-        metadata={"replica": store.root, "files": len(uris), "copied": len(report.copied),
-                  "skipped_current": len(report.skipped), "bytes_copied": report.bytes_copied,
-                  "seconds": round(report.seconds, 3), "failed": MetadataValue.json(report.failed)},
+        metadata={
+            "replica": store.root,
+            "files": len(uris),
+            "copied": len(report.copied),
+            "skipped_current": len(report.skipped),
+            "bytes_copied": report.bytes_copied,
+            "seconds": round(report.seconds, 3),
+            "failed": MetadataValue.json(report.failed),
+        },
         check_results=[AssetCheckResult(passed=not report.failed, metadata={"failed": len(report.failed)})],
     )

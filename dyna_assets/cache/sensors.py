@@ -10,14 +10,20 @@ DATA_VERSION_TAG = "dagster/data_version"  # the tag Dagster stamps on a materia
 BATCH = 1000
 
 
-@sensor(asset_selection=[AssetKey("cache_sets")], minimum_interval_seconds=30, default_status=sensor_status(),
-        description="When a manifests partition is materialized with a new DataVersion (its content hash), "
-                    "prewarm its cache set; a rebuild with the same content requests nothing.")
+@sensor(
+    asset_selection=[AssetKey("cache_sets")],
+    minimum_interval_seconds=30,
+    default_status=sensor_status(),
+    description="When a manifests partition is materialized with a new DataVersion (its content hash), "
+    "prewarm its cache set; a rebuild with the same content requests nothing.",
+)
 def manifest_prewarm_sensor(context: SensorEvaluationContext):
     state = json.loads(context.cursor) if context.cursor else {"after": None, "versions": {}}
     records = context.instance.fetch_materializations(
         AssetRecordsFilter(asset_key=AssetKey("manifests"), after_storage_id=state["after"]),
-        limit=BATCH, ascending=True).records
+        limit=BATCH,
+        ascending=True,
+    ).records
     latest: dict[str, str] = {}
     for record in records:  # oldest first: the last one per partition wins
         materialization = record.asset_materialization
@@ -29,8 +35,13 @@ def manifest_prewarm_sensor(context: SensorEvaluationContext):
     for partition, version in sorted(latest.items()):
         if state["versions"].get(partition) != version:
             state["versions"][partition] = version
-            requests.append(RunRequest(run_key=f"prewarm-{partition}-{version[:16]}", partition_key=partition,
-                                       tags={"dyna/trigger": "manifest-version", "dyna/manifest_version": version}))
+            requests.append(
+                RunRequest(
+                    run_key=f"prewarm-{partition}-{version[:16]}",
+                    partition_key=partition,
+                    tags={"dyna/trigger": "manifest-version", "dyna/manifest_version": version},
+                )
+            )
     cursor = json.dumps(state)
     if not requests:
         return SensorResult(skip_reason=SkipReason("no manifest has a new DataVersion"), cursor=cursor)

@@ -3,8 +3,15 @@
 No ``from __future__ import annotations`` here: Dagster reads the context annotation at runtime.
 """
 
-from dagster import (AssetExecutionContext, DataVersion, DynamicPartitionsDefinition, Failure, MaterializeResult,
-                     MetadataValue, asset)
+from dagster import (
+    AssetExecutionContext,
+    DataVersion,
+    DynamicPartitionsDefinition,
+    Failure,
+    MaterializeResult,
+    MetadataValue,
+    asset,
+)
 
 from dyna_resources.catalog.curation import CurationSpec, CurationSpecError, curate, missing_episodes
 from dyna_resources.catalog.manifest import write_manifest
@@ -18,27 +25,39 @@ from ..partitions import partition_key
 curation_specs = DynamicPartitionsDefinition(name="curation_specs")
 
 
-@asset(partitions_def=curation_specs, deps=["warehouse_episodes"], group_name="curation", pool="duckdb",
-       tags={"dyna/stage": "manifest"}, op_tags=k8s.MANIFEST,
-       description="The curation spec's ONE SQL query over the warehouse, written as a zstd Parquet manifest "
-                   "plus an Arrow IPC copy (fixed record batches) for mmap loading; content-hashed.")
+@asset(
+    partitions_def=curation_specs,
+    deps=["warehouse_episodes"],
+    group_name="curation",
+    pool="duckdb",
+    tags={"dyna/stage": "manifest"},
+    op_tags=k8s.MANIFEST,
+    description="The curation spec's ONE SQL query over the warehouse, written as a zstd Parquet manifest "
+    "plus an Arrow IPC copy (fixed record batches) for mmap loading; content-hashed.",
+)
 def manifests(context: AssetExecutionContext, home: HomeResource, warehouse: WarehouseResource):
     name = partition_key(context, "curation spec")
     try:
         spec = CurationSpec.load(home.home().curation_spec(name))
         sql, params = spec.compile()
         with warehouse.open(read_only=True) as wh:
-            info = write_manifest(curate(wh, spec), home.manifests_url(), name,
-                                  count_by=("task", "robot_id", "site", "pipeline_version", "schema_version"),
-                                  extra={"spec": spec.name, "sql": sql})
+            info = write_manifest(
+                curate(wh, spec),
+                home.manifests_url(),
+                name,
+                count_by=("task", "robot_id", "site", "pipeline_version", "schema_version"),
+                extra={"spec": spec.name, "sql": sql},
+            )
             missing = missing_episodes(wh, spec)
     except CurationSpecError as e:
         raise Failure(description=str(e), metadata={"field": e.field}, allow_retries=False) from None
     if missing:  # their MCAPs are gone or changed (mcap_episodes.mcaps_present): never selected, named
-        context.log.warning(f"{len(missing)} episode(s) the spec selects are left out, their MCAPs missing: "
-                            + "; ".join(f"{e} ({u})" for e, u in missing[:10]))
+        context.log.warning(
+            f"{len(missing)} episode(s) the spec selects are left out, their MCAPs missing: "
+            + "; ".join(f"{e} ({u})" for e, u in missing[:10])
+        )
     stats = info.stats
-    top = lambda col: dict(list(stats.get(f"by_{col}", {}).items())[:20])  # noqa: E731
+    top = lambda col: dict(list(stats.get(f"by_{col}", {}).items())[:20])
     return MaterializeResult(
         metadata={
             "rows": info.rows,
@@ -56,8 +75,9 @@ def manifests(context: AssetExecutionContext, home: HomeResource, warehouse: War
             "arrow_bytes": info.arrow_bytes,
             "parquet_bytes": info.parquet_bytes,
             "sql": MetadataValue.md(f"```sql\n{sql}\n```"),
-            "params": MetadataValue.json({k: (v if isinstance(v, (int, float, str, bool)) else str(v))
-                                          for k, v in params.items()}),
+            "params": MetadataValue.json(
+                {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in params.items()}
+            ),
         },
         data_version=DataVersion(info.sha256),
     )

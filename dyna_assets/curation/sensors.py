@@ -4,16 +4,20 @@ import hashlib
 
 from dagster import AssetKey, RunRequest, SensorEvaluationContext, SensorResult, sensor
 
-from dyna_resources.resources import HomeResource
 from dyna_resources.keys import RULE, is_safe_key
+from dyna_resources.resources import HomeResource
 
 from ..deployment import sensor_status
 from .assets import curation_specs
 
 
-@sensor(asset_selection=[AssetKey("manifests")], minimum_interval_seconds=30, default_status=sensor_status(),
-        description="Curation spec files ($DYNA_HOME/curation/*.yaml) → one manifests partition each; a new or "
-                    "changed spec requests a build (run key = the spec's content hash).")
+@sensor(
+    asset_selection=[AssetKey("manifests")],
+    minimum_interval_seconds=30,
+    default_status=sensor_status(),
+    description="Curation spec files ($DYNA_HOME/curation/*.yaml) → one manifests partition each; a new or "
+    "changed spec requests a build (run key = the spec's content hash).",
+)
 def curation_spec_sensor(context: SensorEvaluationContext, home: HomeResource):
     specs = {}
     for p in sorted(home.home().curation.glob("*.yaml")):

@@ -22,20 +22,27 @@ from ..curation.assets import curation_specs
 from ..partitions import partition_key
 
 
-@asset(partitions_def=curation_specs, deps=["manifests"], group_name="curation",
-       tags={"dyna/stage": "dataset"}, op_tags=k8s.DATASET,
-       description="The spec's current manifest published as an immutable dataset version (name@version, "
-                   "declared in $DYNA_HOME/curation/datasets/<spec>.yaml), with the diff against the previous one.")
+@asset(
+    partitions_def=curation_specs,
+    deps=["manifests"],
+    group_name="curation",
+    tags={"dyna/stage": "dataset"},
+    op_tags=k8s.DATASET,
+    description="The spec's current manifest published as an immutable dataset version (name@version, "
+    "declared in $DYNA_HOME/curation/datasets/<spec>.yaml), with the diff against the previous one.",
+)
 def datasets(context: AssetExecutionContext, home: HomeResource):
     spec = partition_key(context, "curation spec")
     h = home.home()
     try:
         declared = DatasetDeclaration.load(h.dataset_declaration(spec))
         if declared is None:
-            return MaterializeResult(metadata={"published": False, "reason": "nothing to publish: no "
-                                               f"curation/datasets/{spec}.yaml"})
-        done = publish_manifest(home.resolved_registry_url(), home.manifests_url(), spec, declared,
-                                h.curation_spec(spec).read_text())
+            return MaterializeResult(
+                metadata={"published": False, "reason": f"nothing to publish: no curation/datasets/{spec}.yaml"}
+            )
+        done = publish_manifest(
+            home.resolved_registry_url(), home.manifests_url(), spec, declared, h.curation_spec(spec).read_text()
+        )
     except DatasetError as e:
         raise Failure(str(e)) from None
     md = done.as_metadata()

@@ -7,16 +7,25 @@ No ``from __future__ import annotations`` here: Dagster reads the context annota
 import dataclasses
 import hashlib
 
-from dagster import (AssetExecutionContext, AssetSpec, BackfillPolicy, DataVersion, Failure, MaterializeResult,
-                     MetadataValue, RetryRequested, multi_asset)
+from dagster import (
+    AssetExecutionContext,
+    AssetSpec,
+    BackfillPolicy,
+    DataVersion,
+    Failure,
+    MaterializeResult,
+    MetadataValue,
+    RetryRequested,
+    multi_asset,
+)
 from dagster_ray import RayResource
 
 from dyna_resources import versions
-from dyna_resources.resources import GatesResource, IngestResource, TranscodeResource
 from dyna_resources.ingest.batches import batch_summary
 from dyna_resources.ingest.gates import POST_GATES, PRE_GATES
 from dyna_resources.ingest.partitions import PartitionReport, UnitJob, ingest_partition
 from dyna_resources.ingest.ray_units import UnitResources
+from dyna_resources.resources import GatesResource, IngestResource, TranscodeResource
 
 from .. import k8s
 from ..ray import connect_for_units
@@ -56,8 +65,7 @@ def _partition_metadata(summary: dict, report: PartitionReport) -> dict:
         "this_run_staging_swept_bytes": rep.staging_swept[1],
         "this_run_codec_cpu_s": round(rep.codec_cpu_s, 2),
         "this_run_failed_units": MetadataValue.json(report.failed_units),
-        "gates": MetadataValue.json({g: {"evaluated": t.evaluated, "failed": t.failed}
-                                     for g, t in rep.gates.items()}),
+        "gates": MetadataValue.json({g: {"evaluated": t.evaluated, "failed": t.failed} for g, t in rep.gates.items()}),
         **version_tags(),
     }
 
@@ -70,10 +78,12 @@ def _summary(registry, partition: str, stage: str = "post") -> dict:
 def _log_totals(context, reports: list[PartitionReport]) -> None:
     # Run totals go to the log, not to metadata: metadata on the result would be copied onto every partition.
     combined = [r.combined for r in reports]
-    context.log.info(f"{len(reports)} partition(s): processed {sum(len(r.processed) for r in combined)}, "
-                     f"up to date {sum(len(r.skipped) for r in combined)}, "
-                     f"quarantined {sum(len(r.quarantined) for r in combined)}, "
-                     f"cpu {sum(r.cpu_s for r in combined):.1f} s")
+    context.log.info(
+        f"{len(reports)} partition(s): processed {sum(len(r.processed) for r in combined)}, "
+        f"up to date {sum(len(r.skipped) for r in combined)}, "
+        f"quarantined {sum(len(r.quarantined) for r in combined)}, "
+        f"cpu {sum(r.cpu_s for r in combined):.1f} s"
+    )
 
 
 def _fail_on_failed_units(context, asset: str, reports: list[PartitionReport], ingest: IngestResource) -> None:
@@ -85,27 +95,47 @@ def _fail_on_failed_units(context, asset: str, reports: list[PartitionReport], i
     if not failed:
         return
     machine = {f"{r.partition_key}/{u}" for r in reports for u in r.infrastructure_units}
-    failure = Failure(description=f"{asset}: {len(failed)} work unit(s) failed"
-                                  + (" for infrastructure faults (episodes left pending, nothing quarantined for it)"
-                                     if machine == set(failed) else "") + ": "
-                                  + "; ".join(f"{k}: {v}" for k, v in list(failed.items())[:5]),
-                      metadata={"failed_units": MetadataValue.json(failed),
-                                "infrastructure_units": MetadataValue.json(sorted(machine))})
+    failure = Failure(
+        description=f"{asset}: {len(failed)} work unit(s) failed"
+        + (
+            " for infrastructure faults (episodes left pending, nothing quarantined for it)"
+            if machine == set(failed)
+            else ""
+        )
+        + ": "
+        + "; ".join(f"{k}: {v}" for k, v in list(failed.items())[:5]),
+        metadata={
+            "failed_units": MetadataValue.json(failed),
+            "infrastructure_units": MetadataValue.json(sorted(machine)),
+        },
+    )
     if machine == set(failed) and context.retry_number < ingest.infra_retries:
-        wait_s = ingest.infra_retry_wait_s * 2 ** context.retry_number
-        context.log.warning(f"{failure.description}; retrying the step in {wait_s:g} s "
-                            f"(attempt {context.retry_number + 2} of {ingest.infra_retries + 1})")
+        wait_s = ingest.infra_retry_wait_s * 2**context.retry_number
+        context.log.warning(
+            f"{failure.description}; retrying the step in {wait_s:g} s "
+            f"(attempt {context.retry_number + 2} of {ingest.infra_retries + 1})"
+        )
         raise RetryRequested(max_retries=ingest.infra_retries, seconds_to_wait=wait_s) from failure
     raise failure
 
 
 @multi_asset(
-    specs=[AssetSpec("raw_episodes", code_version=versions.SCHEMA_VERSION, partitions_def=ingest_partitions,
-                     group_name="ingest", tags={"dyna/stage": "raw"},
-                     description="Inventory of an ingest partition's raw files (its byte-balanced work units); "
-                                 "pre-transform quality gates.")],
+    specs=[
+        AssetSpec(
+            "raw_episodes",
+            code_version=versions.SCHEMA_VERSION,
+            partitions_def=ingest_partitions,
+            group_name="ingest",
+            tags={"dyna/stage": "raw"},
+            description="Inventory of an ingest partition's raw files (its byte-balanced work units); "
+            "pre-transform quality gates.",
+        )
+    ],
     check_specs=gate_check_specs("raw_episodes", PRE_GATES),
-    partitions_def=ingest_partitions, backfill_policy=BACKFILL, can_subset=True, op_tags=k8s.INGEST,
+    partitions_def=ingest_partitions,
+    backfill_policy=BACKFILL,
+    can_subset=True,
+    op_tags=k8s.INGEST,
 )
 def raw_episodes(context: AssetExecutionContext, ingest: IngestResource, gates: GatesResource, ray: RayResource):
     stores, config = ingest.stores(), gates.config()
@@ -118,44 +148,81 @@ def raw_episodes(context: AssetExecutionContext, ingest: IngestResource, gates: 
 
 
 @multi_asset(
-    specs=[AssetSpec("mcap_episodes", code_version=versions.PIPELINE_VERSION, partitions_def=ingest_partitions,
-                     deps=["raw_episodes"], group_name="ingest", tags={"dyna/stage": "mcap"},
-                     description="H.264 MCAP per episode (topic-group chunks, version-stamped); post gates.")],
+    specs=[
+        AssetSpec(
+            "mcap_episodes",
+            code_version=versions.PIPELINE_VERSION,
+            partitions_def=ingest_partitions,
+            deps=["raw_episodes"],
+            group_name="ingest",
+            tags={"dyna/stage": "mcap"},
+            description="H.264 MCAP per episode (topic-group chunks, version-stamped); post gates.",
+        )
+    ],
     check_specs=gate_check_specs("mcap_episodes", POST_GATES),
-    partitions_def=ingest_partitions, backfill_policy=BACKFILL, can_subset=True, pool="transcode",
+    partitions_def=ingest_partitions,
+    backfill_policy=BACKFILL,
+    can_subset=True,
+    pool="transcode",
     op_tags=k8s.TRANSCODE,
 )
-def mcap_episodes(context: AssetExecutionContext, ingest: IngestResource, gates: GatesResource,
-                  transcode: TranscodeResource, ray: RayResource):
+def mcap_episodes(
+    context: AssetExecutionContext,
+    ingest: IngestResource,
+    gates: GatesResource,
+    transcode: TranscodeResource,
+    ray: RayResource,
+):
     stores, config = ingest.stores(), gates.config()
     on_ray = ingest.units_on_ray()
-    job = UnitJob("post", stores, config, settings=transcode.settings(),
-                  workers=transcode.unit_cpus if on_ray else transcode.pool_size(),
-                  mp_context="forkserver" if on_ray else None)
-    reports = [_ingest(context, partition, job, ingest, ray, transcode.unit_resources())
-               for partition in ingest_partition_keys(context)]
+    job = UnitJob(
+        "post",
+        stores,
+        config,
+        settings=transcode.settings(),
+        workers=transcode.unit_cpus if on_ray else transcode.pool_size(),
+        mp_context="forkserver" if on_ray else None,
+    )
+    reports = [
+        _ingest(context, partition, job, ingest, ray, transcode.unit_resources())
+        for partition in ingest_partition_keys(context)
+    ]
     summaries = [(r.partition_key, _summary(stores.registry, r.partition_key)) for r in reports]
-    digest = hashlib.sha256(repr(sorted((k, s["pipeline_versions"], s["episodes"], s["bytes_out"])
-                                        for k, s in summaries)).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(
+        repr(sorted((k, s["pipeline_versions"], s["episodes"], s["bytes_out"]) for k, s in summaries)).encode()
+    ).hexdigest()[:16]
     _log_totals(context, reports)
     _fail_on_failed_units(context, "mcap_episodes", reports, ingest)
     yield MaterializeResult(asset_key="mcap_episodes", tags=version_tags(), data_version=DataVersion(digest))
     yield from gate_check_results("mcap_episodes", "post", [r.combined for r in reports], config)
 
 
-def _ingest(context, partition: str, job: UnitJob, ingest: IngestResource, ray: RayResource,
-            resources: UnitResources | None = None) -> PartitionReport:
+def _ingest(
+    context,
+    partition: str,
+    job: UnitJob,
+    ingest: IngestResource,
+    ray: RayResource,
+    resources: UnitResources | None = None,
+) -> PartitionReport:
     """One partition's stage, its units on Ray or in this process; its metadata set on the partition."""
     on_ray = ingest.units_on_ray()
     if on_ray:
         connect_for_units(context, ray)
     with held_run_lease(context, job.stores.registry, f"{job.stage}:{partition}") as lease:
-        rep = ingest_partition(partition, dataclasses.replace(job, lease=lease), units_on="ray" if on_ray else "process",
-                               resources=resources, log=context.log.warning,
-                               on_progress=lambda p: context.log.info(f"{partition} {job.stage}: {p.summary()}"))
+        rep = ingest_partition(
+            partition,
+            dataclasses.replace(job, lease=lease),
+            units_on="ray" if on_ray else "process",
+            resources=resources,
+            log=context.log.warning,
+            on_progress=lambda p: context.log.info(f"{partition} {job.stage}: {p.summary()}"),
+        )
     summary = _summary(job.stores.registry, partition, job.stage)
     context.add_asset_metadata(_partition_metadata(summary, rep), partition_key=partition)
     c = rep.combined
-    context.log.info(f"{partition} {job.stage}: processed {len(c.processed)}, up to date {len(c.skipped)}, "
-                     f"quarantined {len(c.quarantined)}, units failed {len(rep.failed_units)}")
+    context.log.info(
+        f"{partition} {job.stage}: processed {len(c.processed)}, up to date {len(c.skipped)}, "
+        f"quarantined {len(c.quarantined)}, units failed {len(rep.failed_units)}"
+    )
     return rep

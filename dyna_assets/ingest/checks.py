@@ -6,7 +6,6 @@ from dyna_resources.ingest.batches import GateTally, StageReport
 from dyna_resources.ingest.gates import GATE_DOCS, GateConfig
 
 
-
 def gate_check_specs(asset: str, gates: tuple[str, ...]) -> list[AssetCheckSpec]:
     # Blocking at the batch level only: one bad episode is quarantined and the batch goes on;
     # a gate set to block fails with ERROR (and stops downstream) when too many episodes fail it.
@@ -30,14 +29,23 @@ def gate_check_results(asset: str, stage: str, reports: list[StageReport], confi
         fraction = total.failed / total.evaluated if total.evaluated else 0.0
         blocks = setting.blocking and fraction > setting.max_failed_fraction
         yield AssetCheckResult(
-            asset_key=asset, check_name=gate, passed=total.failed == 0,
+            asset_key=asset,
+            check_name=gate,
+            passed=total.failed == 0,
             severity=AssetCheckSeverity.WARN if total.failed and not blocks else AssetCheckSeverity.ERROR,
-            description=(f"{total.failed} of {total.evaluated} episodes failed ({setting.action})"
-                         + ("; over the batch limit, downstream stopped" if blocks else "")),
-            metadata={"evaluated": total.evaluated, "failed": total.failed, "failed_fraction": round(fraction, 4),
-                      "action": setting.action, "blocking": setting.blocking,
-                      "max_failed_fraction": setting.max_failed_fraction,
-                      "params": MetadataValue.json(dict(setting.params)),
-                      "partitions": MetadataValue.json([r.batch_key for r in reports]),
-                      "failures": MetadataValue.json(total.failures)},
+            description=(
+                f"{total.failed} of {total.evaluated} episodes failed ({setting.action})"
+                + ("; over the batch limit, downstream stopped" if blocks else "")
+            ),
+            metadata={
+                "evaluated": total.evaluated,
+                "failed": total.failed,
+                "failed_fraction": round(fraction, 4),
+                "action": setting.action,
+                "blocking": setting.blocking,
+                "max_failed_fraction": setting.max_failed_fraction,
+                "params": MetadataValue.json(dict(setting.params)),
+                "partitions": MetadataValue.json([r.batch_key for r in reports]),
+                "failures": MetadataValue.json(total.failures),
+            },
         )

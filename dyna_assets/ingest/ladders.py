@@ -15,9 +15,9 @@ from dagster import (
     multi_asset,
 )
 
-from dyna_resources.resources import IngestResource, LadderResource
 from dyna_resources.ladders.config import SEGMENTER_VERSION
 from dyna_resources.ladders.run import LadderReport, ladder_batch
+from dyna_resources.resources import IngestResource, LadderResource
 
 from .. import k8s
 from .assets import BACKFILL
@@ -26,8 +26,13 @@ from .partitions import ingest_partition_keys, ingest_partitions
 
 def _pictures_markdown(report: LadderReport) -> str:
     # Dagster renders markdown metadata; a data: URL keeps the PNG inside the event log, no file server needed.
-    return "\n\n".join(f"**{eid}**\n\n![step ladder of {eid}](data:image/png;base64,{base64.b64encode(png).decode()})"
-                       for eid, png in report.pictures.items()) or "(no episode segmented in this run)"
+    return (
+        "\n\n".join(
+            f"**{eid}**\n\n![step ladder of {eid}](data:image/png;base64,{base64.b64encode(png).decode()})"
+            for eid, png in report.pictures.items()
+        )
+        or "(no episode segmented in this run)"
+    )
 
 
 def _partition_metadata(report: LadderReport) -> dict:
@@ -42,23 +47,38 @@ def _partition_metadata(report: LadderReport) -> dict:
 
 
 @multi_asset(
-    specs=[AssetSpec("step_ladders", code_version=SEGMENTER_VERSION, partitions_def=ingest_partitions,
-                     deps=["mcap_episodes"], group_name="ingest", tags={"dyna/stage": "labels"},
-                     description="Each episode cut into its task's procedure steps (duration, outcome, failure "
-                                 "mode) in the registry; a ladder picture per sampled episode.")],
-    partitions_def=ingest_partitions, backfill_policy=BACKFILL, can_subset=True, op_tags=k8s.LADDERS,
+    specs=[
+        AssetSpec(
+            "step_ladders",
+            code_version=SEGMENTER_VERSION,
+            partitions_def=ingest_partitions,
+            deps=["mcap_episodes"],
+            group_name="ingest",
+            tags={"dyna/stage": "labels"},
+            description="Each episode cut into its task's procedure steps (duration, outcome, failure "
+            "mode) in the registry; a ladder picture per sampled episode.",
+        )
+    ],
+    partitions_def=ingest_partitions,
+    backfill_policy=BACKFILL,
+    can_subset=True,
+    op_tags=k8s.LADDERS,
 )
 def step_ladders(context: AssetExecutionContext, ingest: IngestResource, ladders: LadderResource):
     registry, config = ingest.stores().registry, ladders.config()
     reports = []
     for partition in ingest_partition_keys(context):
         units = [u.key for u in registry.partition_units(partition)]
-        rep = ladder_batch(partition, registry, config, pictures=ladders.pictures, log=context.log.warning,
-                           units=units)
+        rep = ladder_batch(partition, registry, config, pictures=ladders.pictures, log=context.log.warning, units=units)
         context.add_asset_metadata(_partition_metadata(rep), partition_key=partition)
-        context.log.info(f"{partition}: segmented {len(rep.segmented)}, not segmentable {len(rep.errors)}, "
-                         f"failed at {dict(rep.failed_steps)}")
+        context.log.info(
+            f"{partition}: segmented {len(rep.segmented)}, not segmentable {len(rep.errors)}, "
+            f"failed at {dict(rep.failed_steps)}"
+        )
         reports.append(rep)
     digest = hashlib.sha256(repr(sorted((r.batch_key, r.version) for r in reports)).encode())
-    yield MaterializeResult(asset_key="step_ladders", data_version=DataVersion(digest.hexdigest()[:16]),
-                            tags={"dyna/ladder_version": config.version})
+    yield MaterializeResult(
+        asset_key="step_ladders",
+        data_version=DataVersion(digest.hexdigest()[:16]),
+        tags={"dyna/ladder_version": config.version},
+    )

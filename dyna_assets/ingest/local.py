@@ -11,20 +11,32 @@ from dagster import DagsterInstance, Definitions, build_sensor_context, material
 from .sensors import landing_sensor
 
 
-def landing_tick_in_process(instance: DagsterInstance, defs: Definitions, cursor: str | None,
-                            resources: Mapping | None = None):
+def landing_tick_in_process(
+    instance: DagsterInstance, defs: Definitions, cursor: str | None, resources: Mapping | None = None
+):
     given = dict(resources or defs.resources)  # only what the sensor uses: others (Ray) start nothing here
     # a context manager: resources with nested resources (each holds ``home``) are set up as generators
-    with build_sensor_context(instance=instance, cursor=cursor, definitions=defs,
-                              resources={k: given[k] for k in landing_sensor.required_resource_keys}) as ctx:
+    with build_sensor_context(
+        instance=instance,
+        cursor=cursor,
+        definitions=defs,
+        resources={k: given[k] for k in landing_sensor.required_resource_keys},
+    ) as ctx:
         result = landing_sensor(ctx)
     for req in result.dynamic_partitions_requests or []:
         instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
     return result
 
 
-def ingest_landed(instance: DagsterInstance, defs: Definitions, *, cursor_file: Path | None = None,
-                  resources: Mapping | None = None, run_config: Mapping | None = None, max_ticks: int = 1000):
+def ingest_landed(
+    instance: DagsterInstance,
+    defs: Definitions,
+    *,
+    cursor_file: Path | None = None,
+    resources: Mapping | None = None,
+    run_config: Mapping | None = None,
+    max_ticks: int = 1000,
+):
     """Tick until nothing new is requested and nothing is settling (files the landing sensor saw but waits
     for, see ``tick.py``: the loop sleeps until they may have settled); returns every run's in-process result."""
     from dyna_resources.ingest.tick import LandingCursor
@@ -44,14 +56,28 @@ def ingest_landed(instance: DagsterInstance, defs: Definitions, *, cursor_file: 
             time.sleep(resources["ingest"].settle_s)  # a file stands still this long before it lands
             continue
         for req in tick.run_requests:
-            results.append(materialize(assets, instance=instance, partition_key=req.partition_key,
-                                       resources=resources, run_config=run_config or {}, tags=req.tags,
-                                       raise_on_error=False))
+            results.append(
+                materialize(
+                    assets,
+                    instance=instance,
+                    partition_key=req.partition_key,
+                    resources=resources,
+                    run_config=run_config or {},
+                    tags=req.tags,
+                    raise_on_error=False,
+                )
+            )
     return results
 
 
-def check_mcaps_present(instance: DagsterInstance, defs: Definitions, partitions: list[str], *,
-                        resources: Mapping | None = None, run_config: Mapping | None = None):
+def check_mcaps_present(
+    instance: DagsterInstance,
+    defs: Definitions,
+    partitions: list[str],
+    *,
+    resources: Mapping | None = None,
+    run_config: Mapping | None = None,
+):
     """``mcap_episodes.mcaps_present`` run for each ingest partition (Checks → Execute in the UI): every
     recorded MCAP looked up in its store; what is missing is marked and named."""
     from dagster import AssetSelection
@@ -59,23 +85,42 @@ def check_mcaps_present(instance: DagsterInstance, defs: Definitions, partitions
     from .presence import mcaps_present
 
     resources = dict(resources or defs.resources)
-    return [materialize([defs.get_assets_def("mcap_episodes"), mcaps_present], instance=instance,
-                        resources=resources, run_config=run_config or {}, tags={"dagster/partition": key},
-                        selection=AssetSelection.checks(mcaps_present), raise_on_error=False)
-            for key in partitions]
+    return [
+        materialize(
+            [defs.get_assets_def("mcap_episodes"), mcaps_present],
+            instance=instance,
+            resources=resources,
+            run_config=run_config or {},
+            tags={"dagster/partition": key},
+            selection=AssetSelection.checks(mcaps_present),
+            raise_on_error=False,
+        )
+        for key in partitions
+    ]
 
 
-def reprocess_stale(instance: DagsterInstance, defs: Definitions, *, resources: Mapping | None = None,
-                    run_config: Mapping | None = None):
+def reprocess_stale(
+    instance: DagsterInstance, defs: Definitions, *, resources: Mapping | None = None, run_config: Mapping | None = None
+):
     """What the drift sensor launches, run in-process: `mcap_episodes` and `step_ladders` for every
     ingest partition holding episodes stamped with older versions (inside each, only those are redone)."""
     from dyna_resources import versions
 
     resources = dict(resources or defs.resources)
     registry = resources["ingest"].stores().registry
-    stale = registry.outdated_partitions(schema_version=versions.SCHEMA_VERSION,
-                                         pipeline_version=versions.PIPELINE_VERSION)
+    stale = registry.outdated_partitions(
+        schema_version=versions.SCHEMA_VERSION, pipeline_version=versions.PIPELINE_VERSION
+    )
     assets = [defs.get_assets_def(k) for k in ("mcap_episodes", "step_ladders")]
-    return [materialize(assets, instance=instance, partition_key=key, resources=resources,
-                        run_config=run_config or {}, tags={"dyna/trigger": "drift"}, raise_on_error=False)
-            for key in stale]
+    return [
+        materialize(
+            assets,
+            instance=instance,
+            partition_key=key,
+            resources=resources,
+            run_config=run_config or {},
+            tags={"dyna/trigger": "drift"},
+            raise_on_error=False,
+        )
+        for key in stale
+    ]

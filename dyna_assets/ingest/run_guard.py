@@ -14,8 +14,7 @@ from dyna_resources.catalog.leases import RunLease
 from dyna_resources.catalog.registry import Registry
 from dyna_resources.ingest.workers import die_with_parent
 
-ENDED = (DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED, DagsterRunStatus.CANCELING,
-         DagsterRunStatus.SUCCESS)
+ENDED = (DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED, DagsterRunStatus.CANCELING, DagsterRunStatus.SUCCESS)
 WATCH_EVERY_S = 1.0  # how often the step asks the instance whether its run is still on
 
 
@@ -31,12 +30,13 @@ def held_run_lease(context, registry: Registry, step: str) -> Iterator[RunLease]
         while not stop.wait(WATCH_EVERY_S):
             try:
                 run = context.instance.get_run_by_id(context.run.run_id)
-            except Exception as e:  # noqa: BLE001  (an instance that does not answer: keep the lease, look again)
+            except Exception as e:
                 context.log.warning(f"cannot read run {context.run.run_id}'s status: {e}")
                 continue
             if run is not None and run.status in ENDED:
-                context.log.warning(f"run {context.run.run_id} is {run.status.value}: its work units stop before "
-                                    "publishing")
+                context.log.warning(
+                    f"run {context.run.run_id} is {run.status.value}: its work units stop before publishing"
+                )
                 held.release()
                 return
 

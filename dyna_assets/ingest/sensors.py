@@ -6,12 +6,11 @@ configuration wrote."""
 import hashlib
 import json
 
-from dagster import (AssetKey, RunRequest, SensorEvaluationContext, SensorResult, SkipReason,
-                     sensor)
+from dagster import AssetKey, RunRequest, SensorEvaluationContext, SensorResult, SkipReason, sensor
 
 from dyna_resources import versions
-from dyna_resources.resources import IngestResource, LadderResource
 from dyna_resources.ingest.tick import LandingCursor, landing_tick
+from dyna_resources.resources import IngestResource, LadderResource
 
 from ..dagster_private import backfill_request, backfills_in_flight
 from ..deployment import sensor_status
@@ -22,23 +21,35 @@ DRIFT_ASSETS = [AssetKey("mcap_episodes"), AssetKey("step_ladders")]  # what a d
 DRIFT_TAG = "dyna/drift"
 
 
-@sensor(asset_selection=INGEST_ASSETS, minimum_interval_seconds=30, default_status=sensor_status(),
-        description="New raw files → registry → byte-balanced work units → ingest partitions (a few TiB "
-                    "each) → one Dagster partition and run per sealed partition (at most max_runs_per_tick "
-                    "per tick; the run queue staggers them).")
+@sensor(
+    asset_selection=INGEST_ASSETS,
+    minimum_interval_seconds=30,
+    default_status=sensor_status(),
+    description="New raw files → registry → byte-balanced work units → ingest partitions (a few TiB "
+    "each) → one Dagster partition and run per sealed partition (at most max_runs_per_tick "
+    "per tick; the run queue staggers them).",
+)
 def landing_sensor(context: SensorEvaluationContext, ingest: IngestResource):
     stores = ingest.stores()
-    plan = landing_tick(LandingCursor.loads(context.cursor), stores.landing, stores.registry,
-                        ingest.landing_settings())
-    context.log.info(f"listed {plan.listed} (new {plan.new_files}), packed {len(plan.created)} work units, "
-                     f"sealed {len(plan.sealed)} partitions, launching {len(plan.launch)}, "
-                     f"{plan.pending_files} files pending"
-                     + (f" [reconciliation sweep: {plan.swept} keys]" if plan.reconciled else ""))
+    plan = landing_tick(LandingCursor.loads(context.cursor), stores.landing, stores.registry, ingest.landing_settings())
+    context.log.info(
+        f"listed {plan.listed} (new {plan.new_files}), packed {len(plan.created)} work units, "
+        f"sealed {len(plan.sealed)} partitions, launching {len(plan.launch)}, "
+        f"{plan.pending_files} files pending"
+        + (f" [reconciliation sweep: {plan.swept} keys]" if plan.reconciled else "")
+    )
     # Partitions already handed to Dagster (a fresh cursor, e.g. after the demo ran ticks by hand) are not relaunched.
     keys = [p.key for p in plan.launch if not context.instance.has_dynamic_partition(ingest_partitions.name, p.key)]
     return SensorResult(
-        run_requests=[RunRequest(run_key=k, partition_key=k, asset_selection=INGEST_ASSETS,
-                                 tags={"dyna/ingest_partition": k, "dyna/trigger": "landing"}) for k in keys],
+        run_requests=[
+            RunRequest(
+                run_key=k,
+                partition_key=k,
+                asset_selection=INGEST_ASSETS,
+                tags={"dyna/ingest_partition": k, "dyna/trigger": "landing"},
+            )
+            for k in keys
+        ],
         dynamic_partitions_requests=[ingest_partitions.build_add_request(keys)] if keys else [],
         cursor=plan.cursor.dumps(),
     )
@@ -46,20 +57,26 @@ def landing_sensor(context: SensorEvaluationContext, ingest: IngestResource):
 
 # The daemon only accepts a backfill request (RunRequest.for_asset_graph_subset) from a sensor that declares
 # the assets it may target, and refuses a subset reaching outside them.
-@sensor(asset_selection=DRIFT_ASSETS, minimum_interval_seconds=60, default_status=sensor_status(),
-        description="Ingest partitions holding episodes of an outdated PIPELINE/SCHEMA_VERSION → ONE backfill "
-                    "of mcap_episodes + step_ladders for exactly those partitions, plus step_ladders alone for "
-                    "partitions whose ladders an older segmenter/config wrote (never while one is in flight).")
+@sensor(
+    asset_selection=DRIFT_ASSETS,
+    minimum_interval_seconds=60,
+    default_status=sensor_status(),
+    description="Ingest partitions holding episodes of an outdated PIPELINE/SCHEMA_VERSION → ONE backfill "
+    "of mcap_episodes + step_ladders for exactly those partitions, plus step_ladders alone for "
+    "partitions whose ladders an older segmenter/config wrote (never while one is in flight).",
+)
 def version_drift_sensor(context: SensorEvaluationContext, ingest: IngestResource, ladders: LadderResource):
     registry = ingest.stores().registry
     ladder_version = ladders.config().version
+
     # Both from the registry's per-partition version summary; only the stale keys are looked up in
     # Dagster (one that was never handed to it cannot be backfilled), never the whole partition list.
     def known(keys: list[str]) -> list[str]:
         return [k for k in keys if context.instance.has_dynamic_partition(ingest_partitions.name, k)]
 
-    stale = known(registry.outdated_partitions(schema_version=versions.SCHEMA_VERSION,
-                                               pipeline_version=versions.PIPELINE_VERSION))
+    stale = known(
+        registry.outdated_partitions(schema_version=versions.SCHEMA_VERSION, pipeline_version=versions.PIPELINE_VERSION)
+    )
     stale_set = set(stale)
     relabel = known([p for p in registry.outdated_ladder_partitions(ladder_version) if p not in stale_set])
     if not stale and not relabel:
@@ -67,19 +84,34 @@ def version_drift_sensor(context: SensorEvaluationContext, ingest: IngestResourc
     in_flight = backfills_in_flight(context.instance, DRIFT_TAG)
     if in_flight:
         return SkipReason(f"drift backfill {in_flight[0].backfill_id} still in flight")
-    want = {"schema": versions.SCHEMA_VERSION, "pipeline": versions.PIPELINE_VERSION, "batches": stale,
-            "ladder": ladder_version, "relabel": relabel}
+    want = {
+        "schema": versions.SCHEMA_VERSION,
+        "pipeline": versions.PIPELINE_VERSION,
+        "batches": stale,
+        "ladder": ladder_version,
+        "relabel": relabel,
+    }
     fingerprint = hashlib.sha256(json.dumps(want, sort_keys=True).encode()).hexdigest()[:16]
     if context.cursor == fingerprint:
-        return SkipReason(f"{len(stale) + len(relabel)} stale partitions were already backfilled once at these "
-                          "versions; see that backfill's failures")
+        return SkipReason(
+            f"{len(stale) + len(relabel)} stale partitions were already backfilled once at these "
+            "versions; see that backfill's failures"
+        )
     mcap, ladder = DRIFT_ASSETS
     wanted = [(k, b) for b in stale for k in (mcap, ladder)] + [(ladder, b) for b in relabel]
     context.update_cursor(fingerprint)
-    context.log.info(f"backfilling {len(stale)} stale partitions to pipeline {versions.PIPELINE_VERSION}: "
-                     f"{stale[:20]}; re-segmenting {len(relabel)} partitions to ladder {ladder_version}: "
-                     f"{relabel[:20]}")
-    return backfill_request(wanted, context.repository_def.asset_graph,
-                            tags={DRIFT_TAG: "true", "dyna/trigger": "drift",
-                                  "dyna/pipeline_version": versions.PIPELINE_VERSION,
-                                  "dyna/ladder_version": ladder_version})
+    context.log.info(
+        f"backfilling {len(stale)} stale partitions to pipeline {versions.PIPELINE_VERSION}: "
+        f"{stale[:20]}; re-segmenting {len(relabel)} partitions to ladder {ladder_version}: "
+        f"{relabel[:20]}"
+    )
+    return backfill_request(
+        wanted,
+        context.repository_def.asset_graph,
+        tags={
+            DRIFT_TAG: "true",
+            "dyna/trigger": "drift",
+            "dyna/pipeline_version": versions.PIPELINE_VERSION,
+            "dyna/ladder_version": ladder_version,
+        },
+    )

@@ -15,12 +15,18 @@ from ..curation.assets import curation_specs
 from ..partitions import partition_key
 
 
-@asset(partitions_def=curation_specs, deps=["manifests", "cache_sets"], group_name="training",
-       tags={"dyna/stage": "train"}, pool="train", op_tags=k8s.TRAIN,
-       description="A world-action model trained on the curation spec's manifest, read through the warm page "
-                   "cache: torchrun launched through Dagster Pipes (restarts in place, resumes from the latest "
-                   "complete checkpoint), async sharded checkpoints; each records its manifest, versions and "
-                   "code commit.")
+@asset(
+    partitions_def=curation_specs,
+    deps=["manifests", "cache_sets"],
+    group_name="training",
+    tags={"dyna/stage": "train"},
+    pool="train",
+    op_tags=k8s.TRAIN,
+    description="A world-action model trained on the curation spec's manifest, read through the warm page "
+    "cache: torchrun launched through Dagster Pipes (restarts in place, resumes from the latest "
+    "complete checkpoint), async sharded checkpoints; each records its manifest, versions and "
+    "code commit.",
+)
 def checkpoints(context: AssetExecutionContext, home: HomeResource, cache: CacheResource, trainer: TrainerResource):
     run = trainer.prepare(home, cache, partition_key(context, "curation spec"))
     context.log.info(f"training run {run.run_dir} ({'resuming' if run.resuming else 'new'}): {' '.join(run.command)}")
@@ -32,18 +38,23 @@ def checkpoints(context: AssetExecutionContext, home: HomeResource, cache: Cache
         if not fatal.exists():
             raise
         fault = json.loads(fatal.read_text())  # a fault the trainer says no retry mends: named, not retried
-        raise Failure(description=f"training stopped: {fault['message']}. Rebuild the manifest once the object "
-                                  "is marked (mcap_episodes.mcaps_present) or restored.",
-                      metadata={"object": fault["object"], "run_dir": MetadataValue.path(str(run.run_dir))},
-                      allow_retries=False) from None
+        raise Failure(
+            description=f"training stopped: {fault['message']}. Rebuild the manifest once the object "
+            "is marked (mcap_episodes.mcaps_present) or restored.",
+            metadata={"object": fault["object"], "run_dir": MetadataValue.path(str(run.run_dir))},
+            allow_retries=False,
+        ) from None
     progress = [m for m in invocation.get_custom_messages() if isinstance(m, dict) and "step" in m]
     (result,) = invocation.get_results()
     metadata = dict(result.metadata or {})
-    metadata.update({
-        "config": MetadataValue.json(run.config),
-        "loss_curve": MetadataValue.json([{k: m[k] for k in ("step", "loss", "samples_per_s", "data_wait_fraction")
-                                           if k in m} for m in progress]),
-        "checkpoints_dir": MetadataValue.path(str(run.run_dir / "checkpoints")),
-        "attempts": len(list((run.run_dir / "attempts").iterdir())),
-    })
+    metadata.update(
+        {
+            "config": MetadataValue.json(run.config),
+            "loss_curve": MetadataValue.json(
+                [{k: m[k] for k in ("step", "loss", "samples_per_s", "data_wait_fraction") if k in m} for m in progress]
+            ),
+            "checkpoints_dir": MetadataValue.path(str(run.run_dir / "checkpoints")),
+            "attempts": len(list((run.run_dir / "attempts").iterdir())),
+        }
+    )
     return MaterializeResult(metadata=metadata, data_version=result.data_version)

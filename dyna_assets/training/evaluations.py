@@ -1,7 +1,8 @@
 """Evaluations bound to checkpoints, and released models; one partition per curation spec.
 
 ``evaluations`` evaluates the latest checkpoint of the partition's training run (its folder computed from
-the spec's manifest and the trainer settings, as ``checkpoints`` computes it) on a held-out manifest and records the result with the
+the spec's manifest and the trainer settings, as ``checkpoints`` computes it) on a held-out manifest and
+records the result with the
 checkpoint, the dataset version and the code commit, plus a table comparing it with the partition's
 earlier evaluations. ``released_models`` exports the evaluated checkpoint's weights once to the origin
 store. The engines are ``trainer.evaluate`` and ``trainer.release``.
@@ -23,8 +24,8 @@ from dagster import (
     asset,
 )
 
-from dyna_resources.resources import CacheResource, HomeResource, TrainerResource
 from dyna_resources.keys import UnsafeKeyError, check_key
+from dyna_resources.resources import CacheResource, HomeResource, TrainerResource
 
 from .. import k8s
 from ..curation.assets import curation_specs
@@ -51,7 +52,8 @@ class ReleaseConfig(Config):
 def _latest_metadata(context: AssetExecutionContext, key: str, limit: int = 1) -> list[dict]:
     records = context.instance.fetch_materializations(
         AssetRecordsFilter(asset_key=AssetKey(key), asset_partitions=[partition_key(context, "curation spec")]),
-        limit=limit).records
+        limit=limit,
+    ).records
     return [{k: getattr(v, "value", v) for k, v in r.asset_materialization.metadata.items()} for r in records]
 
 
@@ -59,8 +61,11 @@ def _run_dir(trainer: TrainerResource, home: HomeResource, cache: CacheResource,
     """The partition's training run folder, computed as ``checkpoints`` computes it (a key of what it trains)."""
     run_dir = trainer.run_dir(home, cache, spec)
     if not (run_dir / "checkpoints").is_dir():
-        raise Failure(description=f"no training run of curation spec {spec!r} on its current manifest and trainer "
-                                  f"settings ({run_dir}): materialize checkpoints first", allow_retries=False)
+        raise Failure(
+            description=f"no training run of curation spec {spec!r} on its current manifest and trainer "
+            f"settings ({run_dir}): materialize checkpoints first",
+            allow_retries=False,
+        )
     return run_dir
 
 
@@ -72,13 +77,23 @@ def _checked(name: str, what: str) -> str:
         raise Failure(description=str(e), allow_retries=False) from None
 
 
-@asset(partitions_def=curation_specs, deps=["checkpoints"], group_name="training", tags={"dyna/stage": "evaluate"},
-       op_tags=k8s.EVALUATE,
-       description="The partition's latest checkpoint evaluated on a held-out manifest (offline action-prediction "
-                   "error by default; pluggable), recorded with the checkpoint, dataset version and code commit, "
-                   "and compared with the partition's earlier evaluations.")
-def evaluations(context: AssetExecutionContext, config: EvaluationConfig, home: HomeResource, cache: CacheResource,
-                trainer: TrainerResource):
+@asset(
+    partitions_def=curation_specs,
+    deps=["checkpoints"],
+    group_name="training",
+    tags={"dyna/stage": "evaluate"},
+    op_tags=k8s.EVALUATE,
+    description="The partition's latest checkpoint evaluated on a held-out manifest (offline action-prediction "
+    "error by default; pluggable), recorded with the checkpoint, dataset version and code commit, "
+    "and compared with the partition's earlier evaluations.",
+)
+def evaluations(
+    context: AssetExecutionContext,
+    config: EvaluationConfig,
+    home: HomeResource,
+    cache: CacheResource,
+    trainer: TrainerResource,
+):
     from trainer.evaluate import comparison_table, evaluate_checkpoint
 
     spec = partition_key(context, "curation spec")
@@ -86,9 +101,14 @@ def evaluations(context: AssetExecutionContext, config: EvaluationConfig, home: 
     url = held if held.endswith(".arrow") else home.manifest_arrow_url(_checked(held, "held-out manifest name"))
     run_dir = _run_dir(trainer, home, cache, spec)
     context.log.info(f"evaluating {run_dir} ({config.evaluation}) on {url}")
-    result = evaluate_checkpoint(run_dir, url, step=None if config.step < 0 else config.step,
-                                 evaluation=config.evaluation, batch_size=config.batch_size,
-                                 cache_dir=home.home().node_cache)
+    result = evaluate_checkpoint(
+        run_dir,
+        url,
+        step=None if config.step < 0 else config.step,
+        evaluation=config.evaluation,
+        batch_size=config.batch_size,
+        cache_dir=home.home().node_cache,
+    )
     md = result.as_metadata()
     table = comparison_table(md, _latest_metadata(context, "evaluations", HISTORY))
     out = {k: MetadataValue.json(v) if isinstance(v, (dict, list)) else v for k, v in md.items()}
@@ -97,13 +117,23 @@ def evaluations(context: AssetExecutionContext, config: EvaluationConfig, home: 
     return MaterializeResult(metadata=out, data_version=DataVersion(result.version))
 
 
-@asset(partitions_def=curation_specs, deps=["evaluations"], group_name="training", tags={"dyna/stage": "release"},
-       op_tags=k8s.RELEASE,
-       description="The evaluated checkpoint's weights (no optimizer state) with their lineage, published once, "
-                   "content-addressed, to the origin store: sites and inference replicas pull the same bytes "
-                   "through their cache instead of from the training cluster.")
-def released_models(context: AssetExecutionContext, config: ReleaseConfig, home: HomeResource, cache: CacheResource,
-                    trainer: TrainerResource):
+@asset(
+    partitions_def=curation_specs,
+    deps=["evaluations"],
+    group_name="training",
+    tags={"dyna/stage": "release"},
+    op_tags=k8s.RELEASE,
+    description="The evaluated checkpoint's weights (no optimizer state) with their lineage, published once, "
+    "content-addressed, to the origin store: sites and inference replicas pull the same bytes "
+    "through their cache instead of from the training cluster.",
+)
+def released_models(
+    context: AssetExecutionContext,
+    config: ReleaseConfig,
+    home: HomeResource,
+    cache: CacheResource,
+    trainer: TrainerResource,
+):
     from trainer.evaluate import latest_recorded
     from trainer.release import export_weights, publish
 
@@ -131,6 +161,11 @@ def released_models(context: AssetExecutionContext, config: ReleaseConfig, home:
         "code_commit": side.get("code_commit") or "",
     }
     if evaluated and evaluated.checkpoint["step"] == side["source"]["step"]:
-        md["evaluation"] = MetadataValue.json({"evaluation": evaluated.evaluation, "metrics": evaluated.metrics,
-                                               "heldout_manifest_sha256": evaluated.heldout_manifest_sha256})
+        md["evaluation"] = MetadataValue.json(
+            {
+                "evaluation": evaluated.evaluation,
+                "metrics": evaluated.metrics,
+                "heldout_manifest_sha256": evaluated.heldout_manifest_sha256,
+            }
+        )
     return MaterializeResult(metadata=md, data_version=DataVersion(rel.sha256))

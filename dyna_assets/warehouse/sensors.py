@@ -8,10 +8,13 @@ from dyna_resources.resources import IngestResource
 from ..deployment import sensor_status
 
 
-@sensor(asset_selection=[AssetKey("warehouse_episodes")], minimum_interval_seconds=10,
-        default_status=sensor_status(),
-        description="Registry changes pending → one warehouse sync run (run key = oldest pending change, so a "
-                    "burst never launches twice; DuckDB writers are serialized by the duckdb pool).")
+@sensor(
+    asset_selection=[AssetKey("warehouse_episodes")],
+    minimum_interval_seconds=10,
+    default_status=sensor_status(),
+    description="Registry changes pending → one warehouse sync run (run key = oldest pending change, so a "
+    "burst never launches twice; DuckDB writers are serialized by the duckdb pool).",
+)
 def warehouse_sync_sensor(context: SensorEvaluationContext, ingest: IngestResource):
     marker = pending(ingest.stores().registry)
     if marker is None:

@@ -30,6 +30,7 @@ import pyarrow as pa
 if TYPE_CHECKING:
     from sqlalchemy.engine import URL
 
+
 def _schema(columns: Sequence[tuple[str, pa.DataType]]) -> pa.Schema:
     return pa.schema([pa.field(n, ty) for n, ty in columns])
 
@@ -100,8 +101,15 @@ class AdbcSession:
         return pa.RecordBatchReader._import_from_c(handle.address)
 
     def ingest_temporary(self, table: str, data: pa.RecordBatch) -> None:
-        self._statement(None, data, **{"adbc.ingest.target_table": table, "adbc.ingest.mode": "adbc.ingest.mode.create",
-                                       "adbc.ingest.temporary": "true"}).execute_update()
+        self._statement(
+            None,
+            data,
+            **{
+                "adbc.ingest.target_table": table,
+                "adbc.ingest.mode": "adbc.ingest.mode.create",
+                "adbc.ingest.temporary": "true",
+            },
+        ).execute_update()
 
     def close(self) -> None:
         self._opened.close()
@@ -125,8 +133,9 @@ def postgres_reader(url: URL) -> AdbcSession:
     return AdbcSession(adbc_driver_postgresql.connect(postgres_uri(url)))
 
 
-def postgres_batches(session: AdbcSession, sql: str, columns: Sequence[tuple[str, pa.DataType]],
-                     batch_rows: int) -> Iterator[pa.RecordBatch]:
+def postgres_batches(
+    session: AdbcSession, sql: str, columns: Sequence[tuple[str, pa.DataType]], batch_rows: int
+) -> Iterator[pa.RecordBatch]:
     schema = _schema(columns)
     return rebatch((_cast(b, schema) for b in session.query(sql)), batch_rows, schema)
 
@@ -198,8 +207,9 @@ _SQLITE_HEAD = "SELECT coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'c
 
 
 @contextmanager
-def sqlite_snapshot(path: str | Path, columns: Sequence[tuple[str, pa.DataType]],
-                    batch_rows: int) -> Iterator[tuple[int, Iterator[pa.RecordBatch]]]:
+def sqlite_snapshot(
+    path: str | Path, columns: Sequence[tuple[str, pa.DataType]], batch_rows: int
+) -> Iterator[tuple[int, Iterator[pa.RecordBatch]]]:
     """The episodes table of the SQLite registry at ``path`` as of one instant: (the change-log
     position it reflects, Arrow batches of exactly ``batch_rows`` rows but the last), read by a
     child process in one read transaction. The child runs one batch ahead of the consumer; a
@@ -219,8 +229,12 @@ def sqlite_changed_rows(path: str | Path, columns: Sequence[tuple[str, pa.DataTy
 def _child(path, mode: str, columns, batch_rows: int, keys: bytes):
     schema = _schema(columns).serialize().to_pybytes()
     with tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen([sys.executable, "-m", __name__, mode, str(path), str(batch_rows)],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", __name__, mode, str(path), str(batch_rows)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+        )
         try:
             try:
                 proc.stdin.write(len(schema).to_bytes(8, "little") + schema + keys)
@@ -284,10 +298,14 @@ def _read_sqlite(mode: str, path: str, batch_rows: int, schema: pa.Schema, keys:
             params = pa.record_batch([strings([keys.decode()])], names=["keys"])
         with pa.ipc.new_stream(out, schema.with_metadata(meta)) as writer:
             out.flush()  # the position goes to the consumer before the first batch is read
-            batches = session.query(f"SELECT {first} UNION ALL SELECT * FROM ({sql})", params,
-                                    **{"adbc.sqlite.query.batch_rows": str(batch_rows)})
-            for b in rebatch((_cast(x.slice(1) if i == 0 else x, schema) for i, x in enumerate(batches)),
-                             batch_rows, schema):
+            batches = session.query(
+                f"SELECT {first} UNION ALL SELECT * FROM ({sql})",
+                params,
+                **{"adbc.sqlite.query.batch_rows": str(batch_rows)},
+            )
+            for b in rebatch(
+                (_cast(x.slice(1) if i == 0 else x, schema) for i, x in enumerate(batches)), batch_rows, schema
+            ):
                 writer.write_batch(b)
             batches.close()
         session.conn.rollback()
@@ -296,5 +314,11 @@ def _read_sqlite(mode: str, path: str, batch_rows: int, schema: pa.Schema, keys:
 if __name__ == "__main__":  # the SQLite reader's child process: mode, path, batch rows; the schema and keys on stdin
     _data = sys.stdin.buffer.read()
     _n = int.from_bytes(_data[:8], "little")
-    _read_sqlite(sys.argv[1], sys.argv[2], int(sys.argv[3]), pa.ipc.read_schema(pa.py_buffer(_data[8:8 + _n])),
-                 _data[8 + _n:], sys.stdout.buffer)
+    _read_sqlite(
+        sys.argv[1],
+        sys.argv[2],
+        int(sys.argv[3]),
+        pa.ipc.read_schema(pa.py_buffer(_data[8 : 8 + _n])),
+        _data[8 + _n :],
+        sys.stdout.buffer,
+    )

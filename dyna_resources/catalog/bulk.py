@@ -69,40 +69,61 @@ def _pg_types(table: Table, names: tuple[str, ...]) -> str:
 
 
 @lru_cache(maxsize=256)
-def _upsert_sql(backend: str, table: Table, names: tuple[str, ...], keys: tuple[str, ...],
-                update: tuple[str, ...] | None, staging: str | None = None, derived: Derived | None = None) -> str:
+def _upsert_sql(
+    backend: str,
+    table: Table,
+    names: tuple[str, ...],
+    keys: tuple[str, ...],
+    update: tuple[str, ...] | None,
+    staging: str | None = None,
+    derived: Derived | None = None,
+) -> str:
     """The upsert's text; from ``staging`` (a staging table of the same columns) when given. Rows
     must be unique by ``keys``."""
     if derived is not None:
         todo = [n for n in names if n not in keys] if update is None else list(update)
         sets = ", ".join(f"{n} = excluded.{n}" for n in [*todo, *derived.names()])
-        return (f"INSERT INTO {table.name} ({', '.join([*names, *derived.names()])}) "
-                f"SELECT {', '.join([*(f'v.{n}' for n in names), *(e for _, e in derived.columns)])} "
-                f"{_rows_from(names, staging, derived)} ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {sets}")
+        return (
+            f"INSERT INTO {table.name} ({', '.join([*names, *derived.names()])}) "
+            f"SELECT {', '.join([*(f'v.{n}' for n in names), *(e for _, e in derived.columns)])} "
+            f"{_rows_from(names, staging, derived)} ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {sets}"
+        )
     cols = ", ".join(names)
     if staging is not None:
         values = f"SELECT {cols} FROM {staging}"
     else:
         values = "VALUES %s" if backend == "postgresql" else f"VALUES ({', '.join('?' * len(names))})"
     todo = [n for n in names if n not in keys] if update is None else list(update)  # update: the columns to set
-    conflict = (f"DO UPDATE SET {', '.join(f'{n} = excluded.{n}' for n in todo)}" if todo else "DO NOTHING")
+    conflict = f"DO UPDATE SET {', '.join(f'{n} = excluded.{n}' for n in todo)}" if todo else "DO NOTHING"
     return f"INSERT INTO {table.name} ({cols}) {values} ON CONFLICT ({', '.join(keys)}) {conflict}"
 
 
 @lru_cache(maxsize=256)
-def _update_sql(backend: str, table: Table, names: tuple[str, ...], key: str, staging: str | None = None,
-                derived: Derived | None = None) -> str:
+def _update_sql(
+    backend: str,
+    table: Table,
+    names: tuple[str, ...],
+    key: str,
+    staging: str | None = None,
+    derived: Derived | None = None,
+) -> str:
     sets = [n for n in names if n != key]
     if derived is not None:
         assigned = [*(f"{n} = v.{n}" for n in sets), *(f"{n} = {e}" for n, e in derived.columns)]
-        return (f"UPDATE {table.name} AS t SET {', '.join(assigned)} {_rows_from(names, staging, derived)} "
-                f"WHERE t.{key} = v.{key}")
+        return (
+            f"UPDATE {table.name} AS t SET {', '.join(assigned)} {_rows_from(names, staging, derived)} "
+            f"WHERE t.{key} = v.{key}"
+        )
     if staging is not None:
-        return (f"UPDATE {table.name} AS t SET {', '.join(f'{n} = v.{n}' for n in sets)} "
-                f"FROM {staging} AS v WHERE t.{key} = v.{key}")
+        return (
+            f"UPDATE {table.name} AS t SET {', '.join(f'{n} = v.{n}' for n in sets)} "
+            f"FROM {staging} AS v WHERE t.{key} = v.{key}"
+        )
     if backend == "postgresql":
-        return (f"UPDATE {table.name} AS t SET {', '.join(f'{n} = v.{n}' for n in sets)} "
-                f"FROM (VALUES %s) AS v ({', '.join(names)}) WHERE t.{key} = v.{key}")
+        return (
+            f"UPDATE {table.name} AS t SET {', '.join(f'{n} = v.{n}' for n in sets)} "
+            f"FROM (VALUES %s) AS v ({', '.join(names)}) WHERE t.{key} = v.{key}"
+        )
     return f"UPDATE {table.name} SET {', '.join(f'{n} = ?' for n in sets)} WHERE {key} = ?"
 
 
@@ -135,8 +156,9 @@ def run(conn, write: Write) -> None:
 
         cur = conn.connection.dbapi_connection.cursor()  # the SQLAlchemy connection's transaction
         try:
-            execute_values(cur, write.sql, write.rows, template=f"({_pg_types(write.table, write.names)})",
-                           page_size=PAGE)
+            execute_values(
+                cur, write.sql, write.rows, template=f"({_pg_types(write.table, write.names)})", page_size=PAGE
+            )
         finally:
             cur.close()
     else:
@@ -153,12 +175,14 @@ def _staged(conn, table: Table, names: tuple[str, ...], copy_text: str) -> None:
     staging = _staging(table)
     cur = conn.connection.dbapi_connection.cursor()
     try:
-        cur.execute(f"CREATE TEMP TABLE IF NOT EXISTS {staging} ON COMMIT DROP AS "
-                    f"SELECT * FROM {table.name} WITH NO DATA")
+        cur.execute(
+            f"CREATE TEMP TABLE IF NOT EXISTS {staging} ON COMMIT DROP AS SELECT * FROM {table.name} WITH NO DATA"
+        )
         cur.execute(f"TRUNCATE {staging}")
         # one read of the whole text: psycopg2 takes the GIL back for every read (8 KiB by default)
-        cur.copy_expert(f"COPY {staging} ({', '.join(names)}) FROM STDIN", io.StringIO(copy_text),
-                        size=max(len(copy_text), 8192))
+        cur.copy_expert(
+            f"COPY {staging} ({', '.join(names)}) FROM STDIN", io.StringIO(copy_text), size=max(len(copy_text), 8192)
+        )
     finally:
         cur.close()
 
@@ -172,12 +196,16 @@ def _index_joins(conn):
     back as they were, for the rest of the transaction."""
     cur = conn.connection.dbapi_connection.cursor()
     try:
-        cur.execute("SELECT current_setting('enable_hashjoin'), current_setting('enable_mergejoin'), "
-                    "set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)")
+        cur.execute(
+            "SELECT current_setting('enable_hashjoin'), current_setting('enable_mergejoin'), "
+            "set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)"
+        )
         hashjoin, mergejoin, _, _ = cur.fetchone()
         yield
-        cur.execute("SELECT set_config('enable_hashjoin', %s, true), set_config('enable_mergejoin', %s, true)",
-                    (hashjoin, mergejoin))
+        cur.execute(
+            "SELECT set_config('enable_hashjoin', %s, true), set_config('enable_mergejoin', %s, true)",
+            (hashjoin, mergejoin),
+        )
     finally:
         cur.close()
 
@@ -239,8 +267,15 @@ def _tuples(rows: Sequence[dict], names: Sequence[str], extra: tuple = ()) -> li
     return [get(r) + extra for r in rows] if extra else [get(r) for r in rows]
 
 
-def upsert(conn, backend: str, table: Table, rows: Sequence[dict], keys: Sequence[str],
-           update: Sequence[str] | None = None, derived: Derived | None = None) -> None:
+def upsert(
+    conn,
+    backend: str,
+    table: Table,
+    rows: Sequence[dict],
+    keys: Sequence[str],
+    update: Sequence[str] | None = None,
+    derived: Derived | None = None,
+) -> None:
     """Insert ``rows`` (all with the same columns), on a key conflict update ``update`` (default:
     every column not in ``keys``; empty: leave the existing row). ``derived`` (PostgreSQL only):
     columns the server computes, set on insert and on conflict."""
@@ -248,8 +283,14 @@ def upsert(conn, backend: str, table: Table, rows: Sequence[dict], keys: Sequenc
         run(conn, prepare_upsert(backend, table, rows, keys, update, derived))
 
 
-def prepare_upsert(backend: str, table: Table, rows: Sequence[dict], keys: Sequence[str],
-                   update: Sequence[str] | None = None, derived: Derived | None = None) -> Write:
+def prepare_upsert(
+    backend: str,
+    table: Table,
+    rows: Sequence[dict],
+    keys: Sequence[str],
+    update: Sequence[str] | None = None,
+    derived: Derived | None = None,
+) -> Write:
     """:func:`upsert`'s write, built (``rows`` not empty)."""
     _no_derived_on(backend, derived)
     own = _columns(table, list(rows[0]))
@@ -258,8 +299,13 @@ def prepare_upsert(backend: str, table: Table, rows: Sequence[dict], keys: Seque
     todo = tuple(n for n in own if n not in keys) if update is None else tuple(update)
     values = _tuples(rows, own, tuple(v for _, v in fill))
     if backend == "postgresql" and len(values) >= COPY_FROM:
-        return Write(backend, table, names, _upsert_sql(backend, table, names, tuple(keys), todo, _staging(table), derived),
-                     copy_text=_copy_text(values))
+        return Write(
+            backend,
+            table,
+            names,
+            _upsert_sql(backend, table, names, tuple(keys), todo, _staging(table), derived),
+            copy_text=_copy_text(values),
+        )
     return Write(backend, table, names, _upsert_sql(backend, table, names, tuple(keys), todo, None, derived), values)
 
 
@@ -280,8 +326,9 @@ def _defaults(table: Table) -> tuple[tuple[str, object], ...]:
     return tuple(out)
 
 
-def update_by_key(conn, backend: str, table: Table, rows: Sequence[dict], key: str,
-                  derived: Derived | None = None) -> None:
+def update_by_key(
+    conn, backend: str, table: Table, rows: Sequence[dict], key: str, derived: Derived | None = None
+) -> None:
     """``UPDATE table SET <the rows' other columns> WHERE key = <the row's key>`` for every row (all
     with the same columns); a row whose key is absent changes nothing. ``derived`` (PostgreSQL
     only): columns the server computes, set too."""
@@ -289,8 +336,7 @@ def update_by_key(conn, backend: str, table: Table, rows: Sequence[dict], key: s
         run(conn, prepare_update(backend, table, rows, key, derived))
 
 
-def prepare_update(backend: str, table: Table, rows: Sequence[dict], key: str,
-                   derived: Derived | None = None) -> Write:
+def prepare_update(backend: str, table: Table, rows: Sequence[dict], key: str, derived: Derived | None = None) -> Write:
     """:func:`update_by_key`'s write, built (``rows`` not empty)."""
     _no_derived_on(backend, derived)
     names = _columns(table, list(rows[0]))
@@ -299,8 +345,16 @@ def prepare_update(backend: str, table: Table, rows: Sequence[dict], key: str,
     if backend == "postgresql":
         values = _tuples(rows, names)
         if len(values) >= COPY_FROM:
-            return Write(backend, table, names, _update_sql(backend, table, names, key, _staging(table), derived),
-                         copy_text=_copy_text(values), index_joins=True)
+            return Write(
+                backend,
+                table,
+                names,
+                _update_sql(backend, table, names, key, _staging(table), derived),
+                copy_text=_copy_text(values),
+                index_joins=True,
+            )
         return Write(backend, table, names, _update_sql(backend, table, names, key, None, derived), values)
     sets = [n for n in names if n != key]  # the key binds last
-    return Write(backend, table, names, _update_sql(backend, table, names, key), list(map(itemgetter(*sets, key), rows)))
+    return Write(
+        backend, table, names, _update_sql(backend, table, names, key), list(map(itemgetter(*sets, key), rows))
+    )

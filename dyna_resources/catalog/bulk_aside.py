@@ -21,8 +21,12 @@ def triggers_aside(conn, episode_ids: Sequence[str], inserted: Sequence[str]) ->
     the summary and the change log end as the triggers would have left them."""
     ids = orjson.dumps(list(episode_ids)).decode()
     conn.exec_driver_sql(f"INSERT INTO {bulk_marker.TABLE} (writer) VALUES (1)")
-    existed = {r[0] for r in conn.exec_driver_sql(
-        "SELECT episode_id FROM episodes WHERE episode_id IN (SELECT value FROM json_each(?))", (ids,))}
+    existed = {
+        r[0]
+        for r in conn.exec_driver_sql(
+            "SELECT episode_id FROM episodes WHERE episode_id IN (SELECT value FROM json_each(?))", (ids,)
+        )
+    }
     touched = partition_versions.fold(conn, ids, -1)
     yield
     touched |= partition_versions.fold(conn, ids, +1)

@@ -27,6 +27,7 @@ def triggers_current(conn, names: Sequence[str]) -> bool:
     """Every trigger of ``names`` exists and stands aside for bulk writes (an older registry's
     fires on every row of one too, and would count it twice next to the writer's own fold)."""
     listed = ", ".join(f"'{n}'" for n in names)  # the schema's trigger names, not input
-    found = dict(conn.exec_driver_sql(f"SELECT name, sql FROM sqlite_master WHERE type = 'trigger' "
-                                      f"AND name IN ({listed})").all())
+    found = dict(
+        conn.exec_driver_sql(f"SELECT name, sql FROM sqlite_master WHERE type = 'trigger' AND name IN ({listed})").all()
+    )
     return len(found) == len(names) and all(TABLE in sql for sql in found.values())

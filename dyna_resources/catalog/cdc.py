@@ -44,8 +44,15 @@ def source_name(registry: Registry) -> str:
     return f"registry:{registry.describe()}"
 
 
-def sync(registry: Registry, warehouse: Warehouse, *, batch: int = WAREHOUSE_BATCH, max_batches: int | None = None,
-         prune: bool = True, snapshot_batch: int = WAREHOUSE_BATCH) -> SyncReport:
+def sync(
+    registry: Registry,
+    warehouse: Warehouse,
+    *,
+    batch: int = WAREHOUSE_BATCH,
+    max_batches: int | None = None,
+    prune: bool = True,
+    snapshot_batch: int = WAREHOUSE_BATCH,
+) -> SyncReport:
     """Apply what changed in the registry since the warehouse's position; returns what was done.
     A warehouse that has never synced this source first takes a full snapshot."""
     source = source_name(registry)
@@ -103,8 +110,11 @@ def _snapshot(registry: Registry, warehouse: Warehouse, source: str, slot: str |
             return _load(warehouse, source, arrow_reads.sqlite_snapshot(path, columns, batch))
         except arrow_reads.SqliteReadError as e:
             log.warning("%s; reading it again through sqlite3", e)
-    return _load(warehouse, source, _tuples_as_arrow(changelog.snapshot(registry.engine, [n for n, _ in columns]),
-                                                     columns, batch))
+    return _load(
+        warehouse,
+        source,
+        _tuples_as_arrow(changelog.snapshot(registry.engine, [n for n, _ in columns]), columns, batch),
+    )
 
 
 def _load(warehouse: Warehouse, source: str, rows) -> int:
@@ -137,8 +147,9 @@ def pending(registry: Registry) -> str | None:
     return str(changes[0].seq) if changes else None
 
 
-def _apply_keys(registry: Registry, warehouse: Warehouse, source: str, keys: set[str], position: str,
-                rep: SyncReport) -> None:
+def _apply_keys(
+    registry: Registry, warehouse: Warehouse, source: str, keys: set[str], position: str, rep: SyncReport
+) -> None:
     """Apply the current rows of ``keys`` (a key without a row is a delete) and the new position.
     PostgreSQL's rows are read as Arrow by the driver (ADBC); SQLite's as tuples."""
     columns = arrow_columns()

@@ -80,14 +80,18 @@ def log_keys(conn, table: str, *, inserted: list[str], updated: list[str]) -> No
     for these keys of ``table``, one statement per kind."""
     for op, keys in (("I", inserted), ("U", updated)):
         if keys:
-            conn.exec_driver_sql("INSERT INTO change_log (tbl, op, pk) SELECT ?, ?, value FROM json_each(?)",
-                                 (table, op, orjson.dumps(keys).decode()))
+            conn.exec_driver_sql(
+                "INSERT INTO change_log (tbl, op, pk) SELECT ?, ?, value FROM json_each(?)",
+                (table, op, orjson.dumps(keys).decode()),
+            )
 
 
 def read_changes(engine: Engine, after: int, limit: int) -> list[Change]:
     with engine.begin() as c:
-        rows = c.execute(text("SELECT seq, tbl, op, pk FROM change_log WHERE seq > :after ORDER BY seq LIMIT :limit"),
-                         {"after": after, "limit": limit}).all()
+        rows = c.execute(
+            text("SELECT seq, tbl, op, pk FROM change_log WHERE seq > :after ORDER BY seq LIMIT :limit"),
+            {"after": after, "limit": limit},
+        ).all()
     return [Change(*r) for r in rows]
 
 
@@ -105,9 +109,14 @@ def set_consumer(engine: Engine, name: str, position: int) -> None:
     """Record that consumer ``name`` has durably applied everything up to ``position``. A new
     consumer registers here before it takes its snapshot, at a position no later than it."""
     with engine.begin() as c:
-        c.execute(text("INSERT INTO change_log_consumers (name, position) VALUES (:n, :p) "
-                       "ON CONFLICT (name) DO UPDATE SET position = excluded.position, "
-                       "updated_at = (julianday('now') - 2440587.5) * 86400.0"), {"n": name, "p": position})
+        c.execute(
+            text(
+                "INSERT INTO change_log_consumers (name, position) VALUES (:n, :p) "
+                "ON CONFLICT (name) DO UPDATE SET position = excluded.position, "
+                "updated_at = (julianday('now') - 2440587.5) * 86400.0"
+            ),
+            {"n": name, "p": position},
+        )
 
 
 def drop_consumer(engine: Engine, name: str) -> None:
@@ -126,8 +135,9 @@ def prune(engine: Engine, name: str, upto: int) -> int:
     consumer has applied. Returns how many entries went."""
     set_consumer(engine, name, upto)
     with engine.begin() as c:
-        return c.execute(text("DELETE FROM change_log WHERE seq <= "
-                              "(SELECT min(position) FROM change_log_consumers)")).rowcount
+        return c.execute(
+            text("DELETE FROM change_log WHERE seq <= (SELECT min(position) FROM change_log_consumers)")
+        ).rowcount
 
 
 @contextmanager

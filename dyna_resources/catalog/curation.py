@@ -45,8 +45,18 @@ from .warehouse import STEP_COLUMNS, warehouse_columns
 
 COLUMNS = dict(warehouse_columns())
 STEP_FIELDS = {n: ty for n, ty in STEP_COLUMNS if n != "episode_id"}
-OPERATORS = {"=": "IS NOT DISTINCT FROM", "!=": "IS DISTINCT FROM", "<": "<", "<=": "<=", ">": ">", ">=": ">=",
-             "in": "IN", "not_in": "NOT IN", "like": "LIKE", "is_null": "IS NULL"}
+OPERATORS = {
+    "=": "IS NOT DISTINCT FROM",
+    "!=": "IS DISTINCT FROM",
+    "<": "<",
+    "<=": "<=",
+    ">": ">",
+    ">=": ">=",
+    "in": "IN",
+    "not_in": "NOT IN",
+    "like": "LIKE",
+    "is_null": "IS NULL",
+}
 SPEC_FIELDS = {"name", "description", "where", "segments", "weights", "steps"}
 STEP_SCOPES = ("step", "episode")
 NAME = SAFE_KEY  # a spec's name, like its file's stem, becomes a partition key and a file name
@@ -56,8 +66,13 @@ MAX_SEGMENTS_PER_EPISODE = 1_000_000
 MAX_WEIGHT = 1e6
 # What a value compared with a column of each warehouse type must be.
 _NUMERIC = ("INTEGER", "BIGINT", "DOUBLE")
-_EXPECTED = {"VARCHAR": "text", "BOOLEAN": "true or false", "INTEGER": "an integer", "BIGINT": "an integer",
-             "DOUBLE": "a number"}
+_EXPECTED = {
+    "VARCHAR": "text",
+    "BOOLEAN": "true or false",
+    "INTEGER": "an integer",
+    "BIGINT": "an integer",
+    "DOUBLE": "a number",
+}
 # Manifest columns carried over from the warehouse as they are (after the computed ones:
 # episode_id, uri, start_ns, end_ns, n_steps, weight).
 PASSTHROUGH = ["task", "robot_id", "robot_model", "site", "success", "sim", "pipeline_version", "schema_version"]
@@ -71,8 +86,9 @@ class _SpecLoader(yaml.SafeLoader):
     reads it as the number it is, as YAML 1.2 does."""
 
 
-_SpecLoader.add_implicit_resolver("tag:yaml.org,2002:float",
-                                  re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
+_SpecLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789")
+)
 
 
 class CurationSpecError(ValueError):
@@ -104,7 +120,7 @@ class CurationSpec:
 
     @classmethod
     def from_mapping(cls, data, *, source: str = "curation spec") -> CurationSpec:
-        err = lambda f, r: CurationSpecError(f, r, source)  # noqa: E731
+        err = lambda f, r: CurationSpecError(f, r, source)
         if not isinstance(data, Mapping):
             raise err("(file)", "expected a mapping")
         for k in data:
@@ -158,19 +174,34 @@ class CurationSpec:
                 _check_value(err, f"weights.values.{k}", k, by, COLUMNS[by], "a key")
         if values and by is None:
             raise err("weights.by", "required when weights.values is given")
-        return cls(name=name, where=dict(where), length_s=float(length_s), stride_s=float(stride_s), weight_by=by,
-                   weights=dict(values), default_weight=float(w.get("default", 1.0)),
-                   step_where=None if step_where is None else dict(step_where), step_scope=scope, source=source)
+        return cls(
+            name=name,
+            where=dict(where),
+            length_s=float(length_s),
+            stride_s=float(stride_s),
+            weight_by=by,
+            weights=dict(values),
+            default_weight=float(w.get("default", 1.0)),
+            step_where=None if step_where is None else dict(step_where),
+            step_scope=scope,
+            source=source,
+        )
 
     def _chosen(self) -> tuple[str, dict]:
         """The episodes the spec selects, with their weight: the query's first step."""
         params: dict = {"length_ns": int(round(self.length_s * 1e9)), "stride_ns": int(round(self.stride_s * 1e9))}
-        conds = ["status = 'transcoded'", "mcap_uri IS NOT NULL", "start_ns IS NOT NULL",
-                 "end_ns - start_ns >= $length_ns"]
+        conds = [
+            "status = 'transcoded'",
+            "mcap_uri IS NOT NULL",
+            "start_ns IS NOT NULL",
+            "end_ns - start_ns >= $length_ns",
+        ]
         conds += _conditions(self.where, "w", params)
         if self.step_where is not None and self.step_scope == "episode":
-            conds.append(f"EXISTS (SELECT 1 FROM episode_steps s WHERE s.episode_id = episodes.episode_id AND "
-                         f"{' AND '.join(_conditions(self.step_where, 's', params, 's.') or ['TRUE'])})")
+            conds.append(
+                f"EXISTS (SELECT 1 FROM episode_steps s WHERE s.episode_id = episodes.episode_id AND "
+                f"{' AND '.join(_conditions(self.step_where, 's', params, 's.') or ['TRUE'])})"
+            )
         if self.weight_by:
             cases = []
             for j, (k, v) in enumerate(sorted(self.weights.items(), key=lambda kv: str(kv[0]))):
@@ -198,21 +229,34 @@ class CurationSpec:
         chosen, params = self._chosen()
         used = {k: params[k] for k in re.findall(r"\$(\w+)", chosen)}  # DuckDB refuses unused parameters
         values = "manifest_dictionary_values"
-        return [(f"CREATE OR REPLACE TEMP TABLE {values} AS SELECT DISTINCT {', '.join(DICTIONARY)} "
-                 f"FROM ({chosen}) WHERE weight > 0", used)] + [
-            (f"CREATE OR REPLACE TEMP TYPE {_enum(col)} AS ENUM (SELECT DISTINCT {col} FROM {values} "
-             f"WHERE {col} IS NOT NULL ORDER BY ALL)", {}) for col in DICTIONARY]
+        return [
+            (
+                f"CREATE OR REPLACE TEMP TABLE {values} AS SELECT DISTINCT {', '.join(DICTIONARY)} "
+                f"FROM ({chosen}) WHERE weight > 0",
+                used,
+            )
+        ] + [
+            (
+                f"CREATE OR REPLACE TEMP TYPE {_enum(col)} AS ENUM (SELECT DISTINCT {col} FROM {values} "
+                f"WHERE {col} IS NOT NULL ORDER BY ALL)",
+                {},
+            )
+            for col in DICTIONARY
+        ]
 
     def _windows(self) -> tuple[str, dict, bool]:
         """The ``chosen`` and ``windows`` CTEs (the time ranges segments are cut in), their
         parameters, and whether windows are steps."""
         chosen, params = self._chosen()
         if self.step_where is not None and self.step_scope == "step":
-            step_conds = " AND ".join(["s.end_ns - s.start_ns >= $length_ns",
-                                       *_conditions(self.step_where, "s", params, "s.")])
-            windows = ("SELECT c.*, s.step, s.step_index, s.start_ns AS w_start, s.end_ns AS w_end\n"
-                       "    FROM chosen c JOIN episode_steps s ON s.episode_id = c.episode_id\n"
-                       f"    WHERE {step_conds}")
+            step_conds = " AND ".join(
+                ["s.end_ns - s.start_ns >= $length_ns", *_conditions(self.step_where, "s", params, "s.")]
+            )
+            windows = (
+                "SELECT c.*, s.step, s.step_index, s.start_ns AS w_start, s.end_ns AS w_end\n"
+                "    FROM chosen c JOIN episode_steps s ON s.episode_id = c.episode_id\n"
+                f"    WHERE {step_conds}"
+            )
         else:
             windows = "SELECT *, start_ns AS w_start, end_ns AS w_end FROM chosen"
         ctes = f"""
@@ -227,8 +271,10 @@ WITH chosen AS (
         """The window with the most segments (``episode_id``, count), or no row: what
         :func:`curate` checks against ``MAX_SEGMENTS_PER_EPISODE`` before the manifest query."""
         ctes, params, _ = self._windows()
-        sql = (f"{ctes}\nSELECT episode_id, {_SEGMENTS} AS n FROM windows WHERE weight > 0 "
-               f"ORDER BY n DESC, episode_id LIMIT 1")
+        sql = (
+            f"{ctes}\nSELECT episode_id, {_SEGMENTS} AS n FROM windows WHERE weight > 0 "
+            f"ORDER BY n DESC, episode_id LIMIT 1"
+        )
         return sql.strip(), {k: params[k] for k in re.findall(r"\$(\w+)", sql)}
 
     def compile(self) -> tuple[str, dict]:
@@ -246,7 +292,7 @@ SELECT episode_id, mcap_uri AS uri,
        w_start + k * $stride_ns AS start_ns,
        w_start + k * $stride_ns + $length_ns AS end_ns,
        CAST(round(CAST(n_steps AS DOUBLE) * $length_ns / (end_ns - start_ns)) AS INTEGER) AS n_steps,
-       weight, {', '.join(_passthrough(c) for c in PASSTHROUGH)}{step_column}
+       weight, {", ".join(_passthrough(c) for c in PASSTHROUGH)}{step_column}
 FROM segments
 WHERE weight > 0
 ORDER BY {order}"""
@@ -270,7 +316,9 @@ def _conditions(where: Mapping, prefix: str, params: dict, qualifier: str = "") 
             for j, v in enumerate(value):
                 params[f"{prefix}{i}_{j}"] = v
                 names.append(f"${prefix}{i}_{j}")
-            conds.append(f"{col} {OPERATORS[op]} ({', '.join(names)})" if names else ("FALSE" if op == "in" else "TRUE"))
+            conds.append(
+                f"{col} {OPERATORS[op]} ({', '.join(names)})" if names else ("FALSE" if op == "in" else "TRUE")
+            )
         else:
             params[f"{prefix}{i}"] = value
             conds.append(f"{col} {OPERATORS[op]} ${prefix}{i}")
@@ -327,8 +375,11 @@ def _check_value(err, field: str, value, col: str, duck_type: str, what: str) ->
     if not ok:
         shown = str(value).lower() if isinstance(value, bool) else value
         hint = f" (quote it in YAML: '{shown}')" if duck_type == "VARCHAR" else ""
-        raise err(field, f"{what}: expected {_EXPECTED[duck_type]} ({col} is {duck_type}), "
-                         f"got {value!r} ({type(value).__name__}){hint}")
+        raise err(
+            field,
+            f"{what}: expected {_EXPECTED[duck_type]} ({col} is {duck_type}), "
+            f"got {value!r} ({type(value).__name__}){hint}",
+        )
 
 
 def _passthrough(col: str) -> str:
@@ -355,9 +406,12 @@ def check_segment_count(con, spec: CurationSpec) -> None:
     if worst is not None and worst[1] > MAX_SEGMENTS_PER_EPISODE:
         episode, n = worst
         raise CurationSpecError(
-            "segments.stride_s", f"episode {episode} would give {n:,} segments of {spec.length_s:g} s every "
+            "segments.stride_s",
+            f"episode {episode} would give {n:,} segments of {spec.length_s:g} s every "
             f"{spec.stride_s:g} s, more than the {MAX_SEGMENTS_PER_EPISODE:,} per episode allowed: raise stride_s "
-            "(or exclude the episode, e.g. where: {duration_s: {'<=': ...}})", spec.source)
+            "(or exclude the episode, e.g. where: {duration_s: {'<=': ...}})",
+            spec.source,
+        )
 
 
 def missing_episodes(warehouse, spec: CurationSpec, *, limit: int = 1000) -> list[tuple[str, str]]:

@@ -106,12 +106,19 @@ class DatasetDiff:
 
     def markdown(self, limit: int = 20) -> str:
         tasks = sorted(set(self.hours_by_task_before) | set(self.hours_by_task_after))
-        lines = [f"**{self.a} → {self.b}**", "",
-                 f"- episodes: +{len(self.episodes_added)} / -{len(self.episodes_removed)}",
-                 f"- segment rows: {self.rows_before} → {self.rows_after}", "",
-                 "| task | hours before | hours after |", "|---|---:|---:|"]
-        lines += [f"| {t} | {self.hours_by_task_before.get(t, 0.0):.4f} | {self.hours_by_task_after.get(t, 0.0):.4f} |"
-                  for t in tasks]
+        lines = [
+            f"**{self.a} → {self.b}**",
+            "",
+            f"- episodes: +{len(self.episodes_added)} / -{len(self.episodes_removed)}",
+            f"- segment rows: {self.rows_before} → {self.rows_after}",
+            "",
+            "| task | hours before | hours after |",
+            "|---|---:|---:|",
+        ]
+        lines += [
+            f"| {t} | {self.hours_by_task_before.get(t, 0.0):.4f} | {self.hours_by_task_after.get(t, 0.0):.4f} |"
+            for t in tasks
+        ]
         for label, ids in (("added", self.episodes_added), ("removed", self.episodes_removed)):
             if ids:
                 more = f" … (+{len(ids) - limit})" if len(ids) > limit else ""
@@ -176,8 +183,18 @@ class DatasetRegistry:
         return Store.from_url(self._store_url)
 
     # ---- publishing ---------------------------------------------------------------------------
-    def publish(self, name: str, version: str, spec_name: str, spec_text: str, manifest_sidecar: dict, *,
-                arrow_url: str, parquet_url: str, notes: str = "") -> tuple[DatasetRef, bool]:
+    def publish(
+        self,
+        name: str,
+        version: str,
+        spec_name: str,
+        spec_text: str,
+        manifest_sidecar: dict,
+        *,
+        arrow_url: str,
+        parquet_url: str,
+        notes: str = "",
+    ) -> tuple[DatasetRef, bool]:
         """Publish the manifest at ``arrow_url``/``parquet_url`` (described by its sidecar) as
         name@version. Returns (the version, whether it was new)."""
         check_name(name)
@@ -194,21 +211,41 @@ class DatasetRegistry:
         prefix = f"datasets/{name}/{version}/{sha}"
         self._copy_verified(arrow_url, f"{prefix}.arrow", sha, f"{name}@{version}")
         parquet_sha = self._copy_verified(parquet_url, f"{prefix}.parquet", None, f"{name}@{version}")
-        sidecar = {**manifest_sidecar, "dataset": f"{name}@{version}", "arrow": self.store.url(f"{prefix}.arrow"),
-                   "parquet": self.store.url(f"{prefix}.parquet"), "parquet_sha256": parquet_sha,
-                   "sidecar": self.store.url(f"{prefix}.json")}
+        sidecar = {
+            **manifest_sidecar,
+            "dataset": f"{name}@{version}",
+            "arrow": self.store.url(f"{prefix}.arrow"),
+            "parquet": self.store.url(f"{prefix}.parquet"),
+            "parquet_sha256": parquet_sha,
+            "sidecar": self.store.url(f"{prefix}.json"),
+        }
         self.store.put_bytes(f"{prefix}.json", json.dumps(sidecar, indent=2, sort_keys=True, default=str).encode())
-        row = dict(  # noqa: C408  (column=value reads best here)
-            name=name, version=version, spec_name=spec_name, spec_sha256=spec_sha, manifest_sha256=sha,
-            manifest_parquet_sha256=parquet_sha, manifest_arrow_url=self.store.url(f"{prefix}.arrow"),
+        row = dict(
+            name=name,
+            version=version,
+            spec_name=spec_name,
+            spec_sha256=spec_sha,
+            manifest_sha256=sha,
+            manifest_parquet_sha256=parquet_sha,
+            manifest_arrow_url=self.store.url(f"{prefix}.arrow"),
             manifest_parquet_url=self.store.url(f"{prefix}.parquet"),
-            pipeline_versions=json.dumps({
-                "code": {"pipeline": PIPELINE_VERSION, "schema": SCHEMA_VERSION},
-                "episodes": {"pipeline": sorted(stats.get("by_pipeline_version", {})),
-                             "schema": sorted(stats.get("by_schema_version", {}))}}, sort_keys=True),
-            schema_version=SCHEMA_VERSION, rows=int(manifest_sidecar.get("rows", 0)),
-            episodes=int(stats.get("episodes", 0)), segment_hours=float(stats.get("segment_hours", 0.0)),
-            published_at=datetime.now(UTC), notes=notes or "")
+            pipeline_versions=json.dumps(
+                {
+                    "code": {"pipeline": PIPELINE_VERSION, "schema": SCHEMA_VERSION},
+                    "episodes": {
+                        "pipeline": sorted(stats.get("by_pipeline_version", {})),
+                        "schema": sorted(stats.get("by_schema_version", {})),
+                    },
+                },
+                sort_keys=True,
+            ),
+            schema_version=SCHEMA_VERSION,
+            rows=int(manifest_sidecar.get("rows", 0)),
+            episodes=int(stats.get("episodes", 0)),
+            segment_hours=float(stats.get("segment_hours", 0.0)),
+            published_at=datetime.now(UTC),
+            notes=notes or "",
+        )
         try:
             with self.engine.begin() as c:
                 c.execute(datasets_table.insert().values(**row))
@@ -219,11 +256,19 @@ class DatasetRegistry:
     def _same_or_refuse(self, existing: DatasetRef, spec_name: str, spec_sha: str, sha: str) -> DatasetRef:
         if (existing.spec_name, existing.spec_sha256, existing.sha256) == (spec_name, spec_sha, sha):
             return existing
-        what = [w for w, a, b in (("spec", existing.spec_name, spec_name), ("spec text", existing.spec_sha256, spec_sha),
-                                  ("manifest", existing.sha256, sha)) if a != b]
+        what = [
+            w
+            for w, a, b in (
+                ("spec", existing.spec_name, spec_name),
+                ("spec text", existing.spec_sha256, spec_sha),
+                ("manifest", existing.sha256, sha),
+            )
+            if a != b
+        ]
         raise ImmutableDatasetError(
             f"dataset {existing.ref} is already published (manifest {existing.sha256[:12]}) and is immutable; "
-            f"this publish differs in {', '.join(what)}: publish a new version instead")
+            f"this publish differs in {', '.join(what)}: publish a new version instead"
+        )
 
     def _copy_verified(self, src_url: str, key: str, sha: str | None, label: str) -> str:
         """Copy ``src_url`` into the store as ``key``, checking its SHA-256 when given (the
@@ -240,8 +285,10 @@ class DatasetRegistry:
             except FileNotFoundError:
                 raise DatasetError(f"{label}: manifest file {src_url} does not exist") from None
             if sha is not None and digest.hexdigest() != sha:
-                raise DatasetError(f"{label}: {src_url} has SHA-256 {digest.hexdigest()[:12]}, its sidecar says "
-                                   f"{sha[:12]} (manifest rebuilt meanwhile?); nothing published")
+                raise DatasetError(
+                    f"{label}: {src_url} has SHA-256 {digest.hexdigest()[:12]}, its sidecar says "
+                    f"{sha[:12]} (manifest rebuilt meanwhile?); nothing published"
+                )
             self.store.put_file(tmp, key)
         finally:
             Path(tmp).unlink(missing_ok=True)
@@ -250,8 +297,13 @@ class DatasetRegistry:
     # ---- reading ------------------------------------------------------------------------------
     def _get(self, name: str, version: str) -> DatasetRef | None:
         with self.engine.connect() as c:
-            row = c.execute(select(datasets_table).where(datasets_table.c.name == name,
-                                                         datasets_table.c.version == version)).mappings().first()
+            row = (
+                c.execute(
+                    select(datasets_table).where(datasets_table.c.name == name, datasets_table.c.version == version)
+                )
+                .mappings()
+                .first()
+            )
         return _ref(row) if row else None
 
     def versions(self, name: str) -> list[str]:
@@ -277,8 +329,10 @@ class DatasetRegistry:
     def verify(self, ref: DatasetRef) -> None:
         """Hash the published Arrow IPC and Parquet copies of ``ref`` (reading each whole) against
         the SHA-256 recorded at publish; raise :class:`ManifestIntegrityError` naming the file."""
-        files = [("Arrow IPC", ref.arrow_url, ref.sha256, "manifest_sha256"),
-                 ("Parquet", ref.parquet_url, ref.parquet_sha256, "manifest_parquet_sha256")]
+        files = [
+            ("Arrow IPC", ref.arrow_url, ref.sha256, "manifest_sha256"),
+            ("Parquet", ref.parquet_url, ref.parquet_sha256, "manifest_parquet_sha256"),
+        ]
         for kind, url, expected, column in files:
             if expected is None:
                 continue
@@ -286,7 +340,8 @@ class DatasetRegistry:
             if actual != expected:
                 raise ManifestIntegrityError(
                     f"{ref.ref}: {kind} manifest {url} has SHA-256 {actual}, but {expected} was recorded "
-                    f"when it was published (datasets.{column}): the published copy was changed or damaged")
+                    f"when it was published (datasets.{column}): the published copy was changed or damaged"
+                )
 
     def _lookup(self, ref: str) -> DatasetRef:
         name, version = parse_ref(ref)
@@ -314,8 +369,16 @@ class DatasetRegistry:
         ra, rb = self.resolve(a), self.resolve(b)
         ea, ha, na = _summary(ra.parquet_url)
         eb, hb, nb = _summary(rb.parquet_url)
-        return DatasetDiff(a=ra.ref, b=rb.ref, episodes_added=sorted(eb - ea), episodes_removed=sorted(ea - eb),
-                           rows_before=na, rows_after=nb, hours_by_task_before=ha, hours_by_task_after=hb)
+        return DatasetDiff(
+            a=ra.ref,
+            b=rb.ref,
+            episodes_added=sorted(eb - ea),
+            episodes_removed=sorted(ea - eb),
+            rows_before=na,
+            rows_after=nb,
+            hours_by_task_before=ha,
+            hours_by_task_after=hb,
+        )
 
 
 def resolve_manifest_url(ref: str, registry_url: str, *, verify: bool = True) -> tuple[str, str]:
@@ -357,13 +420,19 @@ def _summary(parquet_url: str) -> tuple[set[str], dict[str, float], int]:
     if {"start_ns", "end_ns"} <= set(cols):
         import pyarrow as pa
 
-        task = (table.column("task").cast(pa.large_string()) if "task" in cols
-                else pa.nulls(table.num_rows, pa.large_string()))
+        task = (
+            table.column("task").cast(pa.large_string())
+            if "task" in cols
+            else pa.nulls(table.num_rows, pa.large_string())
+        )
         dur = pc.subtract(table.column("end_ns"), table.column("start_ns"))
         sums = pa.table({"task": task, "ns": dur}).group_by("task").aggregate([("ns", "sum")])
-        hours = {str(t): (ns or 0) / 3.6e12
-                 for t, ns in sorted(zip(sums.column("task").to_pylist(), sums.column("ns_sum").to_pylist()),
-                                     key=lambda kv: str(kv[0]))}
+        hours = {
+            str(t): (ns or 0) / 3.6e12
+            for t, ns in sorted(
+                zip(sums.column("task").to_pylist(), sums.column("ns_sum").to_pylist()), key=lambda kv: str(kv[0])
+            )
+        }
     return {str(e) for e in episodes}, hours, table.num_rows
 
 
@@ -371,12 +440,23 @@ def _ref(row) -> DatasetRef:
     published = row["published_at"]
     if published.tzinfo is None:  # SQLite keeps no zone
         published = published.replace(tzinfo=UTC)
-    return DatasetRef(name=row["name"], version=row["version"], spec_name=row["spec_name"],
-                      spec_sha256=row["spec_sha256"], sha256=row["manifest_sha256"],
-                      arrow_url=row["manifest_arrow_url"], parquet_url=row["manifest_parquet_url"],
-                      pipeline_versions=json.loads(row["pipeline_versions"]), schema_version=row["schema_version"],
-                      rows=row["rows"], episodes=row["episodes"], segment_hours=row["segment_hours"],
-                      published_at=published, notes=row["notes"], parquet_sha256=row["manifest_parquet_sha256"])
+    return DatasetRef(
+        name=row["name"],
+        version=row["version"],
+        spec_name=row["spec_name"],
+        spec_sha256=row["spec_sha256"],
+        sha256=row["manifest_sha256"],
+        arrow_url=row["manifest_arrow_url"],
+        parquet_url=row["manifest_parquet_url"],
+        pipeline_versions=json.loads(row["pipeline_versions"]),
+        schema_version=row["schema_version"],
+        rows=row["rows"],
+        episodes=row["episodes"],
+        segment_hours=row["segment_hours"],
+        published_at=published,
+        notes=row["notes"],
+        parquet_sha256=row["manifest_parquet_sha256"],
+    )
 
 
 # ---- declaring and publishing a curation spec's manifest -----------------------------------------
@@ -394,7 +474,11 @@ class DatasetDeclaration:
         if not path.exists():
             return None
         data = yaml.safe_load(path.read_text())
-        if not isinstance(data, dict) or set(data) - {"name", "version", "notes"} or not {"name", "version"} <= set(data):
+        if (
+            not isinstance(data, dict)
+            or set(data) - {"name", "version", "notes"}
+            or not {"name", "version"} <= set(data)
+        ):
             raise DatasetError(f"{path}: expected a mapping with name, version and optional notes")
         return cls(name=str(data["name"]), version=str(data["version"]), notes=str(data.get("notes") or ""))
 
@@ -411,21 +495,34 @@ class Publication:
 
     def as_metadata(self) -> dict:
         """Plain values; ``diff`` lists at most 100 episodes each way (``n_added``/``n_removed`` count them all)."""
-        md: dict = {"published": True, "new": self.new, "dataset": self.ref.ref, "sha256": self.ref.sha256,
-                    "rows": self.ref.rows, "episodes": self.ref.episodes, "segment_hours": self.ref.segment_hours,
-                    "arrow": self.ref.arrow_url, "pipeline_versions": self.ref.pipeline_versions}
+        md: dict = {
+            "published": True,
+            "new": self.new,
+            "dataset": self.ref.ref,
+            "sha256": self.ref.sha256,
+            "rows": self.ref.rows,
+            "episodes": self.ref.episodes,
+            "segment_hours": self.ref.segment_hours,
+            "arrow": self.ref.arrow_url,
+            "pipeline_versions": self.ref.pipeline_versions,
+        }
         if self.diff is not None and self.previous is not None:
             d = self.diff.as_dict()
             md["previous"] = self.previous.ref
-            md["diff"] = {**d, "episodes_added": d["episodes_added"][:100],
-                          "episodes_removed": d["episodes_removed"][:100],
-                          "n_added": len(self.diff.episodes_added), "n_removed": len(self.diff.episodes_removed)}
+            md["diff"] = {
+                **d,
+                "episodes_added": d["episodes_added"][:100],
+                "episodes_removed": d["episodes_removed"][:100],
+                "n_added": len(self.diff.episodes_added),
+                "n_removed": len(self.diff.episodes_removed),
+            }
             md["diff_summary"] = self.diff.markdown()
         return md
 
 
-def publish_manifest(registry_url: str, manifests_url: str, spec: str, declared: DatasetDeclaration,
-                     spec_text: str) -> Publication:
+def publish_manifest(
+    registry_url: str, manifests_url: str, spec: str, declared: DatasetDeclaration, spec_text: str
+) -> Publication:
     """Publish spec ``spec``'s current manifest (``<manifests_url>/<spec>.arrow``, ``.parquet`` and its
     ``.json`` sidecar) as ``declared``, and diff it against the version before."""
     base = f"{manifests_url.rstrip('/')}/{spec}"
@@ -433,8 +530,16 @@ def publish_manifest(registry_url: str, manifests_url: str, spec: str, declared:
         sidecar = json.load(f)
     reg = DatasetRegistry(registry_url, manifests_url)
     try:
-        ref, new = reg.publish(declared.name, declared.version, spec, spec_text, sidecar,
-                               arrow_url=f"{base}.arrow", parquet_url=f"{base}.parquet", notes=declared.notes)
+        ref, new = reg.publish(
+            declared.name,
+            declared.version,
+            spec,
+            spec_text,
+            sidecar,
+            arrow_url=f"{base}.arrow",
+            parquet_url=f"{base}.parquet",
+            notes=declared.notes,
+        )
         previous = reg.previous(ref.ref)
         return Publication(ref, new, previous, reg.diff(previous.ref, ref.ref) if previous else None)
     finally:

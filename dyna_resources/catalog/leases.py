@@ -140,8 +140,10 @@ class RunEnded(RuntimeError):
 
     def __init__(self, key: str, unit: str, left: int):
         self.key, self.unit, self.left = key, unit, left
-        super().__init__(f"run {key} is no longer alive: work unit {unit} stopped before publishing, "
-                         f"{left} episode(s) left for the next run")
+        super().__init__(
+            f"run {key} is no longer alive: work unit {unit} stopped before publishing, "
+            f"{left} episode(s) left for the next run"
+        )
 
     def __reduce__(self):
         return type(self), (self.key, self.unit, self.left)

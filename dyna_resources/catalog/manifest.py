@@ -56,9 +56,16 @@ class ManifestFiles:
         return asdict(self)
 
 
-def write_manifest(rows: pa.RecordBatchReader | pa.Table, dest: str | Path, name: str, *,
-                   batch_rows: int = BATCH_ROWS, count_by: tuple[str, ...] = (),
-                   extra: dict | None = None, fs=None) -> ManifestFiles:
+def write_manifest(
+    rows: pa.RecordBatchReader | pa.Table,
+    dest: str | Path,
+    name: str,
+    *,
+    batch_rows: int = BATCH_ROWS,
+    count_by: tuple[str, ...] = (),
+    extra: dict | None = None,
+    fs=None,
+) -> ManifestFiles:
     """Write ``rows`` as ``<dest>/<name>.{parquet,arrow,json}``; ``count_by`` columns get value
     counts in the stats (with ``episode_id``/``start_ns``/``end_ns``: episodes and segment time).
     ``fs``: an fsspec filesystem for ``dest`` (default: resolved from the URL). ``name`` must be a
@@ -79,9 +86,18 @@ def write_manifest(rows: pa.RecordBatchReader | pa.Table, dest: str | Path, name
         rows_n, sha, stats = _write_both(rows, tmp["parquet"], tmp["arrow"], batch_rows, count_by)
         final = {ext: f"{root.rstrip('/')}/{name}.{ext}" for ext in tmp}
         urls = {ext: (final[ext] if local else fs.unstrip_protocol(final[ext])) for ext in tmp}
-        info = ManifestFiles(name=name, parquet=urls["parquet"], arrow=urls["arrow"], sidecar=urls["json"],
-                             rows=rows_n, sha256=sha, arrow_bytes=tmp["arrow"].stat().st_size,
-                             parquet_bytes=tmp["parquet"].stat().st_size, batch_rows=batch_rows, stats=stats)
+        info = ManifestFiles(
+            name=name,
+            parquet=urls["parquet"],
+            arrow=urls["arrow"],
+            sidecar=urls["json"],
+            rows=rows_n,
+            sha256=sha,
+            arrow_bytes=tmp["arrow"].stat().st_size,
+            parquet_bytes=tmp["parquet"].stat().st_size,
+            batch_rows=batch_rows,
+            stats=stats,
+        )
         tmp["json"].write_text(json.dumps({**(extra or {}), **info.as_dict()}, indent=2, sort_keys=True, default=str))
         for ext in ("parquet", "arrow", "json"):  # the sidecar last: its presence means the rest is complete
             if local:
@@ -107,9 +123,13 @@ def _write_both(rows, parquet_path: Path, arrow_path: Path, batch_rows: int, cou
 
     def parquet_writer():
         try:
-            with pq.ParquetWriter(parquet_path, schema, compression="zstd", use_dictionary=dictionary_cols or False,
-                                  write_statistics=["start_ns", "end_ns"] if "start_ns" in schema.names else True
-                                  ) as w:
+            with pq.ParquetWriter(
+                parquet_path,
+                schema,
+                compression="zstd",
+                use_dictionary=dictionary_cols or False,
+                write_statistics=["start_ns", "end_ns"] if "start_ns" in schema.names else True,
+            ) as w:
                 group = []
                 while (b := handoff.get()) is not None:
                     group.append(b)
@@ -146,8 +166,10 @@ def _write_both(rows, parquet_path: Path, arrow_path: Path, batch_rows: int, cou
 
 def _manifest_schema(schema: pa.Schema) -> pa.Schema:
     # large_string: a >2 GB string column cannot overflow offsets in take()/concat on the reader side
-    return pa.schema([pa.field(f.name, pa.large_string() if pa.types.is_string(f.type) else f.type)
-                      for f in schema], metadata=schema.metadata)
+    return pa.schema(
+        [pa.field(f.name, pa.large_string() if pa.types.is_string(f.type) else f.type) for f in schema],
+        metadata=schema.metadata,
+    )
 
 
 def _exact_batches(reader, schema: pa.Schema, size: int):
@@ -264,7 +286,7 @@ class _Stats:
 
 def _ints(arr: pa.Array) -> np.ndarray:
     """A null-free integer array as numpy, zero-copy (``to_numpy`` imports pandas: 0.2 s)."""
-    return np.frombuffer(arr.buffers()[1], dtype=arr.type.to_pandas_dtype())[arr.offset:arr.offset + len(arr)]
+    return np.frombuffer(arr.buffers()[1], dtype=arr.type.to_pandas_dtype())[arr.offset : arr.offset + len(arr)]
 
 
 def _protocols(fs) -> set[str]:

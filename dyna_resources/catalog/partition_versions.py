@@ -29,7 +29,8 @@ from . import bulk_marker
 derived = MetaData()
 
 partition_versions = Table(
-    "partition_versions", derived,
+    "partition_versions",
+    derived,
     Column("partition_key", String(64), primary_key=True),  # '' while the unit is in no partition
     Column("status", String(16), primary_key=True),
     Column("pipeline_version", String(16), primary_key=True),
@@ -49,11 +50,13 @@ def _unit_partition(row: str) -> str:
 
 
 def _values(row: str) -> str:
-    return (f"{_unit_partition(row)}, {row}.status, COALESCE({row}.pipeline_version, ''), "
-            f"COALESCE({row}.schema_version, ''), COALESCE({row}.ladder_version, '')")
+    return (
+        f"{_unit_partition(row)}, {row}.status, COALESCE({row}.pipeline_version, ''), "
+        f"COALESCE({row}.schema_version, ''), COALESCE({row}.ladder_version, '')"
+    )
 
 
-_BUMP = (f"ON CONFLICT ({_KEY}) DO UPDATE SET episodes = partition_versions.episodes + excluded.episodes")
+_BUMP = f"ON CONFLICT ({_KEY}) DO UPDATE SET episodes = partition_versions.episodes + excluded.episodes"
 
 
 def _sqlite_ddl() -> list[str]:
@@ -63,10 +66,12 @@ def _sqlite_ddl() -> list[str]:
 
     drop_empty = "DELETE FROM partition_versions WHERE episodes = 0 AND partition_key = {pk};"
     changed = " OR ".join(f"OLD.{c} IS NOT NEW.{c}" for c in (*VERSIONED, "batch_key"))
-    move = (f"INSERT INTO partition_versions ({_KEY}, episodes) "
-            "SELECT {pk}, status, COALESCE(pipeline_version, ''), COALESCE(schema_version, ''), "
-            "COALESCE(ladder_version, ''), {sign} count(*) FROM episodes WHERE batch_key = NEW.batch_key "
-            f"GROUP BY 1, 2, 3, 4, 5 {_BUMP};")
+    move = (
+        f"INSERT INTO partition_versions ({_KEY}, episodes) "
+        "SELECT {pk}, status, COALESCE(pipeline_version, ''), COALESCE(schema_version, ''), "
+        "COALESCE(ladder_version, ''), {sign} count(*) FROM episodes WHERE batch_key = NEW.batch_key "
+        f"GROUP BY 1, 2, 3, 4, 5 {_BUMP};"
+    )
     old_pk, new_pk = "COALESCE(OLD.partition_key, '')", "COALESCE(NEW.partition_key, '')"
     return [
         # the episode triggers stand aside for the registry's bulk writes, which fold the summary
@@ -92,17 +97,21 @@ def _sqlite_ddl() -> list[str]:
     ]
 
 
-_PG_EPISODE_TRIGGERS = (("episodes_pv_insert", "INSERT", "NEW TABLE AS new_rows"),
-                        ("episodes_pv_update", "UPDATE", "OLD TABLE AS old_rows NEW TABLE AS new_rows"),
-                        ("episodes_pv_delete", "DELETE", "OLD TABLE AS old_rows"))
+_PG_EPISODE_TRIGGERS = (
+    ("episodes_pv_insert", "INSERT", "NEW TABLE AS new_rows"),
+    ("episodes_pv_update", "UPDATE", "OLD TABLE AS old_rows NEW TABLE AS new_rows"),
+    ("episodes_pv_delete", "DELETE", "OLD TABLE AS old_rows"),
+)
 _PG_TRIGGERS = (*(name for name, _, _ in _PG_EPISODE_TRIGGERS), "units_pv")
 
 
 def _delta(rows: str, sign: int) -> str:
     """(partition, versions, +-1) of every row of a transition table."""
-    return (f"SELECT COALESCE(b.partition_key, '') AS pk, r.status AS st, COALESCE(r.pipeline_version, '') AS pv, "
-            f"COALESCE(r.schema_version, '') AS sv, COALESCE(r.ladder_version, '') AS lv, {sign} AS n "
-            f"FROM {rows} r LEFT JOIN ingest_batches b ON b.batch_key = r.batch_key")
+    return (
+        f"SELECT COALESCE(b.partition_key, '') AS pk, r.status AS st, COALESCE(r.pipeline_version, '') AS pv, "
+        f"COALESCE(r.schema_version, '') AS sv, COALESCE(r.ladder_version, '') AS lv, {sign} AS n "
+        f"FROM {rows} r LEFT JOIN ingest_batches b ON b.batch_key = r.batch_key"
+    )
 
 
 # A statement's upserts lock their summary rows in key order: two writers' statements that bump the
@@ -115,23 +124,28 @@ _PG_EPISODE_FUNCTIONS = ", ".join(f"'dyna_{name}'" for name, _, _ in _PG_EPISODE
 def _apply(delta: str, drop_empty: bool = False) -> str:
     """Add the delta's net count to each key it names; then drop the keys it emptied (found by the
     upsert's RETURNING, not by a third pass over the transition table)."""
-    upsert = (f"INSERT INTO partition_versions AS partition_versions ({_KEY}, episodes) "
-              f"SELECT pk, st, pv, sv, lv, sum(n) FROM ({delta}) d GROUP BY 1, 2, 3, 4, 5 HAVING sum(n) <> 0 "
-              f"{_ORDERED} {_BUMP}")
+    upsert = (
+        f"INSERT INTO partition_versions AS partition_versions ({_KEY}, episodes) "
+        f"SELECT pk, st, pv, sv, lv, sum(n) FROM ({delta}) d GROUP BY 1, 2, 3, 4, 5 HAVING sum(n) <> 0 "
+        f"{_ORDERED} {_BUMP}"
+    )
     if not drop_empty:
         return upsert + ";"
-    return (f"WITH up AS ({upsert} RETURNING partition_key, episodes) "
-            "SELECT array_agg(DISTINCT partition_key) INTO emptied FROM up WHERE episodes = 0; "
-            "IF emptied IS NOT NULL THEN "
-            "DELETE FROM partition_versions WHERE partition_key = ANY(emptied) AND episodes = 0; END IF;")
+    return (
+        f"WITH up AS ({upsert} RETURNING partition_key, episodes) "
+        "SELECT array_agg(DISTINCT partition_key) INTO emptied FROM up WHERE episodes = 0; "
+        "IF emptied IS NOT NULL THEN "
+        "DELETE FROM partition_versions WHERE partition_key = ANY(emptied) AND episodes = 0; END IF;"
+    )
 
 
 def _postgres_ddl() -> list[str]:
-    changed = " OR ".join(f"OLD.{c} IS DISTINCT FROM NEW.{c}" for c in (*VERSIONED, "batch_key"))
-    move = (f"INSERT INTO partition_versions AS partition_versions ({_KEY}, episodes) "
-            "SELECT {pk}, status, COALESCE(pipeline_version, ''), COALESCE(schema_version, ''), "
-            "COALESCE(ladder_version, ''), {sign} count(*) FROM episodes WHERE batch_key = NEW.batch_key "
-            f"GROUP BY 1, 2, 3, 4, 5 {_ORDERED} {_BUMP};")
+    move = (
+        f"INSERT INTO partition_versions AS partition_versions ({_KEY}, episodes) "
+        "SELECT {pk}, status, COALESCE(pipeline_version, ''), COALESCE(schema_version, ''), "
+        "COALESCE(ladder_version, ''), {sign} count(*) FROM episodes WHERE batch_key = NEW.batch_key "
+        f"GROUP BY 1, 2, 3, 4, 5 {_ORDERED} {_BUMP};"
+    )
     return [
         # Episodes: statement-level triggers over the statement's transition tables, one upsert a
         # (partition, versions) key per statement. A row-level trigger bumps the same summary row
@@ -165,26 +179,33 @@ def _postgres_ddl() -> list[str]:
         "DROP FUNCTION IF EXISTS dyna_episodes_pv()",
         "DROP FUNCTION IF EXISTS dyna_pv_bump(text, text, text, text, text, bigint)",
         *(f"DROP TRIGGER IF EXISTS {name} ON episodes" for name, _, _ in _PG_EPISODE_TRIGGERS),
-        *(f"""CREATE TRIGGER {name} AFTER {event} ON episodes REFERENCING {tables}
-              FOR EACH STATEMENT EXECUTE FUNCTION dyna_{name}()""" for name, event, tables in _PG_EPISODE_TRIGGERS),
+        *(
+            f"""CREATE TRIGGER {name} AFTER {event} ON episodes REFERENCING {tables}
+              FOR EACH STATEMENT EXECUTE FUNCTION dyna_{name}()"""
+            for name, event, tables in _PG_EPISODE_TRIGGERS
+        ),
         "DROP TRIGGER IF EXISTS units_pv ON ingest_batches",
         """CREATE TRIGGER units_pv AFTER INSERT OR UPDATE OF partition_key ON ingest_batches
             FOR EACH ROW EXECUTE FUNCTION dyna_units_pv()""",
     ]
 
 
-_BACKFILL = (f"INSERT INTO partition_versions ({_KEY}, episodes) "
-             "SELECT COALESCE(b.partition_key, ''), e.status, COALESCE(e.pipeline_version, ''), "
-             "COALESCE(e.schema_version, ''), COALESCE(e.ladder_version, ''), count(*) "
-             "FROM episodes e LEFT JOIN ingest_batches b ON b.batch_key = e.batch_key GROUP BY 1, 2, 3, 4, 5")
+_BACKFILL = (
+    f"INSERT INTO partition_versions ({_KEY}, episodes) "
+    "SELECT COALESCE(b.partition_key, ''), e.status, COALESCE(e.pipeline_version, ''), "
+    "COALESCE(e.schema_version, ''), COALESCE(e.ladder_version, ''), count(*) "
+    "FROM episodes e LEFT JOIN ingest_batches b ON b.batch_key = e.batch_key GROUP BY 1, 2, 3, 4, 5"
+)
 
 
-_FOLD = (f"INSERT INTO partition_versions ({_KEY}, episodes) "
-         "SELECT COALESCE(b.partition_key, ''), e.status, COALESCE(e.pipeline_version, ''), "
-         "COALESCE(e.schema_version, ''), COALESCE(e.ladder_version, ''), ? * count(*) "
-         "FROM episodes e LEFT JOIN ingest_batches b ON b.batch_key = e.batch_key "
-         f"WHERE e.episode_id IN (SELECT value FROM json_each(?)) GROUP BY 1, 2, 3, 4, 5 {_BUMP} "
-         "RETURNING partition_key")
+_FOLD = (
+    f"INSERT INTO partition_versions ({_KEY}, episodes) "
+    "SELECT COALESCE(b.partition_key, ''), e.status, COALESCE(e.pipeline_version, ''), "
+    "COALESCE(e.schema_version, ''), COALESCE(e.ladder_version, ''), ? * count(*) "
+    "FROM episodes e LEFT JOIN ingest_batches b ON b.batch_key = e.batch_key "
+    f"WHERE e.episode_id IN (SELECT value FROM json_each(?)) GROUP BY 1, 2, 3, 4, 5 {_BUMP} "
+    "RETURNING partition_key"
+)
 
 
 def fold(conn, episode_ids_json: str, sign: int) -> set[str]:
@@ -197,9 +218,10 @@ def fold(conn, episode_ids_json: str, sign: int) -> set[str]:
 def drop_empty(conn, partition_keys: set[str]) -> None:
     """Drop the summary rows of these partitions that a fold left at zero."""
     if partition_keys:
-        conn.exec_driver_sql("DELETE FROM partition_versions WHERE partition_key IN "
-                             "(SELECT value FROM json_each(?)) AND episodes = 0",
-                             (orjson.dumps(sorted(partition_keys)).decode(),))
+        conn.exec_driver_sql(
+            "DELETE FROM partition_versions WHERE partition_key IN (SELECT value FROM json_each(?)) AND episodes = 0",
+            (orjson.dumps(sorted(partition_keys)).decode(),),
+        )
 
 
 def install(engine: Engine) -> None:
@@ -218,7 +240,7 @@ def install(engine: Engine) -> None:
         if c.dialect.name == "sqlite":  # triggers of older registries (no WHEN for bulk writes): made again
             for name in _SQLITE_TRIGGERS:
                 c.execute(text(f"DROP TRIGGER IF EXISTS {name}"))
-        for stmt in (_postgres_ddl() if c.dialect.name == "postgresql" else _sqlite_ddl()):
+        for stmt in _postgres_ddl() if c.dialect.name == "postgresql" else _sqlite_ddl():
             c.execute(text(stmt))
         if new:
             c.execute(text(_BACKFILL))
@@ -230,22 +252,32 @@ def _has_triggers(engine: Engine) -> bool:
             return _pg_current(c)
         units = [n for n in _SQLITE_TRIGGERS if n.startswith("units_")]
         listed = ", ".join(f"'{n}'" for n in units)
-        have_units = c.execute(text(f"SELECT count(*) FROM sqlite_master WHERE type = 'trigger' "
-                                    f"AND name IN ({listed})")).scalar_one() == len(units)
-        return have_units and bulk_marker.triggers_current(c, [n for n in _SQLITE_TRIGGERS if n.startswith("episodes_")])
+        have_units = c.execute(
+            text(f"SELECT count(*) FROM sqlite_master WHERE type = 'trigger' AND name IN ({listed})")
+        ).scalar_one() == len(units)
+        return have_units and bulk_marker.triggers_current(
+            c, [n for n in _SQLITE_TRIGGERS if n.startswith("episodes_")]
+        )
 
 
-_SQLITE_TRIGGERS = ("episodes_pv_insert", "episodes_pv_delete", "episodes_pv_update", "units_pv_insert",
-                    "units_pv_update")
+_SQLITE_TRIGGERS = (
+    "episodes_pv_insert",
+    "episodes_pv_delete",
+    "episodes_pv_update",
+    "units_pv_insert",
+    "units_pv_update",
+)
 
 
 def _pg_current(c) -> bool:
     """Every trigger there, with this version's functions (older ones are replaced: an update
     function that made a third pass over its rows to find emptied keys, and upserts in no order)."""
-    current = c.execute(text(f"SELECT count(*) FROM pg_proc WHERE proname IN ({_PG_EPISODE_FUNCTIONS}) "
-                             f"AND prosrc LIKE '%{_ORDERED}%'")).scalar_one()
-    emptied = c.execute(text("SELECT count(*) FROM pg_proc WHERE proname = 'dyna_episodes_pv_update' "
-                             "AND prosrc LIKE '%emptied%'")).scalar_one()
+    current = c.execute(
+        text(f"SELECT count(*) FROM pg_proc WHERE proname IN ({_PG_EPISODE_FUNCTIONS}) AND prosrc LIKE '%{_ORDERED}%'")
+    ).scalar_one()
+    emptied = c.execute(
+        text("SELECT count(*) FROM pg_proc WHERE proname = 'dyna_episodes_pv_update' AND prosrc LIKE '%emptied%'")
+    ).scalar_one()
     return current == len(_PG_EPISODE_TRIGGERS) and emptied == 1 and _pg_trigger_count(c) == len(_PG_TRIGGERS)
 
 

@@ -65,8 +65,7 @@ def snapshot(engine: Engine, slot: str, columns, batch: int) -> Iterator[tuple[s
     from . import arrow_reads
 
     url = engine.url
-    kw = {"host": url.host, "port": url.port, "user": url.username, "password": url.password,
-          "dbname": url.database}
+    kw = {"host": url.host, "port": url.port, "user": url.username, "password": url.password, "dbname": url.database}
     repl = psycopg2.connect(connection_factory=psycopg2.extras.LogicalReplicationConnection, **kw)
     try:
         rcur = repl.cursor()
@@ -107,7 +106,8 @@ def _drop_slot(engine: Engine, slot: str) -> None:
     with engine.connect() as c:
         c.execution_options(isolation_level="AUTOCOMMIT").execute(
             text("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = :s"),
-            {"s": slot})
+            {"s": slot},
+        )
 
 
 @dataclass
@@ -122,16 +122,21 @@ def peek(engine: Engine, slot: str, max_changes: int) -> list[Transaction]:
     """Whole transactions not yet confirmed on the slot (at least one when any is pending)."""
     with engine.connect() as c:
         c = c.execution_options(isolation_level="AUTOCOMMIT")
-        rows = c.execute(text("SELECT lsn::text, data FROM pg_logical_slot_peek_binary_changes("
-                              ":s, NULL, :n, 'proto_version', '1', 'publication_names', :p)"),
-                         {"s": slot, "n": max_changes, "p": PUBLICATION}).all()
+        rows = c.execute(
+            text(
+                "SELECT lsn::text, data FROM pg_logical_slot_peek_binary_changes("
+                ":s, NULL, :n, 'proto_version', '1', 'publication_names', :p)"
+            ),
+            {"s": slot, "n": max_changes, "p": PUBLICATION},
+        ).all()
     return decode(rows)
 
 
 def advance(engine: Engine, slot: str, lsn: str) -> None:
     with engine.connect() as c:
         c.execution_options(isolation_level="AUTOCOMMIT").execute(
-            text("SELECT pg_replication_slot_advance(:s, CAST(:lsn AS pg_lsn))"), {"s": slot, "lsn": lsn})
+            text("SELECT pg_replication_slot_advance(:s, CAST(:lsn AS pg_lsn))"), {"s": slot, "lsn": lsn}
+        )
 
 
 def lsn_int(lsn: str) -> int:
@@ -143,7 +148,7 @@ def decode(rows) -> list[Transaction]:
     relations: dict[int, tuple[str, list[str], list[int]]] = {}  # relid -> (table, columns, key column indexes)
     out: list[Transaction] = []
     current: Transaction | None = None
-    for lsn, data in rows:
+    for _lsn, data in rows:
         buf = bytes(data)
         kind = buf[:1]
         if kind == b"B":
@@ -178,7 +183,7 @@ def decode(rows) -> list[Transaction]:
                 # I: 'N' (new row); D: 'K' (key columns, others null) or 'O' (old row); U: an
                 # optional 'K'/'O' (the key changed) then 'N'. Only the key is read: the columns
                 # after it are skipped unless another tuple follows.
-                marker, pos = buf[pos:pos + 1], pos + 1
+                marker, pos = buf[pos : pos + 1], pos + 1
                 more = kind == b"U" and marker in (b"K", b"O")
                 value, pos = _key_of_tuple(buf, pos, key_idx[0], to_end=more)
                 if value is not None:
@@ -214,7 +219,7 @@ def _key_of_tuple(buf: bytes, pos: int, key: int, *, to_end: bool) -> tuple[str 
         if kind == 0x74:  # 't': text, int32 length first; 'n' null and 'u' unchanged TOAST carry nothing
             (length,) = struct.unpack_from(">i", buf, pos)
             if i == key:
-                value = buf[pos + 4:pos + 4 + length].decode()
+                value = buf[pos + 4 : pos + 4 + length].decode()
             pos += 4 + length
         if i >= key and not to_end:
             return value, -1

@@ -60,8 +60,9 @@ def throwaway_postgres(*, durable: bool = True, parent: str | None = None) -> It
     """Start a cluster, create database ``dyna_test``, yield its SQLAlchemy URL; stop and delete it on exit."""
     bins = bindir()
     if bins is None:
-        raise PostgresUnavailable("PostgreSQL server binaries not found under /usr/lib/postgresql/*/bin "
-                                  "(install postgresql-15)")
+        raise PostgresUnavailable(
+            "PostgreSQL server binaries not found under /usr/lib/postgresql/*/bin (install postgresql-15)"
+        )
     as_root = os.geteuid() == 0
     prefix: list[str] = []
     if as_root:
@@ -90,15 +91,19 @@ def throwaway_postgres(*, durable: bool = True, parent: str | None = None) -> It
 
     started = False
     try:
-        r = subprocess.run([*prefix, str(bins / "initdb"), "-D", str(data), "-A", "trust", "-U", USER,
-                            "--no-sync", "-E", "UTF8"], **run)
+        r = subprocess.run(
+            [*prefix, str(bins / "initdb"), "-D", str(data), "-A", "trust", "-U", USER, "--no-sync", "-E", "UTF8"],
+            **run,
+        )
         if r.returncode != 0:
             raise RuntimeError(f"initdb failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
         for _attempt in range(3):  # another process may grab the free port before the server binds it
             port = _free_port()
-            opts = (f"-c listen_addresses=127.0.0.1 -p {port} -k {sock} "
-                    + ("" if durable else "-c fsync=off -c full_page_writes=off ")
-                    + "-c wal_level=logical -c max_replication_slots=64 -c max_wal_senders=8")  # CDC
+            opts = (
+                f"-c listen_addresses=127.0.0.1 -p {port} -k {sock} "
+                + ("" if durable else "-c fsync=off -c full_page_writes=off ")
+                + "-c wal_level=logical -c max_replication_slots=64 -c max_wal_senders=8"
+            )  # CDC
             r = pg_ctl("-o", opts, "-l", str(log), "-w", "-t", "60", "start")
             if r.returncode == 0:
                 started = True

@@ -105,8 +105,11 @@ def check_rows(table, rows: Sequence[dict]) -> None:
 
 
 _JSON_COLUMNS = {"gate_results": {"gates", "failed_gates"}}  # encoded by _gate_row: NUL escaped, unbounded
-_TEXT_COLUMNS = {tab.name: {c.name for c in tab.columns if isinstance(c.type, String)}  # Text is a String
-                 - _JSON_COLUMNS.get(tab.name, set()) for tab in t.metadata.sorted_tables}
+_TEXT_COLUMNS = {
+    tab.name: {c.name for c in tab.columns if isinstance(c.type, String)}  # Text is a String
+    - _JSON_COLUMNS.get(tab.name, set())
+    for tab in t.metadata.sorted_tables
+}
 
 
 @dataclass(frozen=True, order=True)
@@ -187,16 +190,27 @@ def _gate_row(o: Outcome, episode_id: str | None, now: float, encoded: dict | No
         if key is not None:
             encoded[key] = enc
     version, checked, failed, failed_gates, gates = enc
-    return {"source_path": o.source_path, "stage": o.stage, "batch_key": o.batch_key, "episode_id": episode_id,
-            "checked": checked, "failed": failed, "failed_gates": failed_gates, "gates": gates,
-            "pipeline_version": version, "checked_at": now}
+    return {
+        "source_path": o.source_path,
+        "stage": o.stage,
+        "batch_key": o.batch_key,
+        "episode_id": episode_id,
+        "checked": checked,
+        "failed": failed,
+        "failed_gates": failed_gates,
+        "gates": gates,
+        "pipeline_version": version,
+        "checked_at": now,
+    }
 
 
 def _encode_gates(raw: Sequence[dict]) -> tuple[str, int, int, str, str]:
     """(pipeline version, checked, failed, failed gates' JSON, gates' JSON) of one stage's gates."""
     version = raw[0]["pipeline_version"]
-    gates = [{"gate": g["gate"], "passed": bool(g["passed"]), "action": g["action"], "detail": g.get("detail", "")}
-             for g in raw]
+    gates = [
+        {"gate": g["gate"], "passed": bool(g["passed"]), "action": g["action"], "detail": g.get("detail", "")}
+        for g in raw
+    ]
     for field, limit in t.GATE_FIELD_LIMITS.items():
         longest = max(len(g[field]) for g in gates)
         if longest > limit:
@@ -219,10 +233,21 @@ def _outcome_rows(o: Outcome, now: float, encoded: dict | None = None) -> tuple[
         if cams is not None and not isinstance(cams, str):
             row["cameras"] = _cameras_json(cams, encoded)
     q = o.quarantine
-    held = None if q is None else {
-        "source_path": o.source_path, "batch_key": o.batch_key, "episode_id": episode_id,
-        "stage": q.get("stage", o.stage), "gate": q["gate"], "reason": q["reason"], "stream": q.get("stream"),
-        "pipeline_version": q["pipeline_version"], "quarantined_at": now}
+    held = (
+        None
+        if q is None
+        else {
+            "source_path": o.source_path,
+            "batch_key": o.batch_key,
+            "episode_id": episode_id,
+            "stage": q.get("stage", o.stage),
+            "gate": q["gate"],
+            "reason": q["reason"],
+            "stream": q.get("stream"),
+            "pipeline_version": q["pipeline_version"],
+            "quarantined_at": now,
+        }
+    )
     return results, row, held
 
 
@@ -248,9 +273,16 @@ def _check_outcome_rows(results: list[dict], rows: list[dict], held: list[dict])
 # rounded to 6 places as Python's round does (no k/n with n < 128 lies on a half).
 _SCORED_BY_SERVER = bulk.Derived(
     source="SELECT coalesce(sum(checked), 0) AS checked, coalesce(sum(failed), 0) AS failed "
-           "FROM gate_results WHERE gate_results.source_path = v.source_path",
-    columns=(("gates_checked", "d.checked"), ("gates_failed", "d.failed"),
-             ("quality_score", "CASE WHEN d.checked > 0 THEN round((1 - d.failed::float8 / d.checked)::numeric, 6)::float8 END")))
+    "FROM gate_results WHERE gate_results.source_path = v.source_path",
+    columns=(
+        ("gates_checked", "d.checked"),
+        ("gates_failed", "d.failed"),
+        (
+            "quality_score",
+            "CASE WHEN d.checked > 0 THEN round((1 - d.failed::float8 / d.checked)::numeric, 6)::float8 END",
+        ),
+    ),
+)
 
 
 OUTCOME_PART = 1024  # outcomes a part of a PostgreSQL call, written while the next is built
@@ -272,8 +304,11 @@ def _lock_files(c, paths: list[str]) -> None:
     the gate results it sees, without the other's uncommitted row, and the later commit's score would miss
     a stage. A transaction-scoped advisory lock per file, all taken first and in one order (no cycle among
     them), makes the second writer wait for the first's commit; its statements then see the first's rows."""
-    c.exec_driver_sql("SELECT pg_advisory_xact_lock(h) FROM (SELECT DISTINCT hashtextextended(p, 0) AS h "
-                      "FROM unnest(%s::text[]) AS p ORDER BY h) AS files", (paths,))
+    c.exec_driver_sql(
+        "SELECT pg_advisory_xact_lock(h) FROM (SELECT DISTINCT hashtextextended(p, 0) AS h "
+        "FROM unnest(%s::text[]) AS p ORDER BY h) AS files",
+        (paths,),
+    )
 
 
 def _outcome_keys(o: Outcome) -> tuple:
@@ -360,13 +395,30 @@ class Registry:
         new = 0
         with self._begin() as c:
             for i in range(0, len(files), 5000):  # cost follows the listing, never the table size
-                part = files[i:i + 5000]
-                known = set(c.execute(select(t.landed_files.c.path)
-                                      .where(t.landed_files.c.path.in_([f.path for f in part]))).scalars())
+                part = files[i : i + 5000]
+                known = set(
+                    c.execute(
+                        select(t.landed_files.c.path).where(t.landed_files.c.path.in_([f.path for f in part]))
+                    ).scalars()
+                )
                 fresh = [f for f in part if f.path not in known]
-                bulk.upsert(c, self.backend, t.landed_files, [{"path": f.path, "bytes": f.bytes, "mtime_ns": f.mtime_ns,
-                                                               "registered_at": now, "batch_key": None} for f in fresh],
-                            ["path"], update=())
+                bulk.upsert(
+                    c,
+                    self.backend,
+                    t.landed_files,
+                    [
+                        {
+                            "path": f.path,
+                            "bytes": f.bytes,
+                            "mtime_ns": f.mtime_ns,
+                            "registered_at": now,
+                            "batch_key": None,
+                        }
+                        for f in fresh
+                    ],
+                    ["path"],
+                    update=(),
+                )
                 new += len(fresh)
         return new
 
@@ -376,7 +428,9 @@ class Registry:
         lf = t.landed_files.c
         with self._begin() as c:
             for i in range(0, len(paths), 5000):
-                for r in c.execute(select(lf.path, lf.bytes, lf.mtime_ns).where(lf.path.in_(list(paths[i:i + 5000])))):
+                for r in c.execute(
+                    select(lf.path, lf.bytes, lf.mtime_ns).where(lf.path.in_(list(paths[i : i + 5000])))
+                ):
                     out[r.path] = LandedFile(r.path, r.bytes, r.mtime_ns)
         return out
 
@@ -392,12 +446,20 @@ class Registry:
         with self._begin() as c:
             held = set()
             for i in range(0, len(files), 5000):
-                held.update(c.execute(select(q.source_path).where(
-                    q.source_path.in_([f.path for f in files[i:i + 5000]]), q.stage == "pre")).scalars())
+                held.update(
+                    c.execute(
+                        select(q.source_path).where(
+                            q.source_path.in_([f.path for f in files[i : i + 5000]]), q.stage == "pre"
+                        )
+                    ).scalars()
+                )
             fresh = [f for f in files if f.path in held]
             for f in fresh:
-                c.execute(update(t.landed_files).where(lf.path == f.path).values(
-                    bytes=f.bytes, mtime_ns=f.mtime_ns, registered_at=now, batch_key=None))
+                c.execute(
+                    update(t.landed_files)
+                    .where(lf.path == f.path)
+                    .values(bytes=f.bytes, mtime_ns=f.mtime_ns, registered_at=now, batch_key=None)
+                )
         return [f.path for f in fresh]
 
     def held_back_files(self, after: str | None, limit: int) -> list[str]:
@@ -413,13 +475,21 @@ class Registry:
     def unbatched_files(self) -> tuple[list[LandedFile], float | None]:
         """Files not yet in a batch, and when the oldest of them was registered."""
         with self._begin() as c:
-            rows = c.execute(select(t.landed_files.c.path, t.landed_files.c.bytes, t.landed_files.c.mtime_ns,
-                                    t.landed_files.c.registered_at)
-                             .where(t.landed_files.c.batch_key.is_(None))).all()
-        return [LandedFile(r.path, r.bytes, r.mtime_ns) for r in rows], min((r.registered_at for r in rows), default=None)
+            rows = c.execute(
+                select(
+                    t.landed_files.c.path,
+                    t.landed_files.c.bytes,
+                    t.landed_files.c.mtime_ns,
+                    t.landed_files.c.registered_at,
+                ).where(t.landed_files.c.batch_key.is_(None))
+            ).all()
+        return [LandedFile(r.path, r.bytes, r.mtime_ns) for r in rows], min(
+            (r.registered_at for r in rows), default=None
+        )
 
-    def create_batches(self, groups: Sequence[Sequence[LandedFile]], *, target_bytes: int,
-                       now: float | None = None) -> list[Batch]:
+    def create_batches(
+        self, groups: Sequence[Sequence[LandedFile]], *, target_bytes: int, now: float | None = None
+    ) -> list[Batch]:
         """Turn packed groups into batches in one transaction. A file already in a batch
         (another sensor tick got there first) is never moved; a group that loses files
         to that race is still created with the rest."""
@@ -430,8 +500,13 @@ class Registry:
             paths = [f.path for group in groups for f in group]
             free = set()
             for i in range(0, len(paths), 5000):  # one membership query per 5000 files, not per group
-                free.update(c.execute(select(t.landed_files.c.path).where(
-                    t.landed_files.c.path.in_(paths[i:i + 5000]), t.landed_files.c.batch_key.is_(None))).scalars())
+                free.update(
+                    c.execute(
+                        select(t.landed_files.c.path).where(
+                            t.landed_files.c.path.in_(paths[i : i + 5000]), t.landed_files.c.batch_key.is_(None)
+                        )
+                    ).scalars()
+                )
             batches, members = [], []
             for group in groups:
                 group = [f for f in group if f.path in free]
@@ -441,8 +516,16 @@ class Registry:
                 seq += 1
                 key = batch_key(seq, now)
                 size = sum(f.bytes for f in group)
-                batches.append({"seq": seq, "batch_key": key, "created_at": now, "files": len(group), "bytes": size,
-                                "target_bytes": target_bytes})
+                batches.append(
+                    {
+                        "seq": seq,
+                        "batch_key": key,
+                        "created_at": now,
+                        "files": len(group),
+                        "bytes": size,
+                        "target_bytes": target_bytes,
+                    }
+                )
                 members += [{"path": f.path, "batch_key": key} for f in group]
                 out.append(Batch(seq, key, len(group), size))
             # one statement each, executed for many rows: a tick of 50k files is two round trips, not 10^4
@@ -466,8 +549,9 @@ class Registry:
         return Batch(r.seq, r.batch_key, r.files, r.bytes, r.partition_key)
 
     # -- ingest partitions -------------------------------------------------------------
-    def assign_partitions(self, *, target_bytes: int, max_wait_s: float, seal_open: bool = False,
-                          now: float | None = None) -> list[IngestPartition]:
+    def assign_partitions(
+        self, *, target_bytes: int, max_wait_s: float, seal_open: bool = False, now: float | None = None
+    ) -> list[IngestPartition]:
         """Put every work unit not yet in a partition into the open partition, in unit order, in one
         transaction; a partition is sealed once it holds ``target_bytes`` or, still short, once it
         has been open ``max_wait_s`` (or at once with ``seal_open``: nothing is left pending). A unit
@@ -479,19 +563,39 @@ class Registry:
         p, b = t.ingest_partitions, t.ingest_batches
         sealed: list[IngestPartition] = []
         with self._begin() as c:
-            units = c.execute(select(b.c.batch_key, b.c.files, b.c.bytes).where(b.c.partition_key.is_(None))
-                              .order_by(b.c.seq)).all()
+            units = c.execute(
+                select(b.c.batch_key, b.c.files, b.c.bytes).where(b.c.partition_key.is_(None)).order_by(b.c.seq)
+            ).all()
             row = c.execute(select(p).where(p.c.sealed_at.is_(None)).order_by(p.c.seq)).first()
-            current = None if row is None else {"key": row.partition_key, "seq": row.seq, "units": row.units,
-                                                  "files": row.files, "bytes": row.bytes, "created_at": row.created_at,
-                                                  "members": [], "new": False}
+            current = (
+                None
+                if row is None
+                else {
+                    "key": row.partition_key,
+                    "seq": row.seq,
+                    "units": row.units,
+                    "files": row.files,
+                    "bytes": row.bytes,
+                    "created_at": row.created_at,
+                    "members": [],
+                    "new": False,
+                }
+            )
             seq = c.execute(select(func.coalesce(func.max(p.c.seq), 0))).scalar_one()
             done: list[dict] = []
             for u in units:
                 if current is None:
                     seq += 1
-                    current = {"key": partition_key(seq, now), "seq": seq, "units": 0, "files": 0, "bytes": 0,
-                               "created_at": now, "members": [], "new": True}
+                    current = {
+                        "key": partition_key(seq, now),
+                        "seq": seq,
+                        "units": 0,
+                        "files": 0,
+                        "bytes": 0,
+                        "created_at": now,
+                        "members": [],
+                        "new": True,
+                    }
                 current["members"].append(u.batch_key)
                 current["units"] += 1
                 current["files"] += u.files
@@ -505,19 +609,41 @@ class Registry:
                     current["sealed_at"] = now
                 done.append(current)
             for part in done:
-                values = {"units": part["units"], "files": part["files"], "bytes": part["bytes"],
-                          "sealed_at": part.get("sealed_at")}
+                values = {
+                    "units": part["units"],
+                    "files": part["files"],
+                    "bytes": part["bytes"],
+                    "sealed_at": part.get("sealed_at"),
+                }
                 if part["new"]:
-                    c.execute(p.insert().values(seq=part["seq"], partition_key=part["key"],
-                                                created_at=part["created_at"], target_bytes=target_bytes, **values))
+                    c.execute(
+                        p.insert().values(
+                            seq=part["seq"],
+                            partition_key=part["key"],
+                            created_at=part["created_at"],
+                            target_bytes=target_bytes,
+                            **values,
+                        )
+                    )
                 else:
                     c.execute(update(p).where(p.c.partition_key == part["key"]).values(**values))
                 if part["members"]:
-                    c.execute(update(b).where(b.c.batch_key == bindparam("u")).values(partition_key=bindparam("pk")),
-                              [{"u": u, "pk": part["key"]} for u in part["members"]])
+                    c.execute(
+                        update(b).where(b.c.batch_key == bindparam("u")).values(partition_key=bindparam("pk")),
+                        [{"u": u, "pk": part["key"]} for u in part["members"]],
+                    )
                 if part.get("sealed_at") is not None:
-                    sealed.append(IngestPartition(part["seq"], part["key"], part["units"], part["files"],
-                                                  part["bytes"], part["created_at"], part["sealed_at"]))
+                    sealed.append(
+                        IngestPartition(
+                            part["seq"],
+                            part["key"],
+                            part["units"],
+                            part["files"],
+                            part["bytes"],
+                            part["created_at"],
+                            part["sealed_at"],
+                        )
+                    )
         return sealed
 
     def sealed_partitions_after(self, seq: int, limit: int | None = None) -> list[IngestPartition]:
@@ -552,28 +678,45 @@ class Registry:
     def batch_files(self, key: str | Sequence[str]) -> list[LandedFile]:
         """Files of a work unit (or of several: a partition's units), in key order."""
         with self._begin() as c:
-            rows = c.execute(select(t.landed_files.c.path, t.landed_files.c.bytes, t.landed_files.c.mtime_ns)
-                             .where(_of_batches(t.landed_files.c.batch_key, key))
-                             .order_by(t.landed_files.c.path)).all()
+            rows = c.execute(
+                select(t.landed_files.c.path, t.landed_files.c.bytes, t.landed_files.c.mtime_ns)
+                .where(_of_batches(t.landed_files.c.batch_key, key))
+                .order_by(t.landed_files.c.path)
+            ).all()
         return [LandedFile(*r) for r in rows]
 
     def registered_at(self, paths: Sequence[str]) -> dict[str, float]:
         out = {}
         with self._begin() as c:
             for i in range(0, len(paths), 5000):
-                out.update(c.execute(select(t.landed_files.c.path, t.landed_files.c.registered_at)
-                                     .where(t.landed_files.c.path.in_(list(paths[i:i + 5000])))).all())
+                out.update(
+                    c.execute(
+                        select(t.landed_files.c.path, t.landed_files.c.registered_at).where(
+                            t.landed_files.c.path.in_(list(paths[i : i + 5000]))
+                        )
+                    ).all()
+                )
         return out
 
     # -- episodes, gates, quarantine -------------------------------------------------------
-    def record_outcome(self, *, source_path: str, batch_key: str, stage: str, gates: Sequence[dict],
-                       episode: dict | None = None, quarantine: dict | None = None,
-                       release_quarantine: bool = True, now: float | None = None) -> None:
+    def record_outcome(
+        self,
+        *,
+        source_path: str,
+        batch_key: str,
+        stage: str,
+        gates: Sequence[dict],
+        episode: dict | None = None,
+        quarantine: dict | None = None,
+        release_quarantine: bool = True,
+        now: float | None = None,
+    ) -> None:
         """Record what one stage did to one file, in one transaction: its gate results, its
         episode row (upserted) and either a quarantine record or the release of an old one.
         A value either backend would refuse raises :class:`FieldValueError` and writes nothing."""
-        self.record_outcomes([Outcome(source_path, batch_key, stage, gates, episode, quarantine, release_quarantine)],
-                             now=now)
+        self.record_outcomes(
+            [Outcome(source_path, batch_key, stage, gates, episode, quarantine, release_quarantine)], now=now
+        )
 
     @staticmethod
     def check_outcome(outcome: Outcome, *, now: float = 0.0) -> None:
@@ -602,8 +745,14 @@ class Registry:
                 reason = _RUN_AGAIN.get(getattr(e.orig if isinstance(e, DBAPIError) else e, "pgcode", None))
                 if reason is None or attempt == OUTCOME_ATTEMPTS:
                     raise
-                log.warning("registry %s: %d outcomes rolled back (%s), written again: attempt %d of %d",
-                            self.describe(), len(outcomes), reason, attempt + 1, OUTCOME_ATTEMPTS)
+                log.warning(
+                    "registry %s: %d outcomes rolled back (%s), written again: attempt %d of %d",
+                    self.describe(),
+                    len(outcomes),
+                    reason,
+                    attempt + 1,
+                    OUTCOME_ATTEMPTS,
+                )
                 time.sleep(random.uniform(0, 0.02 * 2**attempt))  # apart, so the two do not meet again
 
     def _record_outcomes_once(self, outcomes: Sequence[Outcome], now: float) -> None:
@@ -654,16 +803,28 @@ class Registry:
             self._score(c, scored, results, whole, partial)
         b = self.backend
         return _OutcomeWrites(
-            gate_results=[bulk.prepare_upsert(b, t.gate_results, rows, ["source_path", "stage"])
-                          for rows in _same_columns(list(results.values()))],
-            episodes=[*(bulk.prepare_upsert(b, t.episodes, rows, ["episode_id"], derived=score)
-                        for rows in _same_columns(list(whole.values()))),
-                      *(bulk.prepare_update(b, t.episodes, rows, "episode_id", derived=score)
-                        for rows in _same_columns(list(partial.values())))],
-            quarantine=[bulk.prepare_upsert(b, t.quarantine, rows, ["source_path"])
-                        for rows in _same_columns(list(held.values()))],
-            episode_ids=[*whole, *(k for k in partial if k not in whole)], inserted=list(whole),
-            released=sorted(released))
+            gate_results=[
+                bulk.prepare_upsert(b, t.gate_results, rows, ["source_path", "stage"])
+                for rows in _same_columns(list(results.values()))
+            ],
+            episodes=[
+                *(
+                    bulk.prepare_upsert(b, t.episodes, rows, ["episode_id"], derived=score)
+                    for rows in _same_columns(list(whole.values()))
+                ),
+                *(
+                    bulk.prepare_update(b, t.episodes, rows, "episode_id", derived=score)
+                    for rows in _same_columns(list(partial.values()))
+                ),
+            ],
+            quarantine=[
+                bulk.prepare_upsert(b, t.quarantine, rows, ["source_path"])
+                for rows in _same_columns(list(held.values()))
+            ],
+            episode_ids=[*whole, *(k for k in partial if k not in whole)],
+            inserted=list(whole),
+            released=sorted(released),
+        )
 
     def _run_outcome_writes(self, c, w: _OutcomeWrites) -> None:
         for write in w.gate_results:  # before the episodes: the server's score reads them
@@ -678,12 +839,14 @@ class Registry:
     def _release(self, c, paths: list[str]) -> None:
         """Delete the quarantine records of these files (released: their stage passed)."""
         for k in range(0, len(paths), 5000):
-            part = paths[k:k + 5000]
+            part = paths[k : k + 5000]
             if self.backend == "postgresql":
                 c.exec_driver_sql("DELETE FROM quarantine WHERE source_path = ANY(%s)", (part,))
             else:
-                c.exec_driver_sql("DELETE FROM quarantine WHERE source_path IN (SELECT value FROM json_each(?))",
-                                  (orjson.dumps(part).decode(),))
+                c.exec_driver_sql(
+                    "DELETE FROM quarantine WHERE source_path IN (SELECT value FROM json_each(?))",
+                    (orjson.dumps(part).decode(),),
+                )
 
     def _episode_writes(self, c, episode_ids: list[str], inserted: list[str]):
         """Around a bulk write of these episodes: on SQLite the row triggers stand aside and the
@@ -705,7 +868,7 @@ class Registry:
         cur = c.connection.dbapi_connection.cursor()  # this transaction's; tuples without SQLAlchemy's rows
         try:
             for k in range(0, len(paths), 5000):
-                part = paths[k:k + 5000]
+                part = paths[k : k + 5000]
                 if self.backend == "postgresql":
                     cur.execute(sql + "= ANY(%s)", (part,))
                 else:
@@ -740,7 +903,7 @@ class Registry:
                 return {r["episode_id"]: dict(r) for r in c.execute(select(t.episodes)).mappings()}
             ids = list(ids)
             for i in range(0, len(ids), 5000):
-                for r in c.execute(select(t.episodes).where(t.episodes.c.episode_id.in_(ids[i:i + 5000]))).mappings():
+                for r in c.execute(select(t.episodes).where(t.episodes.c.episode_id.in_(ids[i : i + 5000]))).mappings():
                     out[r["episode_id"]] = dict(r)
         return out
 
@@ -752,8 +915,14 @@ class Registry:
         ids = sorted(ids)
         with self._begin() as c:
             for i in range(0, len(ids), 5000):
-                out += [tuple(r) for r in c.execute(select(*cols).where(t.episodes.c.episode_id.in_(ids[i:i + 5000]))
-                                                    .order_by(t.episodes.c.episode_id))]
+                out += [
+                    tuple(r)
+                    for r in c.execute(
+                        select(*cols)
+                        .where(t.episodes.c.episode_id.in_(ids[i : i + 5000]))
+                        .order_by(t.episodes.c.episode_id)
+                    )
+                ]
         return out
 
     def episodes(self, batch_key: str | Sequence[str] | None = None) -> list[dict]:
@@ -765,8 +934,9 @@ class Registry:
             return [dict(r) for r in c.execute(q).mappings()]
 
     # -- review of the episodes the quality scores could not decide --------------------------
-    def review(self, episode_id: str, verdict: str, reviewer: str, note: str | None = None, *,
-               now: float | None = None) -> None:
+    def review(
+        self, episode_id: str, verdict: str, reviewer: str, note: str | None = None, *, now: float | None = None
+    ) -> None:
         """Record a reviewer's verdict ('accept' | 'reject') on an episode; it reaches the warehouse
         (and curation) by CDC like any registry write. A later verdict replaces an earlier one."""
         if verdict not in REVIEW_VERDICTS:
@@ -775,9 +945,16 @@ class Registry:
             raise ValueError("a review needs the reviewer's name")
         check_values(t.episodes, {"reviewed_by": reviewer.strip(), "review_note": note})
         with self._begin() as c:
-            n = c.execute(update(t.episodes).where(t.episodes.c.episode_id == episode_id).values(
-                review_verdict=verdict, reviewed_by=reviewer.strip(), review_note=note,
-                reviewed_at=time.time() if now is None else now)).rowcount
+            n = c.execute(
+                update(t.episodes)
+                .where(t.episodes.c.episode_id == episode_id)
+                .values(
+                    review_verdict=verdict,
+                    reviewed_by=reviewer.strip(),
+                    review_note=note,
+                    reviewed_at=time.time() if now is None else now,
+                )
+            ).rowcount
         if n == 0:
             raise KeyError(f"no episode {episode_id!r} in the registry")
 
@@ -785,9 +962,21 @@ class Registry:
         """Episodes whose quality verdict is 'review' and that no reviewer has judged yet, with
         their scores and reasons (decoded)."""
         e = t.episodes.c
-        q = (select(e.episode_id, e.batch_key, e.source_path, e.task, e.robot_id, e.smoothness_score,
-                    e.sensor_health_score, e.task_score, e.quality_reasons)
-             .where(e.quality_verdict == "review", e.review_verdict.is_(None)).order_by(e.episode_id))
+        q = (
+            select(
+                e.episode_id,
+                e.batch_key,
+                e.source_path,
+                e.task,
+                e.robot_id,
+                e.smoothness_score,
+                e.sensor_health_score,
+                e.task_score,
+                e.quality_reasons,
+            )
+            .where(e.quality_verdict == "review", e.review_verdict.is_(None))
+            .order_by(e.episode_id)
+        )
         with self._begin() as c:
             rows = [dict(r) for r in c.execute(q).mappings()]
         for r in rows:
@@ -805,13 +994,25 @@ class Registry:
         pending: list[str] = []
         with self._begin() as c:
             for k in range(0, len(source_paths), 5000):
-                part = list(source_paths[k:k + 5000])
-                ids = list(c.execute(select(e.episode_id).where(e.source_path.in_(part), e.status == QUARANTINED))
-                           .scalars())
+                part = list(source_paths[k : k + 5000])
+                ids = list(
+                    c.execute(select(e.episode_id).where(e.source_path.in_(part), e.status == QUARANTINED)).scalars()
+                )
                 if ids:
-                    c.execute(update(t.episodes).where(e.episode_id.in_(ids)).values(
-                        status=PENDING, schema_version=None, pipeline_version=None, mcap_path=None, mcap_uri=None,
-                        mcap_bytes=None, mcap_version=None, updated_at=now))
+                    c.execute(
+                        update(t.episodes)
+                        .where(e.episode_id.in_(ids))
+                        .values(
+                            status=PENDING,
+                            schema_version=None,
+                            pipeline_version=None,
+                            mcap_path=None,
+                            mcap_uri=None,
+                            mcap_bytes=None,
+                            mcap_version=None,
+                            updated_at=now,
+                        )
+                    )
                 c.execute(t.quarantine.delete().where(q.source_path.in_(part)))
                 pending += ids
         return sorted(pending)
@@ -824,9 +1025,11 @@ class Registry:
         n = 0
         with self._begin() as c:
             for k in range(0, len(episode_ids), 5000):
-                n += c.execute(update(t.episodes).where(e.episode_id.in_(list(episode_ids[k:k + 5000])),
-                                                        e.status == TRANSCODED)
-                               .values(status=MISSING, mcap_version=None, updated_at=now)).rowcount
+                n += c.execute(
+                    update(t.episodes)
+                    .where(e.episode_id.in_(list(episode_ids[k : k + 5000])), e.status == TRANSCODED)
+                    .values(status=MISSING, mcap_version=None, updated_at=now)
+                ).rowcount
         return n
 
     # -- step ladders ------------------------------------------------------------------------
@@ -834,10 +1037,15 @@ class Registry:
         """Transcoded episodes of the work unit(s) whose ladder is missing or was written by another
         segmenter/config version (``version``): what a step-ladder run redoes."""
         e = t.episodes.c
-        q = (select(e.episode_id, e.task, e.mcap_uri, e.start_ns, e.end_ns)
-             .where(_of_batches(e.batch_key, batch_key), e.status == TRANSCODED,
-                    or_(e.ladder_version.is_(None), e.ladder_version != version))
-             .order_by(e.episode_id))
+        q = (
+            select(e.episode_id, e.task, e.mcap_uri, e.start_ns, e.end_ns)
+            .where(
+                _of_batches(e.batch_key, batch_key),
+                e.status == TRANSCODED,
+                or_(e.ladder_version.is_(None), e.ladder_version != version),
+            )
+            .order_by(e.episode_id)
+        )
         with self._begin() as c:
             return [dict(r) for r in c.execute(q).mappings()]
 
@@ -845,8 +1053,12 @@ class Registry:
         """Batches holding ladders written by another segmenter/config version (drift). Episodes
         with no ladder yet are not drift: the ingest run that transcoded them segments them next."""
         e = t.episodes.c
-        q = (select(e.batch_key).where(e.status == TRANSCODED, e.ladder_version.is_not(None),
-                                       e.ladder_version != version).distinct().order_by(e.batch_key))
+        q = (
+            select(e.batch_key)
+            .where(e.status == TRANSCODED, e.ladder_version.is_not(None), e.ladder_version != version)
+            .distinct()
+            .order_by(e.batch_key)
+        )
         with self._begin() as c:
             return list(c.execute(q).scalars())
 
@@ -859,20 +1071,33 @@ class Registry:
             for r in rows:
                 steps = r.get("steps")
                 failed = next((s["name"] for s in steps or [] if s["outcome"] == "failure"), None)
-                c.execute(update(t.episodes).where(t.episodes.c.episode_id == r["episode_id"]).values(
-                    step_ladder=None if steps is None else json.dumps(steps), ladder_version=version,
-                    failed_step=failed, ladder_error=r.get("error"), updated_at=time.time()))
+                c.execute(
+                    update(t.episodes)
+                    .where(t.episodes.c.episode_id == r["episode_id"])
+                    .values(
+                        step_ladder=None if steps is None else json.dumps(steps),
+                        ladder_version=version,
+                        failed_step=failed,
+                        ladder_error=r.get("error"),
+                        updated_at=time.time(),
+                    )
+                )
 
     def _stale(self, schema_version: str, pipeline_version: str):
         """Episodes whose output is missing or was written (or failed) under other versions."""
         e = t.episodes.c
         current = and_(e.pipeline_version == pipeline_version, e.schema_version == schema_version)
-        return or_(e.status.in_([ACCEPTED, PENDING, MISSING]),
-                   and_(e.status.in_([TRANSCODED, QUARANTINED]), or_(e.pipeline_version.is_(None), not_(current))))
+        return or_(
+            e.status.in_([ACCEPTED, PENDING, MISSING]),
+            and_(e.status.in_([TRANSCODED, QUARANTINED]), or_(e.pipeline_version.is_(None), not_(current))),
+        )
 
     def stale_episodes(self, batch_key: str, *, schema_version: str, pipeline_version: str) -> list[dict]:
-        q = (select(t.episodes).where(t.episodes.c.batch_key == batch_key, self._stale(schema_version, pipeline_version))
-             .order_by(t.episodes.c.episode_id))
+        q = (
+            select(t.episodes)
+            .where(t.episodes.c.batch_key == batch_key, self._stale(schema_version, pipeline_version))
+            .order_by(t.episodes.c.episode_id)
+        )
         with self._begin() as c:
             return [dict(r) for r in c.execute(q).mappings()]
 
@@ -881,8 +1106,14 @@ class Registry:
         what the drift sensor backfills, and batches holding pending episodes (a machine fault cut their
         transcode short). Episodes never transcoded are not drift."""
         e = t.episodes.c
-        q = (select(e.batch_key).where(e.status.in_([TRANSCODED, QUARANTINED, PENDING, MISSING]), self._stale(schema_version, pipeline_version))
-             .distinct().order_by(e.batch_key))
+        q = (
+            select(e.batch_key)
+            .where(
+                e.status.in_([TRANSCODED, QUARANTINED, PENDING, MISSING]), self._stale(schema_version, pipeline_version)
+            )
+            .distinct()
+            .order_by(e.batch_key)
+        )
         with self._begin() as c:
             return list(c.execute(q).scalars())
 
@@ -890,30 +1121,48 @@ class Registry:
         """Ingest partitions holding a work unit that :meth:`outdated_batches` names, from the
         per-partition version summary: the cost follows the partitions, not the episodes."""
         v = pv_summary.c
-        q = (select(v.partition_key).where(v.partition_key != "", v.episodes > 0,
-                                           # pending and missing episodes are to be redone whatever their versions
-                                           or_(v.status.in_([PENDING, MISSING]),
-                                               and_(v.status.in_([TRANSCODED, QUARANTINED]),
-                                                    or_(v.pipeline_version != pipeline_version,
-                                                        v.schema_version != schema_version))))
-             .distinct().order_by(v.partition_key))
+        q = (
+            select(v.partition_key)
+            .where(
+                v.partition_key != "",
+                v.episodes > 0,
+                # pending and missing episodes are to be redone whatever their versions
+                or_(
+                    v.status.in_([PENDING, MISSING]),
+                    and_(
+                        v.status.in_([TRANSCODED, QUARANTINED]),
+                        or_(v.pipeline_version != pipeline_version, v.schema_version != schema_version),
+                    ),
+                ),
+            )
+            .distinct()
+            .order_by(v.partition_key)
+        )
         with self._begin() as c:
             return list(c.execute(q).scalars())
 
     def outdated_ladder_partitions(self, version: str) -> list[str]:
         """Ingest partitions holding a work unit that :meth:`outdated_ladder_batches` names (summary)."""
         v = pv_summary.c
-        q = (select(v.partition_key).where(v.partition_key != "", v.episodes > 0, v.status == TRANSCODED,
-                                           v.ladder_version != "", v.ladder_version != version)
-             .distinct().order_by(v.partition_key))
+        q = (
+            select(v.partition_key)
+            .where(
+                v.partition_key != "",
+                v.episodes > 0,
+                v.status == TRANSCODED,
+                v.ladder_version != "",
+                v.ladder_version != version,
+            )
+            .distinct()
+            .order_by(v.partition_key)
+        )
         with self._begin() as c:
             return list(c.execute(q).scalars())
 
     def partition_version_counts(self) -> list[dict]:
         """The summary itself: episodes per (partition, status, pipeline, schema, ladder version)."""
         with self._begin() as c:
-            return [dict(r) for r in c.execute(select(pv_summary).order_by(*pv_summary.primary_key.columns))
-                    .mappings()]
+            return [dict(r) for r in c.execute(select(pv_summary).order_by(*pv_summary.primary_key.columns)).mappings()]
 
     def quarantined(self, batch_key: str | Sequence[str] | None = None) -> list[dict]:
         q = select(t.quarantine).order_by(t.quarantine.c.source_path)
@@ -934,18 +1183,28 @@ class Registry:
         with self._begin() as c:
             for r in c.execute(q).mappings():
                 for x in json.loads(r["gates"]):
-                    out.append({"source_path": r["source_path"], "stage": r["stage"], "gate": x["gate"],
-                                "batch_key": r["batch_key"], "episode_id": r["episode_id"], "passed": x["passed"],
-                                "action": x["action"], "detail": x["detail"],
-                                "pipeline_version": x.get("pipeline_version", r["pipeline_version"]),
-                                "checked_at": r["checked_at"]})
+                    out.append(
+                        {
+                            "source_path": r["source_path"],
+                            "stage": r["stage"],
+                            "gate": x["gate"],
+                            "batch_key": r["batch_key"],
+                            "episode_id": r["episode_id"],
+                            "passed": x["passed"],
+                            "action": x["action"],
+                            "detail": x["detail"],
+                            "pipeline_version": x.get("pipeline_version", r["pipeline_version"]),
+                            "checked_at": r["checked_at"],
+                        }
+                    )
         return sorted(out, key=lambda x: (x["gate"], x["source_path"], x["stage"]))
 
     def counts(self) -> dict[str, int]:
         """Row counts of every table (tests and the demo use them to prove no duplicates)."""
         with self._begin() as c:
-            return {tab.name: c.execute(select(func.count()).select_from(tab)).scalar_one()
-                    for tab in t.REGISTRY_TABLES}
+            return {
+                tab.name: c.execute(select(func.count()).select_from(tab)).scalar_one() for tab in t.REGISTRY_TABLES
+            }
 
 
 _OPENED: dict[str, Registry] = {}  # per process: one engine per URL, reused by every unit a worker runs
@@ -959,8 +1218,9 @@ def _reopen(url: str, has_password: bool) -> Registry:
         if has_password:
             env = os.environ.get("DYNA_REGISTRY_URL")
             if not env or make_url(env).render_as_string(hide_password=True) != url:
-                raise RegistryUnavailableError(f"registry {url} needs its password: set DYNA_REGISTRY_URL to it "
-                                               "in this worker's environment")
+                raise RegistryUnavailableError(
+                    f"registry {url} needs its password: set DYNA_REGISTRY_URL to it in this worker's environment"
+                )
             full = env
         _OPENED[url] = Registry(full)
     return _OPENED[url]
@@ -1012,9 +1272,21 @@ def _write_folded(c, backend: str, groups: list[list[dict]]) -> None:
     rows = []
     for g in groups:
         first = max(g, key=lambda r: r["checked_at"])
-        o = Outcome(first["source_path"], first["batch_key"], first["stage"],
-                    [{"gate": r["gate"], "passed": r["passed"], "action": r["action"], "detail": r["detail"],
-                      "pipeline_version": r["pipeline_version"]} for r in g])
+        o = Outcome(
+            first["source_path"],
+            first["batch_key"],
+            first["stage"],
+            [
+                {
+                    "gate": r["gate"],
+                    "passed": r["passed"],
+                    "action": r["action"],
+                    "detail": r["detail"],
+                    "pipeline_version": r["pipeline_version"],
+                }
+                for r in g
+            ],
+        )
         rows.append(_gate_row(o, first["episode_id"], first["checked_at"]))
     bulk.upsert(c, backend, t.gate_results, rows, ["source_path", "stage"])
 

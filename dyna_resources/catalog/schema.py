@@ -12,8 +12,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sqlalchemy import (BigInteger, Boolean, Column, DateTime, Float, Index, Integer, MetaData, String, Table, Text,
-                        create_engine, event, inspect)
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    create_engine,
+    event,
+    inspect,
+)
 from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.exc import ArgumentError
 
@@ -21,7 +35,8 @@ metadata = MetaData()
 
 # Every raw file the landing sensor has seen; batch_key is set once it is packed into a batch.
 landed_files = Table(
-    "landed_files", metadata,
+    "landed_files",
+    metadata,
     Column("path", String(1024), primary_key=True),
     Column("bytes", BigInteger, nullable=False),
     Column("mtime_ns", BigInteger, nullable=False),
@@ -32,7 +47,8 @@ landed_files = Table(
 
 # A byte-balanced work unit: what one worker transcodes. Units are grouped into ingest partitions.
 ingest_batches = Table(
-    "ingest_batches", metadata,
+    "ingest_batches",
+    metadata,
     Column("seq", BigInteger, primary_key=True, autoincrement=False),
     Column("batch_key", String(64), nullable=False, unique=True),
     Column("created_at", Float, nullable=False),
@@ -48,7 +64,8 @@ ingest_batches = Table(
 # units join it, then sealed for good (full, or its oldest unit waited long enough): only sealed
 # partitions are handed to Dagster, so a partition's units never change after its first run.
 ingest_partitions = Table(
-    "ingest_partitions", metadata,
+    "ingest_partitions",
+    metadata,
     Column("seq", BigInteger, primary_key=True, autoincrement=False),
     Column("partition_key", String(64), nullable=False, unique=True),
     Column("created_at", Float, nullable=False),
@@ -64,7 +81,8 @@ ingest_partitions = Table(
 # 'transcoded' once its MCAP is written and its post gates passed. Versions say which
 # pipeline wrote the MCAP: a row with an older pipeline_version is stale.
 episodes = Table(
-    "episodes", metadata,
+    "episodes",
+    metadata,
     Column("episode_id", String(128), primary_key=True),
     Column("source_path", String(1024), nullable=False, unique=True),
     Column("batch_key", String(64), nullable=False),
@@ -116,7 +134,9 @@ episodes = Table(
     Column("schema_version", String(16), nullable=True),
     Column("pipeline_version", String(16), nullable=True),
     Column("mcap_path", String(1024), nullable=True),
-    Column("mcap_uri", String(1024), nullable=True),  # the same file as an fsspec URL (file://, gs://): what manifests carry
+    Column(
+        "mcap_uri", String(1024), nullable=True
+    ),  # the same file as an fsspec URL (file://, gs://): what manifests carry
     Column("mcap_bytes", BigInteger, nullable=True),
     Column("mcap_version", String(128), nullable=True),  # the MCAP object's version: a rewrite must replace exactly it
     # what the transcode measured, for curation (time range, steps, frames, cameras with gaps)
@@ -127,14 +147,17 @@ episodes = Table(
     Column("dropped_cameras", Text, nullable=True),  # JSON list of cameras with missing frames
     Column("updated_at", Float, nullable=False),
     Index("ix_episodes_batch", "batch_key"),
-    Index("ix_episodes_versions", "status", "pipeline_version", "schema_version", "batch_key"),  # covers the drift query
+    Index(
+        "ix_episodes_versions", "status", "pipeline_version", "schema_version", "batch_key"
+    ),  # covers the drift query
 )
 
 # The latest results of a stage's gates for a file, one row per (file, stage): a replay of the
 # stage replaces the row. One row a gate would be ~560M rows at 43M episodes (13 gates) and most of
 # the registry's write time; the gates ride in the row as JSON, counts and failed names beside them.
 gate_results = Table(
-    "gate_results", metadata,
+    "gate_results",
+    metadata,
     Column("source_path", String(1024), primary_key=True),
     Column("stage", String(8), primary_key=True),  # 'pre' | 'post'
     Column("batch_key", String(64), nullable=False),
@@ -151,7 +174,8 @@ GATE_FIELD_LIMITS = {"gate": 64, "action": 16}  # characters, inside gate_result
 
 # Files held back, with the reason; the raw file stays where it landed.
 quarantine = Table(
-    "quarantine", metadata,
+    "quarantine",
+    metadata,
     Column("source_path", String(1024), primary_key=True),
     Column("batch_key", String(64), nullable=False),
     Column("episode_id", String(128), nullable=True),
@@ -167,7 +191,8 @@ quarantine = Table(
 
 # A published dataset version: name@version of a manifest, immutable once written (datasets.py).
 datasets = Table(
-    "datasets", metadata,
+    "datasets",
+    metadata,
     Column("name", String(128), primary_key=True),
     Column("version", String(128), primary_key=True),
     Column("spec_name", String(128), nullable=False),
@@ -193,7 +218,9 @@ def parse_url(url: str | URL) -> URL:
     try:
         return make_url(url)
     except ArgumentError:
-        raise ValueError("registry URL is not a valid SQLAlchemy URL") from None  # never echo it: it may hold a password
+        raise ValueError(
+            "registry URL is not a valid SQLAlchemy URL"
+        ) from None  # never echo it: it may hold a password
 
 
 def open_engine(url: str | URL) -> Engine:
@@ -242,5 +269,7 @@ def string_limits(table: Table) -> dict[str, int]:
     return dict(_LIMITS[table.name])
 
 
-_LIMITS = {tab.name: {c.name: c.type.length for c in tab.columns if isinstance(c.type, String) and c.type.length}
-           for tab in metadata.sorted_tables}
+_LIMITS = {
+    tab.name: {c.name: c.type.length for c in tab.columns if isinstance(c.type, String) and c.type.length}
+    for tab in metadata.sorted_tables
+}

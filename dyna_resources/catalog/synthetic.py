@@ -28,7 +28,8 @@ from .registry import ACCEPTED, QUARANTINED, REJECTED, TRANSCODED, LandedFile, O
 SITES = ("sfo-1", "sfo-2", "pit-1", "bos-1")
 ROBOT_MODELS = ("aloha-2", "franka-fr3", "ur5e", "g1")
 TASKS = ("pick_place", "fold_towel", "open_drawer", "stack_cups", "wipe_table", "insert_peg") + tuple(
-    f"{verb}_{obj}" for verb in ("pour", "hang", "sort", "plug", "scoop") for obj in ("cup", "cable", "bag", "lid"))
+    f"{verb}_{obj}" for verb in ("pour", "hang", "sort", "plug", "scoop") for obj in ("cup", "cable", "bag", "lid")
+)
 OPERATORS = tuple(f"op-{i:03d}" for i in range(200))
 CAMERAS = ["scene", "wrist_left", "wrist_right"]
 MEAN_EPISODE_S = 84.0
@@ -77,19 +78,36 @@ def _draws(start: int, n: int, seed: int) -> dict[str, np.ndarray]:
 
 def landed_files(start: int, n: int, seed: int = 0) -> list[LandedFile]:
     d = _draws(start, n, seed)
-    return [LandedFile(_path(start + k), int(d["duration_s"][k] * LEGACY_BYTES_PER_S), int(EPOCH * 1e9) + start + k)
-            for k in range(n)]
+    return [
+        LandedFile(_path(start + k), int(d["duration_s"][k] * LEGACY_BYTES_PER_S), int(EPOCH * 1e9) + start + k)
+        for k in range(n)
+    ]
 
 
 def _gates(names, failed: str | None, action: str, version: str) -> list[dict]:
-    return [{"gate": g, "passed": g != failed, "action": action if g == failed else "quarantine",
-             "detail": f"synthetic failure of {g}" if g == failed else "", "pipeline_version": version}
-            for g in names]
+    return [
+        {
+            "gate": g,
+            "passed": g != failed,
+            "action": action if g == failed else "quarantine",
+            "detail": f"synthetic failure of {g}" if g == failed else "",
+            "pipeline_version": version,
+        }
+        for g in names
+    ]
 
 
-def outcomes(start: int, n: int, batch_key: str, *, seed: int = 0, shape: CorpusShape = CorpusShape(),
-             pipeline_version: str = "1.5", schema_version: str = "1.0",
-             uri_root: str = "gs://dyna-episodes/mcap") -> tuple[list[Outcome], list[Outcome]]:
+def outcomes(
+    start: int,
+    n: int,
+    batch_key: str,
+    *,
+    seed: int = 0,
+    shape: CorpusShape = CorpusShape(),
+    pipeline_version: str = "1.5",
+    schema_version: str = "1.0",
+    uri_root: str = "gs://dyna-episodes/mcap",
+) -> tuple[list[Outcome], list[Outcome]]:
     """The inventory (pre) and transcode (post) outcomes of episodes [start, start + n) of one work
     unit, as ``ingest/batches.py`` builds them."""
     d = _draws(start, n, seed)
@@ -104,42 +122,98 @@ def outcomes(start: int, n: int, batch_key: str, *, seed: int = 0, shape: Corpus
         task = TASKS[int(d["u_task"][k] * len(TASKS))]
         robot = int(d["u_robot"][k] * 64)
         episode = {
-            "episode_id": eid, "source_bytes": int(dur * LEGACY_BYTES_PER_S), "source_sha256": f"{i:064x}",
-            "duration_s": dur, "robot_id": f"robot-{robot:03d}", "robot_model": ROBOT_MODELS[robot % len(ROBOT_MODELS)],
-            "robot_sw_version": f"4.{robot % 3}.0", "task": task, "site": SITES[i % len(SITES)],
-            "operator": OPERATORS[int(d["u_op"][k] * len(OPERATORS))], "success": bool(d["u_succ"][k] < 0.8),
-            "sim": bool(d["u_sim"][k] < 0.25), "started_at": f"{EPOCH + i * 2.0:.0f}", "cameras": CAMERAS,
-            "ingested_at": EPOCH + i * 2.0, "timestamps_ok": not rejected, "camera_dropped": flagged,
-            "frame_drop_fraction": 0.03 if flagged else 0.0, "camera_dead": False, "quality_ok": not (flagged or rejected),
-            "status": REJECTED if rejected else ACCEPTED, "schema_version": None, "pipeline_version": None,
-            "mcap_path": None, "mcap_uri": None, "mcap_bytes": None,
+            "episode_id": eid,
+            "source_bytes": int(dur * LEGACY_BYTES_PER_S),
+            "source_sha256": f"{i:064x}",
+            "duration_s": dur,
+            "robot_id": f"robot-{robot:03d}",
+            "robot_model": ROBOT_MODELS[robot % len(ROBOT_MODELS)],
+            "robot_sw_version": f"4.{robot % 3}.0",
+            "task": task,
+            "site": SITES[i % len(SITES)],
+            "operator": OPERATORS[int(d["u_op"][k] * len(OPERATORS))],
+            "success": bool(d["u_succ"][k] < 0.8),
+            "sim": bool(d["u_sim"][k] < 0.25),
+            "started_at": f"{EPOCH + i * 2.0:.0f}",
+            "cameras": CAMERAS,
+            "ingested_at": EPOCH + i * 2.0,
+            "timestamps_ok": not rejected,
+            "camera_dropped": flagged,
+            "frame_drop_fraction": 0.03 if flagged else 0.0,
+            "camera_dead": False,
+            "quality_ok": not (flagged or rejected),
+            "status": REJECTED if rejected else ACCEPTED,
+            "schema_version": None,
+            "pipeline_version": None,
+            "mcap_path": None,
+            "mcap_uri": None,
+            "mcap_bytes": None,
         }
         failed_pre = "timestamps_monotonic" if rejected else ("frame_drops" if flagged else None)
-        pre.append(Outcome(path, batch_key, "pre", _gates(PRE_GATES, failed_pre, "flag" if flagged else "quarantine",
-                                                         pipeline_version), episode,
-                           {"gate": failed_pre, "reason": "synthetic: timestamps go back", "stream": "joint_states",
-                            "pipeline_version": pipeline_version} if rejected else None))
+        pre.append(
+            Outcome(
+                path,
+                batch_key,
+                "pre",
+                _gates(PRE_GATES, failed_pre, "flag" if flagged else "quarantine", pipeline_version),
+                episode,
+                {
+                    "gate": failed_pre,
+                    "reason": "synthetic: timestamps go back",
+                    "stream": "joint_states",
+                    "pipeline_version": pipeline_version,
+                }
+                if rejected
+                else None,
+            )
+        )
         if rejected or waiting:
             continue
         row = {"episode_id": eid, "schema_version": schema_version, "pipeline_version": pipeline_version}
         if quarantined:
-            row.update(status=QUARANTINED, mcap_path=None, mcap_uri=None, mcap_bytes=None, mcap_version=None,
-                       quality_ok=False)
-            q = {"gate": "decodable", "stage": "post", "reason": "synthetic: access unit 12 does not decode",
-                 "stream": "/cameras/scene/h264", "pipeline_version": pipeline_version}
+            row.update(
+                status=QUARANTINED, mcap_path=None, mcap_uri=None, mcap_bytes=None, mcap_version=None, quality_ok=False
+            )
+            q = {
+                "gate": "decodable",
+                "stage": "post",
+                "reason": "synthetic: access unit 12 does not decode",
+                "stream": "/cameras/scene/h264",
+                "pipeline_version": pipeline_version,
+            }
         else:
             frames = int(dur * 30) * len(CAMERAS)
-            row.update(status=TRANSCODED, mcap_path=None, mcap_uri=f"{uri_root}/{path[:-3]}.mcap",
-                       mcap_version=str(1_000_000 + i), mcap_bytes=int(dur * LEGACY_BYTES_PER_S * MCAP_RATIO),
-                       quality_ok=not flagged, start_ns=int((EPOCH + i * 2.0) * 1e9),
-                       end_ns=int((EPOCH + i * 2.0 + dur) * 1e9), n_steps=int(dur * 200), n_frames=frames,
-                       dropped_cameras='["wrist_left"]' if flagged else "[]", dark_frame_fraction=0.0,
-                       frozen_frame_fraction=0.0, smoothness_score=round(0.5 + 0.5 * float(d["u_score"][k]), 6),
-                       sensor_health_score=1.0, task_score=None,
-                       quality_verdict="review" if d["u_score"][k] < 0.05 else "pass", quality_reasons="[]")
+            row.update(
+                status=TRANSCODED,
+                mcap_path=None,
+                mcap_uri=f"{uri_root}/{path[:-3]}.mcap",
+                mcap_version=str(1_000_000 + i),
+                mcap_bytes=int(dur * LEGACY_BYTES_PER_S * MCAP_RATIO),
+                quality_ok=not flagged,
+                start_ns=int((EPOCH + i * 2.0) * 1e9),
+                end_ns=int((EPOCH + i * 2.0 + dur) * 1e9),
+                n_steps=int(dur * 200),
+                n_frames=frames,
+                dropped_cameras='["wrist_left"]' if flagged else "[]",
+                dark_frame_fraction=0.0,
+                frozen_frame_fraction=0.0,
+                smoothness_score=round(0.5 + 0.5 * float(d["u_score"][k]), 6),
+                sensor_health_score=1.0,
+                task_score=None,
+                quality_verdict="review" if d["u_score"][k] < 0.05 else "pass",
+                quality_reasons="[]",
+            )
             q = None
-        post.append(Outcome(path, batch_key, "post", _gates(POST_GATES, "decodable" if quarantined else None,
-                                                           "quarantine", pipeline_version), row, q))
+        post.append(
+            Outcome(
+                path,
+                batch_key,
+                "post",
+                _gates(POST_GATES, "decodable" if quarantined else None, "quarantine", pipeline_version),
+                row,
+                q,
+            )
+        )
     return pre, post
 
 
@@ -152,37 +226,70 @@ class LandedUnit:
     key: str
 
 
-def land(registry: Registry, start: int, n: int, *, seed: int = 0, shape: CorpusShape = CorpusShape(),
-         seal_open: bool = True, now: float = EPOCH) -> tuple[list[LandedUnit], int]:
+def land(
+    registry: Registry,
+    start: int,
+    n: int,
+    *,
+    seed: int = 0,
+    shape: CorpusShape = CorpusShape(),
+    seal_open: bool = True,
+    now: float = EPOCH,
+) -> tuple[list[LandedUnit], int]:
     """What the landing sensor does for episodes [start, start + n): register their files, pack
     them into units, put the units into partitions (the open one sealed with ``seal_open``).
     Returns the units and how many partitions their assignment touched."""
     files = landed_files(start, n, seed)
     registry.register_files(files, now=now)
-    groups = [files[k:k + shape.episodes_per_unit] for k in range(0, len(files), shape.episodes_per_unit)]
+    groups = [files[k : k + shape.episodes_per_unit] for k in range(0, len(files), shape.episodes_per_unit)]
     made = registry.create_batches(groups, target_bytes=UNIT_BYTES, now=now)
-    touched = registry.assign_partitions(target_bytes=UNIT_BYTES * shape.units_per_partition, max_wait_s=1e9,
-                                         seal_open=seal_open, now=now)
-    return [LandedUnit(start + u * shape.episodes_per_unit, len(group), unit.key)
-            for u, (unit, group) in enumerate(zip(made, groups, strict=True))], len(touched)
+    touched = registry.assign_partitions(
+        target_bytes=UNIT_BYTES * shape.units_per_partition, max_wait_s=1e9, seal_open=seal_open, now=now
+    )
+    return [
+        LandedUnit(start + u * shape.episodes_per_unit, len(group), unit.key)
+        for u, (unit, group) in enumerate(zip(made, groups, strict=True))
+    ], len(touched)
 
 
-def unit_outcomes(units: Sequence[LandedUnit], *, seed: int = 0, shape: CorpusShape = CorpusShape(),
-                  pipeline_version: str = "1.5", schema_version: str = "1.0") -> tuple[list[Outcome], list[Outcome]]:
+def unit_outcomes(
+    units: Sequence[LandedUnit],
+    *,
+    seed: int = 0,
+    shape: CorpusShape = CorpusShape(),
+    pipeline_version: str = "1.5",
+    schema_version: str = "1.0",
+) -> tuple[list[Outcome], list[Outcome]]:
     """The inventory and the transcode outcomes of these units, each stage's in one list."""
     pre, post = [], []
     for unit in units:
-        a, b = outcomes(unit.first, unit.n, unit.key, seed=seed, shape=shape, pipeline_version=pipeline_version,
-                        schema_version=schema_version)
+        a, b = outcomes(
+            unit.first,
+            unit.n,
+            unit.key,
+            seed=seed,
+            shape=shape,
+            pipeline_version=pipeline_version,
+            schema_version=schema_version,
+        )
         pre += a
         post += b
     return pre, post
 
 
-def populate(registry: Registry, n: int, *, seed: int = 0, shape: CorpusShape = CorpusShape(), start: int = 0,
-             units_per_call: int = 256, pipeline_version: str | Callable[[int], str] = "1.5",
-             schema_version: str = "1.0",
-             now: float | None = None, progress: Callable[[int], None] | None = None) -> dict:
+def populate(
+    registry: Registry,
+    n: int,
+    *,
+    seed: int = 0,
+    shape: CorpusShape = CorpusShape(),
+    start: int = 0,
+    units_per_call: int = 256,
+    pipeline_version: str | Callable[[int], str] = "1.5",
+    schema_version: str = "1.0",
+    now: float | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> dict:
     """Write episodes [start, start + n) through the registry's API, ``units_per_call`` work units
     at a time (the transcode's group commit holds up to 256 units' outcomes): land their files
     (:func:`land`), record their inventory outcomes, then their transcode outcomes (one
@@ -197,8 +304,7 @@ def populate(registry: Registry, n: int, *, seed: int = 0, shape: CorpusShape = 
         made, touched = land(registry, lo, hi - lo, seed=seed, shape=shape, seal_open=hi >= start + n, now=now)
         units += len(made)
         partitions += touched
-        pre, post = unit_outcomes(made, seed=seed, shape=shape, pipeline_version=version,
-                                  schema_version=schema_version)
+        pre, post = unit_outcomes(made, seed=seed, shape=shape, pipeline_version=version, schema_version=schema_version)
         registry.record_outcomes(pre, now=now)
         registry.record_outcomes(post, now=now)
         if progress is not None:

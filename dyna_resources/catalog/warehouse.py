@@ -23,19 +23,38 @@ from sqlalchemy import BigInteger, Boolean, Float, Integer, String, Text
 from . import schema as t
 from .arrow_reads import strings
 
-_DUCK_TYPES = {BigInteger: "BIGINT", Integer: "INTEGER", Float: "DOUBLE", Boolean: "BOOLEAN", String: "VARCHAR",
-               Text: "VARCHAR"}
-_ARROW_TYPES = {"BIGINT": pa.int64(), "INTEGER": pa.int32(), "DOUBLE": pa.float64(), "BOOLEAN": pa.bool_(),
-                "VARCHAR": pa.string()}
+_DUCK_TYPES = {
+    BigInteger: "BIGINT",
+    Integer: "INTEGER",
+    Float: "DOUBLE",
+    Boolean: "BOOLEAN",
+    String: "VARCHAR",
+    Text: "VARCHAR",
+}
+_ARROW_TYPES = {
+    "BIGINT": pa.int64(),
+    "INTEGER": pa.int32(),
+    "DOUBLE": pa.float64(),
+    "BOOLEAN": pa.bool_(),
+    "VARCHAR": pa.string(),
+}
 
 
 _STAGING = "__snapshot"  # suffix of the tables a snapshot is loaded into before they replace the live ones
 
 # One row per step of every episode's ladder, unnested from the episodes' ``step_ladder`` JSON
 # when their rows are applied: what curation selects steps by.
-STEP_COLUMNS = [("episode_id", "VARCHAR"), ("step_index", "INTEGER"), ("step", "VARCHAR"), ("start_ns", "BIGINT"),
-                ("end_ns", "BIGINT"), ("duration_s", "DOUBLE"), ("outcome", "VARCHAR"), ("failure_mode", "VARCHAR"),
-                ("failed_at_ns", "BIGINT")]
+STEP_COLUMNS = [
+    ("episode_id", "VARCHAR"),
+    ("step_index", "INTEGER"),
+    ("step", "VARCHAR"),
+    ("start_ns", "BIGINT"),
+    ("end_ns", "BIGINT"),
+    ("duration_s", "DOUBLE"),
+    ("outcome", "VARCHAR"),
+    ("failure_mode", "VARCHAR"),
+    ("failed_at_ns", "BIGINT"),
+]
 
 
 def warehouse_columns() -> list[tuple[str, str]]:
@@ -59,14 +78,17 @@ class Warehouse:
         if not read_only:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         limit = memory_limit if memory_limit is not None else ("" if read_only else WRITER_MEMORY_LIMIT)
-        self.con = duckdb.connect(str(self.path), read_only=read_only,
-                                  config={"memory_limit": limit} if limit else {})
+        self.con = duckdb.connect(str(self.path), read_only=read_only, config={"memory_limit": limit} if limit else {})
         self.columns = warehouse_columns()
         if not read_only:
             self._create_tables("")
             self.con.execute("CREATE TABLE IF NOT EXISTS cdc_position (source VARCHAR PRIMARY KEY, position VARCHAR)")
-            have = {r[0] for r in self.con.execute(
-                "SELECT column_name FROM information_schema.columns WHERE table_name = 'episodes'").fetchall()}
+            have = {
+                r[0]
+                for r in self.con.execute(
+                    "SELECT column_name FROM information_schema.columns WHERE table_name = 'episodes'"
+                ).fetchall()
+            }
             for n, ty in self.columns:  # additive migration, as in the registry
                 if n not in have:
                     self.con.execute(f"ALTER TABLE episodes ADD COLUMN {n} {ty}")
@@ -93,22 +115,39 @@ class Warehouse:
         row = self.con.execute("SELECT position FROM cdc_position WHERE source = ?", [source]).fetchone()
         return row[0] if row else None
 
-    def apply(self, *, source: str, position: str, upserts: Sequence[dict] | pa.RecordBatch,
-              deletes: Sequence[str], replace_all: bool = False) -> None:
+    def apply(
+        self,
+        *,
+        source: str,
+        position: str,
+        upserts: Sequence[dict] | pa.RecordBatch,
+        deletes: Sequence[str],
+        replace_all: bool = False,
+    ) -> None:
         """Upsert rows (dicts, or an Arrow batch of :func:`arrow_columns`) and delete keys, and record
         ``position``, in one transaction (``replace_all``: the rows are the whole table, as in a snapshot)."""
         names = [n for n, _ in self.columns]
         now = time.time()
         if isinstance(upserts, pa.RecordBatch | pa.Table):  # registry rows as Arrow (cdc): every column but synced_at
             # no pa.array of Python lists here: its first call imports pandas (0.3 s a sync)
-            synced = pa.Array.from_buffers(pa.float64(), upserts.num_rows, [None, pa.py_buffer(np.full(upserts.num_rows, now))])
-            table = pa.table({n: (synced if n == "synced_at"
-                                  else upserts.column(n)) for n in names})
-            keys = pa.table({"episode_id": pa.chunked_array(
-                [strings(deletes), *pa.chunked_array(upserts.column("episode_id")).chunks], pa.string())})
+            synced = pa.Array.from_buffers(
+                pa.float64(), upserts.num_rows, [None, pa.py_buffer(np.full(upserts.num_rows, now))]
+            )
+            table = pa.table({n: (synced if n == "synced_at" else upserts.column(n)) for n in names})
+            keys = pa.table(
+                {
+                    "episode_id": pa.chunked_array(
+                        [strings(deletes), *pa.chunked_array(upserts.column("episode_id")).chunks], pa.string()
+                    )
+                }
+            )
         else:
-            table = pa.table({n: pa.array([(now if n == "synced_at" else r.get(n)) for r in upserts],
-                                          type=_ARROW_TYPES[ty]) for n, ty in self.columns})
+            table = pa.table(
+                {
+                    n: pa.array([(now if n == "synced_at" else r.get(n)) for r in upserts], type=_ARROW_TYPES[ty])
+                    for n, ty in self.columns
+                }
+            )
             keys = pa.table({"episode_id": pa.array(list(deletes) + [r["episode_id"] for r in upserts], pa.string())})
         self.con.execute("BEGIN TRANSACTION")
         try:
@@ -178,10 +217,14 @@ class Warehouse:
         summed), and how many transcoded episodes carry each quality flag."""
         q = self.con.execute
         by_status = dict(q("SELECT status, count(*) FROM episodes GROUP BY status ORDER BY status").fetchall())
-        hours, tasks = q("SELECT coalesce(sum(duration_s), 0) / 3600, count(DISTINCT task) FROM episodes "
-                         "WHERE status = 'transcoded'").fetchone()
-        by_task = q("SELECT task, sum(duration_s) / 3600 AS h FROM episodes WHERE status = 'transcoded' "
-                    "GROUP BY task ORDER BY h DESC, task LIMIT ?", [top_tasks]).fetchall()
+        hours, tasks = q(
+            "SELECT coalesce(sum(duration_s), 0) / 3600, count(DISTINCT task) FROM episodes WHERE status = 'transcoded'"
+        ).fetchone()
+        by_task = q(
+            "SELECT task, sum(duration_s) / 3600 AS h FROM episodes WHERE status = 'transcoded' "
+            "GROUP BY task ORDER BY h DESC, task LIMIT ?",
+            [top_tasks],
+        ).fetchall()
         flags = q("""SELECT count(*) FILTER (WHERE camera_dropped), count(*) FILTER (WHERE camera_dead),
                             count(*) FILTER (WHERE NOT timestamps_ok), count(*) FILTER (WHERE NOT quality_ok),
                             count(*) FILTER (WHERE quality_verdict = 'review'),
@@ -190,25 +233,53 @@ class Warehouse:
                      FROM episodes WHERE status = 'transcoded'""").fetchone()
         listed = sum(h for _, h in by_task)
         return {
-            "rows": sum(by_status.values()), "rows_by_status": by_status, "hours_transcoded": float(hours),
-            "tasks": tasks, "hours_by_task": {t: float(h) for t, h in by_task}
+            "rows": sum(by_status.values()),
+            "rows_by_status": by_status,
+            "hours_transcoded": float(hours),
+            "tasks": tasks,
+            "hours_by_task": {t: float(h) for t, h in by_task}
             | ({"(other tasks)": float(hours) - listed} if tasks > len(by_task) else {}),
-            "flags": dict(zip(("camera_dropped", "camera_dead", "timestamps_not_ok", "quality_not_ok",
-                               "verdict_review", "verdict_fail", "reviewed"), flags)),
+            "flags": dict(
+                zip(
+                    (
+                        "camera_dropped",
+                        "camera_dead",
+                        "timestamps_not_ok",
+                        "quality_not_ok",
+                        "verdict_review",
+                        "verdict_fail",
+                        "reviewed",
+                    ),
+                    flags,
+                )
+            ),
         }
 
 
 # One row per step of every episode's ladder, unnested by DuckDB from the step_ladder JSON of the
 # rows being applied (``rows``: a registered batch).
-_STEP_JSON = json.dumps([{"index": "INTEGER", "name": "VARCHAR", "start_ns": "BIGINT", "end_ns": "BIGINT",
-                          "duration_s": "DOUBLE", "outcome": "VARCHAR", "failure_mode": "VARCHAR",
-                          "failed_at_ns": "BIGINT"}])
+_STEP_JSON = json.dumps(
+    [
+        {
+            "index": "INTEGER",
+            "name": "VARCHAR",
+            "start_ns": "BIGINT",
+            "end_ns": "BIGINT",
+            "duration_s": "DOUBLE",
+            "outcome": "VARCHAR",
+            "failure_mode": "VARCHAR",
+            "failed_at_ns": "BIGINT",
+        }
+    ]
+)
 
 
 def _steps_from(rows: str, into: str = "episode_steps") -> str:
-    return (f"INSERT INTO {into} SELECT episode_id, s.index, s.name, s.start_ns, s.end_ns, s.duration_s, "
-            "s.outcome, s.failure_mode, s.failed_at_ns FROM (SELECT episode_id, "
-            f"unnest(from_json(step_ladder, '{_STEP_JSON}')) AS s FROM {rows} WHERE step_ladder IS NOT NULL)")
+    return (
+        f"INSERT INTO {into} SELECT episode_id, s.index, s.name, s.start_ns, s.end_ns, s.duration_s, "
+        "s.outcome, s.failure_mode, s.failed_at_ns FROM (SELECT episode_id, "
+        f"unnest(from_json(step_ladder, '{_STEP_JSON}')) AS s FROM {rows} WHERE step_ladder IS NOT NULL)"
+    )
 
 
 def arrow_columns() -> list[tuple[str, pa.DataType]]:
@@ -242,8 +313,11 @@ class SnapshotLoad:
         con.register("cdc_snapshot", batch)
         try:
             con.execute("BEGIN TRANSACTION")
-            con.execute(f"INSERT INTO episodes{_STAGING} ({', '.join(names)}, synced_at) "
-                        f"SELECT {', '.join(names)}, ? FROM cdc_snapshot", [time.time()])
+            con.execute(
+                f"INSERT INTO episodes{_STAGING} ({', '.join(names)}, synced_at) "
+                f"SELECT {', '.join(names)}, ? FROM cdc_snapshot",
+                [time.time()],
+            )
             con.execute(_steps_from("cdc_snapshot", into=f"episode_steps{_STAGING}"))
             con.execute("COMMIT")
         finally:

@@ -50,8 +50,7 @@ def _file_descriptor_proto() -> descriptor_pb2.FileDescriptorProto:
     field_msg.field.add(name="values", number=3, type=F.TYPE_DOUBLE, label=F.LABEL_REPEATED)
     block = fd.message_type.add(name="SampleBlock")
     block.field.add(name="timestamp_ns", number=1, type=F.TYPE_SFIXED64, label=F.LABEL_REPEATED)
-    block.field.add(name="fields", number=2, type=F.TYPE_MESSAGE, label=F.LABEL_REPEATED,
-                    type_name=".dyna.Field")
+    block.field.add(name="fields", number=2, type=F.TYPE_MESSAGE, label=F.LABEL_REPEATED, type_name=".dyna.Field")
     return fd
 
 

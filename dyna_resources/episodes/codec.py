@@ -68,8 +68,9 @@ class VideoSettings:
         return d
 
 
-def encode_gop(frames: Iterable[av.VideoFrame | np.ndarray], settings: VideoSettings,
-               rate_hz: float = 30.0) -> list[bytes]:
+def encode_gop(
+    frames: Iterable[av.VideoFrame | np.ndarray], settings: VideoSettings, rate_hz: float = 30.0
+) -> list[bytes]:
     """Encode frames as one closed GOP; one Annex B access unit per frame.
 
     Frames are full-range YUV 4:2:0 ``av.VideoFrame``s (see :func:`jpeg_to_yuv`) or RGB
@@ -93,8 +94,9 @@ def encode_gop(frames: Iterable[av.VideoFrame | np.ndarray], settings: VideoSett
     return out
 
 
-def _open_encoder(width: int, height: int, settings: VideoSettings, rate_hz: float,
-                  input_format: str = "yuv420p") -> av.VideoCodecContext:
+def _open_encoder(
+    width: int, height: int, settings: VideoSettings, rate_hz: float, input_format: str = "yuv420p"
+) -> av.VideoCodecContext:
     if width % 2 or height % 2:
         raise ValueError(f"{settings.pix_fmt} needs even frame sizes, got {width}x{height}")
     enc = av.CodecContext.create("libx264", "w")
@@ -162,8 +164,9 @@ def to_yuv(frame: av.VideoFrame | np.ndarray) -> av.VideoFrame:
     if isinstance(frame, np.ndarray):
         if frame.ndim != 3 or frame.shape[2] != 3 or min(frame.shape[:2]) < 2:
             raise ValueError(f"expected an RGB frame of at least 2x2 pixels, got shape {frame.shape}")
-        frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(frame[: frame.shape[0] & ~1, : frame.shape[1] & ~1]),
-                                           format="rgb24")
+        frame = av.VideoFrame.from_ndarray(
+            np.ascontiguousarray(frame[: frame.shape[0] & ~1, : frame.shape[1] & ~1]), format="rgb24"
+        )
     # threads=1: PyAV's reformat defaults to threads=0, i.e. a fresh swscale slice-thread
     # pool of one thread per core for every frame (each frame carries its own reformatter).
     # The pixels are the same at any thread count (checked: 1-16 threads, bit-identical), but
@@ -298,6 +301,7 @@ def resized_rgb(height: int, width: int):
     def transform(frame: av.VideoFrame) -> np.ndarray:
         rgb = frame.to_ndarray(width=width, height=height, format="rgb24", interpolation="AREA")
         return np.ascontiguousarray(rgb.transpose(2, 0, 1))
+
     return transform
 
 

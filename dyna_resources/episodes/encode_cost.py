@@ -24,8 +24,12 @@ def _require(ok: bool, name: str, value: object, rule: str) -> None:
 
 
 def _finite_at_least(name: str, value: float, low: float) -> None:
-    _require(isinstance(value, (int, float)) and math.isfinite(value) and value >= low, name, value,
-             f"a finite number >= {low:g}")
+    _require(
+        isinstance(value, (int, float)) and math.isfinite(value) and value >= low,
+        name,
+        value,
+        f"a finite number >= {low:g}",
+    )
 
 
 @dataclass(frozen=True)
@@ -47,8 +51,12 @@ class CostModel:
         for name in ("core_hour_usd", "storage_gb_month_usd", "retention_months"):
             _finite_at_least(name, getattr(self, name), 0.0)
         _require(isinstance(self.copies, int) and self.copies >= 1, "copies", self.copies, "an integer >= 1")
-        _require(isinstance(self.frames_per_episode_hour, int) and self.frames_per_episode_hour >= 1,
-                 "frames_per_episode_hour", self.frames_per_episode_hour, "an integer >= 1")
+        _require(
+            isinstance(self.frames_per_episode_hour, int) and self.frames_per_episode_hour >= 1,
+            "frames_per_episode_hour",
+            self.frames_per_episode_hour,
+            "an integer >= 1",
+        )
 
 
 @dataclass(frozen=True)
@@ -72,10 +80,20 @@ class EncodePoint:
         _require(isinstance(self.preset, str) and bool(self.preset), "preset", self.preset, "a non-empty string")
         _finite_at_least("crf", self.crf, 0.0)
         _require(isinstance(self.options, str), "options", self.options, "a string")
-        _require(isinstance(self.bytes_per_frame, (int, float)) and math.isfinite(self.bytes_per_frame)
-                 and self.bytes_per_frame > 0, "bytes_per_frame", self.bytes_per_frame, "a finite number > 0")
-        _require(isinstance(self.psnr_db, (int, float)) and not math.isnan(self.psnr_db), "psnr_db", self.psnr_db,
-                 "a number (inf for a lossless frame)")
+        _require(
+            isinstance(self.bytes_per_frame, (int, float))
+            and math.isfinite(self.bytes_per_frame)
+            and self.bytes_per_frame > 0,
+            "bytes_per_frame",
+            self.bytes_per_frame,
+            "a finite number > 0",
+        )
+        _require(
+            isinstance(self.psnr_db, (int, float)) and not math.isnan(self.psnr_db),
+            "psnr_db",
+            self.psnr_db,
+            "a number (inf for a lossless frame)",
+        )
         _finite_at_least("cpu_s_per_frame", self.cpu_s_per_frame, 0.0)
 
     @property
@@ -125,13 +143,17 @@ def cost_per_episode_hour(point: EncodePoint, model: CostModel) -> EpisodeHourCo
     """
     frames = model.frames_per_episode_hour
     compute = point.cpu_s_per_frame * frames / 3600.0 * model.core_hour_usd
-    storage = (point.bytes_per_frame * frames / GIB * model.storage_gb_month_usd * model.retention_months
-               * model.copies)
+    storage = point.bytes_per_frame * frames / GIB * model.storage_gb_month_usd * model.retention_months * model.copies
     return EpisodeHourCost(compute_usd=compute, storage_usd=storage)
 
 
-def acceptable(points: Sequence[EncodePoint], min_psnr_db: float, *, model: CostModel | None = None,
-               min_episode_hours_per_core_hour: float = 0.0) -> list[EncodePoint]:
+def acceptable(
+    points: Sequence[EncodePoint],
+    min_psnr_db: float,
+    *,
+    model: CostModel | None = None,
+    min_episode_hours_per_core_hour: float = 0.0,
+) -> list[EncodePoint]:
     """The points at or above the quality floor (and the throughput floor, if one is set), in order.
 
     :param points: measured settings; must not be empty.
@@ -142,11 +164,15 @@ def acceptable(points: Sequence[EncodePoint], min_psnr_db: float, *, model: Cost
     """
     if not points:
         raise ValueError("points must not be empty: nothing to choose from")
-    _require(isinstance(min_psnr_db, (int, float)) and not math.isnan(min_psnr_db), "min_psnr_db", min_psnr_db,
-             "a number")
+    _require(
+        isinstance(min_psnr_db, (int, float)) and not math.isnan(min_psnr_db), "min_psnr_db", min_psnr_db, "a number"
+    )
     _finite_at_least("min_episode_hours_per_core_hour", min_episode_hours_per_core_hour, 0.0)
-    return [p for p in points if p.psnr_db >= min_psnr_db
-            and episode_hours_per_core_hour(p, model) >= min_episode_hours_per_core_hour]
+    return [
+        p
+        for p in points
+        if p.psnr_db >= min_psnr_db and episode_hours_per_core_hour(p, model) >= min_episode_hours_per_core_hour
+    ]
 
 
 def pareto_front(points: Sequence[EncodePoint], min_psnr_db: float) -> list[EncodePoint]:
@@ -168,8 +194,9 @@ def pareto_front(points: Sequence[EncodePoint], min_psnr_db: float) -> list[Enco
     return front
 
 
-def cheapest(points: Sequence[EncodePoint], model: CostModel, min_psnr_db: float, *,
-             min_episode_hours_per_core_hour: float = 0.0) -> Pick | None:
+def cheapest(
+    points: Sequence[EncodePoint], model: CostModel, min_psnr_db: float, *, min_episode_hours_per_core_hour: float = 0.0
+) -> Pick | None:
     """The acceptable point with the lowest cost per episode-hour; None when no point is acceptable.
 
     Cost rises with both bytes and CPU, so the pick is always on :func:`pareto_front`. Ties go to the
@@ -186,6 +213,8 @@ def cheapest(points: Sequence[EncodePoint], model: CostModel, min_psnr_db: float
     if not ok:
         return None
     best = min(ok, key=lambda p: (cost_per_episode_hour(p, model).total_usd, p.bytes_per_frame, p.cpu_s_per_frame))
-    return Pick(point=best, cost=cost_per_episode_hour(best, model),
-                episode_hours_per_core_hour=episode_hours_per_core_hour(best, model))
-
+    return Pick(
+        point=best,
+        cost=cost_per_episode_hour(best, model),
+        episode_hours_per_core_hour=episode_hours_per_core_hour(best, model),
+    )

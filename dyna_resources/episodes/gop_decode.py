@@ -37,8 +37,9 @@ BackendName = Literal["auto", "cpu", "cuda"]
 _BT601 = "ITU601"
 
 
-def swscale_rgb(height: int | None = None, width: int | None = None, *, interpolation: str = "AREA",
-                chw: bool = True) -> Callable[[av.VideoFrame], np.ndarray]:
+def swscale_rgb(
+    height: int | None = None, width: int | None = None, *, interpolation: str = "AREA", chw: bool = True
+) -> Callable[[av.VideoFrame], np.ndarray]:
     """A frame transform: RGB straight from the decoded YUV through libswscale, resized (area
     filter) in the same pass when a size is given; (3, H, W) uint8 with ``chw`` else (H, W, 3).
 
@@ -51,9 +52,17 @@ def swscale_rgb(height: int | None = None, width: int | None = None, *, interpol
     def transform(frame: av.VideoFrame) -> np.ndarray:
         w, h = width or frame.width, height or frame.height
         src_range = FULL_RANGE if frame.color_range in (0, FULL_RANGE) else frame.color_range
-        rgb = frame.reformat(width=w, height=h, format="rgb24", src_colorspace=_BT601, dst_colorspace=_BT601,
-                             interpolation=interpolation, src_color_range=src_range, dst_color_range=FULL_RANGE,
-                             threads=1).to_ndarray()
+        rgb = frame.reformat(
+            width=w,
+            height=h,
+            format="rgb24",
+            src_colorspace=_BT601,
+            dst_colorspace=_BT601,
+            interpolation=interpolation,
+            src_color_range=src_range,
+            dst_color_range=FULL_RANGE,
+            threads=1,
+        ).to_ndarray()
         return np.ascontiguousarray(rgb.transpose(2, 0, 1)) if chw else rgb
 
     return transform
@@ -75,15 +84,18 @@ class DecoderBackend:
         self.device = device
         self.name = "cuda" if name == "cuda" or (name == "auto" and cuda_decode_available(device)) else "cpu"
         if self.name == "cuda" and not cuda_decode_available(device):
-            raise RuntimeError("decoder backend 'cuda': no CUDA device answers FFmpeg's hwaccel here "
-                               f"(device {device or 'default'}); use 'auto' to fall back to the CPU")
+            raise RuntimeError(
+                "decoder backend 'cuda': no CUDA device answers FFmpeg's hwaccel here "
+                f"(device {device or 'default'}); use 'auto' to fall back to the CPU"
+            )
 
     def decoder(self) -> av.VideoCodecContext:
         if self.name == "cuda":
             from av.codec.hwaccel import HWAccel
 
-            ctx = av.CodecContext.create("h264", "r", hwaccel=HWAccel("cuda", device=self.device,
-                                                                     allow_software_fallback=False))
+            ctx = av.CodecContext.create(
+                "h264", "r", hwaccel=HWAccel("cuda", device=self.device, allow_software_fallback=False)
+            )
         else:
             ctx = av.CodecContext.create("h264", "r")
             ctx.thread_type = "NONE"  # one frame out per packet in; the loader's threads are per camera
@@ -106,11 +118,12 @@ def cuda_decode_available(device: str | None = None) -> bool:
 
                 ok = "cuda" in hwdevices_available()
                 if ok:
-                    ctx = av.CodecContext.create("h264", "r", hwaccel=HWAccel("cuda", device=device,
-                                                                             allow_software_fallback=False))
+                    ctx = av.CodecContext.create(
+                        "h264", "r", hwaccel=HWAccel("cuda", device=device, allow_software_fallback=False)
+                    )
                     ctx.open()  # creates the device context: fails without a driver and a GPU
                     ok = ctx.is_hwaccel if hasattr(ctx, "is_hwaccel") else True
-            except Exception:  # noqa: BLE001  (any failure means: no usable CUDA decode here)
+            except Exception:
                 ok = False
             _cuda_probe[device] = ok
         return _cuda_probe[device]
@@ -140,9 +153,17 @@ class CameraFrames:
         return None
 
 
-def decode_at(reader: EpisodeReader, camera: str, targets_ns, *, transform: Callable | None = None,
-              tolerance_ns: int | None = None, stream: str | None = None, memo: dict | None = None,
-              backend: DecoderBackend = CPU) -> CameraFrames:
+def decode_at(
+    reader: EpisodeReader,
+    camera: str,
+    targets_ns,
+    *,
+    transform: Callable | None = None,
+    tolerance_ns: int | None = None,
+    stream: str | None = None,
+    memo: dict | None = None,
+    backend: DecoderBackend = CPU,
+) -> CameraFrames:
     """The frame nearest each time in ``targets_ns`` (within ``tolerance_ns``, default one frame
     period), each wanted GOP decoded once from its keyframe to its last wanted frame.
 
@@ -187,8 +208,9 @@ def decode_at(reader: EpisodeReader, camera: str, targets_ns, *, transform: Call
         pick = np.where(np.abs(times[left] - uniq) <= np.abs(times[right] - uniq), left, right)
         gap = np.abs(times[pick] - uniq)
         for u in np.flatnonzero(gap > tolerance).tolist():
-            failed[u] = (f"no frame within {tolerance[u] / 1e6:.1f} ms of {int(uniq[u])} "
-                         f"(nearest {gap[u] / 1e6:.1f} ms away)")
+            failed[u] = (
+                f"no frame within {tolerance[u] / 1e6:.1f} ms of {int(uniq[u])} (nearest {gap[u] / 1e6:.1f} ms away)"
+            )
     wanted = np.unique(np.delete(pick, list(failed))) if failed else np.unique(pick)
 
     # The keyframe opening each wanted frame's GOP. The first may lie in an earlier chunk than the
@@ -197,8 +219,9 @@ def decode_at(reader: EpisodeReader, camera: str, targets_ns, *, transform: Call
     key_of = np.empty(0, np.int64)
     if len(wanted):
         while True:
-            flags = np.fromiter((_is_key(payloads[i]) for i in range(int(wanted[-1]) + 1)), bool,
-                                count=int(wanted[-1]) + 1)
+            flags = np.fromiter(
+                (_is_key(payloads[i]) for i in range(int(wanted[-1]) + 1)), bool, count=int(wanted[-1]) + 1
+            )
             keys = np.flatnonzero(flags)
             if len(keys) and keys[0] <= wanted[0]:
                 break
@@ -299,8 +322,16 @@ def _is_key(p) -> bool:
     return is_keyframe(bytes(p))
 
 
-__all__ = ["CPU", "CameraFrames", "DecoderBackend", "WindowError", "cuda_decode_available", "decode_at",
-           "parity_psnr", "swscale_rgb"]
+__all__ = [
+    "CPU",
+    "CameraFrames",
+    "DecoderBackend",
+    "WindowError",
+    "cuda_decode_available",
+    "decode_at",
+    "parity_psnr",
+    "swscale_rgb",
+]
 
 
 def parity_psnr(reader: EpisodeReader, camera: str, targets_ns, a: DecoderBackend, b: DecoderBackend) -> float:
@@ -312,4 +343,4 @@ def parity_psnr(reader: EpisodeReader, camera: str, targets_ns, a: DecoderBacken
     if fa.errors or fb.errors:
         raise McapFormatError(reader.path, f"parity frames failed: {fa.errors or fb.errors}", fa.topic)
     mse = float(np.mean((fa.images.astype(np.float64) - fb.images.astype(np.float64)) ** 2))
-    return float("inf") if mse == 0 else 10 * float(np.log10(255.0 ** 2 / mse))
+    return float("inf") if mse == 0 else 10 * float(np.log10(255.0**2 / mse))

@@ -148,8 +148,9 @@ def read_lerobot(root: str | Path, *, rgb: bool = True) -> Iterator[LeRobotEpiso
     elif version == V3:
         yield from _read_v3(root, info, rgb)
     else:
-        raise LeRobotFormatError(str(root / "meta/info.json"),
-                                 f"unsupported codebase_version {version!r} (expected v2.x or v3.0)")
+        raise LeRobotFormatError(
+            str(root / "meta/info.json"), f"unsupported codebase_version {version!r} (expected v2.x or v3.0)"
+        )
 
 
 def _json(path: Path) -> dict:
@@ -188,15 +189,22 @@ def _episode(info: dict, index: int, task: str, rows: pa.Table, path: Path, fram
     n = rows.num_rows
     for key, fr in frames.items():
         if len(fr) != n:
-            raise LeRobotFormatError(str(path), f"episode {index}: {len(fr)} frames in the video for {n} data rows",
-                                     stream=key)
+            raise LeRobotFormatError(
+                str(path), f"episode {index}: {len(fr)} frames in the video for {n} data rows", stream=key
+            )
     if "frame_index" in rows.column_names:
         rows = rows.sort_by("frame_index")
     return LeRobotEpisode(
-        index=index, task=task, fps=float(info["fps"]),
+        index=index,
+        task=task,
+        fps=float(info["fps"]),
         timestamps=rows.column("timestamp").to_numpy().astype(np.float64),
-        states=_matrix(rows.column(STATE_KEY)), actions=_matrix(rows.column(ACTION_KEY)),
-        frames=frames, state_names=_names(info, STATE_KEY), action_names=_names(info, ACTION_KEY))
+        states=_matrix(rows.column(STATE_KEY)),
+        actions=_matrix(rows.column(ACTION_KEY)),
+        frames=frames,
+        state_names=_names(info, STATE_KEY),
+        action_names=_names(info, ACTION_KEY),
+    )
 
 
 def _matrix(col: pa.ChunkedArray) -> np.ndarray:
@@ -241,15 +249,23 @@ def _read_v3(root: Path, info: dict, rgb: bool) -> Iterator[LeRobotEpisode]:
         rows = table.filter(pc.equal(table.column("episode_index"), i))
         frames = {}
         for key in _video_keys(info):
-            video = root / info["video_path"].format(video_key=key, chunk_index=ep[f"videos/{key}/chunk_index"],
-                                                     file_index=ep[f"videos/{key}/file_index"])
-            frames[key] = _decode(video, key, ep[f"videos/{key}/from_timestamp"], ep[f"videos/{key}/to_timestamp"],
-                                  fps=float(info["fps"]), rgb=rgb)
+            video = root / info["video_path"].format(
+                video_key=key, chunk_index=ep[f"videos/{key}/chunk_index"], file_index=ep[f"videos/{key}/file_index"]
+            )
+            frames[key] = _decode(
+                video,
+                key,
+                ep[f"videos/{key}/from_timestamp"],
+                ep[f"videos/{key}/to_timestamp"],
+                fps=float(info["fps"]),
+                rgb=rgb,
+            )
         yield _episode(info, i, (ep.get("tasks") or [""])[0], rows, data, frames)
 
 
-def _decode(path: Path, key: str, start: float | None = None, end: float | None = None, *,
-            fps: float = 30.0, rgb: bool = True) -> list:
+def _decode(
+    path: Path, key: str, start: float | None = None, end: float | None = None, *, fps: float = 30.0, rgb: bool = True
+) -> list:
     """Frames of an MP4, or of its [start, end) seconds (seeking to the keyframe before start)."""
     if not path.exists():
         raise LeRobotFormatError(str(path), "missing", stream=key)
@@ -274,9 +290,17 @@ def _decode(path: Path, key: str, start: float | None = None, end: float | None 
 
 
 # -- landing as raw episodes -------------------------------------------------------------------
-def import_lerobot(root: str | Path, landing_dir: str | Path, *, robot_id: str = "lerobot",
-                   robot_model: str | None = None, site: str = LEROBOT_SITE, start_time: dt.datetime | None = None,
-                   dataset_name: str | None = None, jpeg_quality: int = 100) -> list[Path]:
+def import_lerobot(
+    root: str | Path,
+    landing_dir: str | Path,
+    *,
+    robot_id: str = "lerobot",
+    robot_model: str | None = None,
+    site: str = LEROBOT_SITE,
+    start_time: dt.datetime | None = None,
+    dataset_name: str | None = None,
+    jpeg_quality: int = 100,
+) -> list[Path]:
     """Write every episode as a raw HDF5 episode ``<landing_dir>/<episode_id>.h5`` (atomically).
 
     The landing sensor then ingests them like any robot's files, through the same gates.
@@ -297,15 +321,25 @@ def import_lerobot(root: str | Path, landing_dir: str | Path, *, robot_id: str =
         episode_id = f"{name}-{ep.index:06d}"
         ts = start_ns + np.round(ep.timestamps * 1e9).astype(np.int64)
         started = dt.datetime.fromtimestamp(start_ns / 1e9, dt.UTC).isoformat().replace("+00:00", "Z")
-        meta = EpisodeMeta(episode_id=episode_id, robot_id=robot_id, robot_model=robot_model, task=ep.task,
-                           site=site, started_at=started)
-        cameras = {key.removeprefix(CAMERA_PREFIX): (ts, (frame_to_jpeg(f, jpeg_quality) for f in frames))
-                   for key, frames in ep.frames.items()}
+        meta = EpisodeMeta(
+            episode_id=episode_id,
+            robot_id=robot_id,
+            robot_model=robot_model,
+            task=ep.task,
+            site=site,
+            started_at=started,
+        )
+        cameras = {
+            key.removeprefix(CAMERA_PREFIX): (ts, (frame_to_jpeg(f, jpeg_quality) for f in frames))
+            for key, frames in ep.frames.items()
+        }
         streams = {
-            "joint_states": SampleStream("joint_states", ts, {"position": ep.states},
-                                         {"position": ep.state_names} if ep.state_names else {}),
-            "action": SampleStream("action", ts, {"command": ep.actions},
-                                   {"command": ep.action_names} if ep.action_names else {}),
+            "joint_states": SampleStream(
+                "joint_states", ts, {"position": ep.states}, {"position": ep.state_names} if ep.state_names else {}
+            ),
+            "action": SampleStream(
+                "action", ts, {"command": ep.actions}, {"command": ep.action_names} if ep.action_names else {}
+            ),
         }
         path = landing / f"{episode_id}.h5"
         tmp = landing / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
@@ -343,7 +377,7 @@ def _full_range_yuv420(frame: av.VideoFrame) -> tuple[np.ndarray, np.ndarray, np
         frame = to_yuv(frame)  # other layouts (4:4:4, 10-bit, ...): swscale
     h, w = frame.height, frame.width
     planes = frame.to_ndarray()  # (H * 3/2, W): Y, then U and V of (H/2, W/2) each
-    y, u, v = planes[:h], planes[h:h + h // 4].reshape(h // 2, w // 2), planes[h + h // 4:].reshape(h // 2, w // 2)
+    y, u, v = planes[:h], planes[h : h + h // 4].reshape(h // 2, w // 2), planes[h + h // 4 :].reshape(h // 2, w // 2)
     if frame.format.name == "yuv420p" and frame.color_range != FULL_RANGE:
         y, u, v = _LUMA_TO_FULL[y], _CHROMA_TO_FULL[u], _CHROMA_TO_FULL[v]
     return y, u, v
@@ -381,9 +415,13 @@ def _h264_encoder(width: int, height: int, fps: float, crf: float, gop: int) -> 
     rate = Fraction(fps).limit_denominator(1000)
     enc.framerate, enc.time_base = rate, 1 / rate
     enc.thread_count, enc.thread_type = 1, "NONE"
-    enc.options = {"crf": f"{crf:g}", "preset": "medium", "tune": "psnr",
-                   "x264-params": f"keyint={gop}:scenecut=0:bframes=0:repeat-headers=1:threads=1:sliced-threads=0:"
-                                  "colormatrix=bt470bg:colorprim=bt470bg:transfer=bt470bg:range=pc:chromaloc=1"}
+    enc.options = {
+        "crf": f"{crf:g}",
+        "preset": "medium",
+        "tune": "psnr",
+        "x264-params": f"keyint={gop}:scenecut=0:bframes=0:repeat-headers=1:threads=1:sliced-threads=0:"
+        "colormatrix=bt470bg:colorprim=bt470bg:transfer=bt470bg:range=pc:chromaloc=1",
+    }
     enc.open()
     return enc
 
@@ -457,8 +495,12 @@ class _CameraVideo:
         self.file.add(clip)
         chunk, index = divmod(self.count - 1, CHUNKS_SIZE)
         prefix = f"videos/{self.key}/"
-        return {prefix + "chunk_index": chunk, prefix + "file_index": index,
-                prefix + "from_timestamp": first / self.fps, prefix + "to_timestamp": self.file.frames / self.fps}
+        return {
+            prefix + "chunk_index": chunk,
+            prefix + "file_index": index,
+            prefix + "from_timestamp": first / self.fps,
+            prefix + "to_timestamp": self.file.frames / self.fps,
+        }
 
     def close(self) -> None:
         if self.file is not None:
@@ -475,8 +517,16 @@ def _clip(frames, fps: float, crf: float, gop: int, where: str) -> H264Clip:
     return clip
 
 
-def write_lerobot(episodes: Iterable[LeRobotEpisode], out_root: str | Path, *, fps: float,
-                  version: str = V3, crf: float = 12.0, gop: int = 2, robot_type: str | None = None) -> Path:
+def write_lerobot(
+    episodes: Iterable[LeRobotEpisode],
+    out_root: str | Path,
+    *,
+    fps: float,
+    version: str = V3,
+    crf: float = 12.0,
+    gop: int = 2,
+    robot_type: str | None = None,
+) -> Path:
     """Write episodes (consumed one at a time) as a LeRobot dataset, v3.0 (default) or v2.1.
 
     Rows are stored as LeRobot stores them: float32 state/action, ``timestamp = frame_index / fps``.
@@ -544,8 +594,14 @@ class _Writer:
         table = pa.table({key: _arrow(values) for key, values in columns.items()})
         if self.version == V3:
             self.data_parts.append(table)
-            row.update({"data/chunk_index": 0, "data/file_index": 0, "dataset_from_index": self.total,
-                        "dataset_to_index": self.total + n})
+            row.update(
+                {
+                    "data/chunk_index": 0,
+                    "data/file_index": 0,
+                    "dataset_from_index": self.total,
+                    "dataset_to_index": self.total + n,
+                }
+            )
         else:
             path = self.root / V21_DATA_PATH.format(episode_chunk=k // CHUNKS_SIZE, episode_index=k)
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -560,13 +616,16 @@ class _Writer:
     def _columns(self, ep: LeRobotEpisode, k: int) -> dict[str, np.ndarray]:
         n = len(ep)
         frame_index = np.arange(n, dtype=np.int64)
-        columns = {STATE_KEY: np.asarray(ep.states, np.float32).reshape(n, -1),
-                   ACTION_KEY: np.asarray(ep.actions, np.float32).reshape(n, -1)}
+        columns = {
+            STATE_KEY: np.asarray(ep.states, np.float32).reshape(n, -1),
+            ACTION_KEY: np.asarray(ep.actions, np.float32).reshape(n, -1),
+        }
         for key, values in columns.items():
             width = self.widths.setdefault(key, values.shape[1])
             if values.shape[1] != width:
-                raise ValueError(f"episode {ep.index}: {key} has {values.shape[1]} values per row, "
-                                 f"earlier episodes {width}")
+                raise ValueError(
+                    f"episode {ep.index}: {key} has {values.shape[1]} values per row, earlier episodes {width}"
+                )
         return columns | {
             "timestamp": (frame_index / self.fps).astype(np.float32),
             "frame_index": frame_index,
@@ -578,7 +637,8 @@ class _Writer:
     def _add_video(self, key: str, clip: H264Clip, k: int) -> dict:
         if self.version == V3:
             video = self.videos.get(key) or self.videos.setdefault(
-                key, _CameraVideo(self.root, key, self.fps, VIDEO_FILE_MB * 1_000_000))
+                key, _CameraVideo(self.root, key, self.fps, VIDEO_FILE_MB * 1_000_000)
+            )
             meta = video.add(clip)
             width, height = video.file.size
         else:
@@ -599,10 +659,15 @@ class _Writer:
             robot_type = next(iter(self.robot_types)) if len(self.robot_types) == 1 else ""
         stats = _aggregate_stats(self.episode_stats)
         info = {
-            "codebase_version": self.version, "robot_type": robot_type or None,
-            "total_episodes": len(self.episodes), "total_frames": self.total, "total_tasks": len(self.tasks),
-            "chunks_size": CHUNKS_SIZE, "fps": _number(self.fps),
-            "splits": {"train": f"0:{len(self.episodes)}"}, "features": self._features(),
+            "codebase_version": self.version,
+            "robot_type": robot_type or None,
+            "total_episodes": len(self.episodes),
+            "total_frames": self.total,
+            "total_tasks": len(self.tasks),
+            "chunks_size": CHUNKS_SIZE,
+            "fps": _number(self.fps),
+            "splits": {"train": f"0:{len(self.episodes)}"},
+            "features": self._features(),
         }
         if self.version == V3:
             self._write_v3(info)
@@ -615,11 +680,22 @@ class _Writer:
         return {
             STATE_KEY: _feature("float32", (self.widths[STATE_KEY],), self.names[STATE_KEY]),
             ACTION_KEY: _feature("float32", (self.widths[ACTION_KEY],), self.names[ACTION_KEY]),
-            **{key: {**_feature("video", shape, ["height", "width", "channels"]),
-                     "info": {"video.height": shape[0], "video.width": shape[1], "video.codec": "h264",
-                              "video.pix_fmt": "yuv420p", "video.is_depth_map": False, "video.fps": _number(self.fps),
-                              "video.channels": 3, "has_audio": False}}
-               for key, shape in self.shapes.items()},
+            **{
+                key: {
+                    **_feature("video", shape, ["height", "width", "channels"]),
+                    "info": {
+                        "video.height": shape[0],
+                        "video.width": shape[1],
+                        "video.codec": "h264",
+                        "video.pix_fmt": "yuv420p",
+                        "video.is_depth_map": False,
+                        "video.fps": _number(self.fps),
+                        "video.channels": 3,
+                        "has_audio": False,
+                    },
+                }
+                for key, shape in self.shapes.items()
+            },
             "timestamp": _feature("float32", (1,), None),
             "frame_index": _feature("int64", (1,), None),
             "episode_index": _feature("int64", (1,), None),
@@ -628,25 +704,44 @@ class _Writer:
         }
 
     def _write_v3(self, info: dict) -> None:
-        info.update({"data_files_size_in_mb": 100, "video_files_size_in_mb": VIDEO_FILE_MB,
-                     "data_path": V3_DATA_PATH, "video_path": V3_VIDEO_PATH if self.shapes else None})
+        info.update(
+            {
+                "data_files_size_in_mb": 100,
+                "video_files_size_in_mb": VIDEO_FILE_MB,
+                "data_path": V3_DATA_PATH,
+                "video_path": V3_VIDEO_PATH if self.shapes else None,
+            }
+        )
         data = self.root / V3_DATA_PATH.format(chunk_index=0, file_index=0)
         data.parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(pa.concat_tables(self.data_parts), data)
-        rows = [row | {"meta/episodes/chunk_index": 0, "meta/episodes/file_index": 0}
-                | {f"stats/{key}/{name}": value.tolist() for key, st in stats.items() for name, value in st.items()}
-                for row, stats in zip(self.episodes, self.episode_stats, strict=True)]
+        rows = [
+            row
+            | {"meta/episodes/chunk_index": 0, "meta/episodes/file_index": 0}
+            | {f"stats/{key}/{name}": value.tolist() for key, st in stats.items() for name, value in st.items()}
+            for row, stats in zip(self.episodes, self.episode_stats, strict=True)
+        ]
         (self.root / V3_EPISODES_PATH).parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(pa.Table.from_pylist(rows), self.root / V3_EPISODES_PATH)
         _write_tasks_parquet(self.tasks, self.root / "meta/tasks.parquet")
 
     def _write_v21(self, info: dict) -> None:
-        info.update({"total_chunks": 1, "total_videos": len(self.episodes) * len(self.shapes),
-                     "data_path": V21_DATA_PATH, "video_path": V21_VIDEO_PATH if self.shapes else None})
+        info.update(
+            {
+                "total_chunks": 1,
+                "total_videos": len(self.episodes) * len(self.shapes),
+                "data_path": V21_DATA_PATH,
+                "video_path": V21_VIDEO_PATH if self.shapes else None,
+            }
+        )
         _jsonl(self.root / "meta/episodes.jsonl", self.episodes)
-        _jsonl(self.root / "meta/episodes_stats.jsonl",
-               [{"episode_index": row["episode_index"], "stats": _jsonable(stats)}
-                for row, stats in zip(self.episodes, self.episode_stats, strict=True)])
+        _jsonl(
+            self.root / "meta/episodes_stats.jsonl",
+            [
+                {"episode_index": row["episode_index"], "stats": _jsonable(stats)}
+                for row, stats in zip(self.episodes, self.episode_stats, strict=True)
+            ],
+        )
         _jsonl(self.root / "meta/tasks.jsonl", [{"task_index": i, "task": t} for t, i in self.tasks.items()])
 
 
@@ -686,7 +781,8 @@ def _image_stats(rgb: np.ndarray) -> dict[str, np.ndarray]:
     ``count`` is the number of frames sampled."""
     stats = _vector_stats(rgb.reshape(-1, 3))
     return {name: (value / 255.0).reshape(3, 1, 1) for name, value in stats.items() if name != "count"} | {
-        "count": np.array([len(rgb)])}
+        "count": np.array([len(rgb)])
+    }
 
 
 def _sample_rows(n: int) -> np.ndarray:
@@ -725,8 +821,13 @@ def _aggregate_stats(per_episode: list[dict]) -> dict[str, dict[str, np.ndarray]
         means = np.stack([p["mean"] for p in parts])
         mean = (means * weights).sum(0) / total
         variance = ((np.stack([p["std"] for p in parts]) ** 2 + (means - mean) ** 2) * weights).sum(0) / total
-        agg = {"min": np.min([p["min"] for p in parts], 0), "max": np.max([p["max"] for p in parts], 0),
-               "mean": mean, "std": np.sqrt(variance), "count": np.array([int(total)])}
+        agg = {
+            "min": np.min([p["min"] for p in parts], 0),
+            "max": np.max([p["max"] for p in parts], 0),
+            "mean": mean,
+            "std": np.sqrt(variance),
+            "count": np.array([int(total)]),
+        }
         for name in (n for n in parts[0] if n.startswith("q")):
             agg[name] = (np.stack([p[name] for p in parts]) * weights).sum(0) / total
         out[key] = agg
@@ -781,8 +882,9 @@ def _camera_rows(uri: str, cam: str, ts: np.ndarray, units: list[bytes], clock: 
     if remux and one_per_row and units and is_keyframe(units[0]):
         return H264Clip(units)
     if remux:
-        log.warning("%s: camera %s has %d frames for %d rows (not one per row): re-encoded", uri, cam,
-                    len(ts), len(clock))
+        log.warning(
+            "%s: camera %s has %d frames for %d rows (not one per row): re-encoded", uri, cam, len(ts), len(clock)
+        )
     decoder, frames = StreamingH264Decoder(), []
     for unit in units:
         out = decoder.feed(unit)
@@ -807,20 +909,39 @@ def _mcap_episode(row: dict, index: int, remux: bool = True) -> LeRobotEpisode:
         meta = reader.metadata()
         task = row.get("task") or meta.get("task", "")
     clock = np.asarray([t for t, _ in video[cams[0]]], np.int64)
-    frames = {cam: _camera_rows(uri, cam, np.asarray([t for t, _ in units], np.int64), [u for _, u in units], clock,
-                                remux) for cam, units in video.items()}
+    frames = {
+        cam: _camera_rows(uri, cam, np.asarray([t for t, _ in units], np.int64), [u for _, u in units], clock, remux)
+        for cam, units in video.items()
+    }
     state, action = streams["joint_states"], streams["action"]
     return LeRobotEpisode(
-        index=index, task=task, fps=0.0, timestamps=(clock - clock[0]) / 1e9,
+        index=index,
+        task=task,
+        fps=0.0,
+        timestamps=(clock - clock[0]) / 1e9,
         states=np.asarray(state.fields["position"])[_nearest(state.timestamps_ns, clock)],
         actions=np.asarray(action.fields["command"])[_nearest(action.timestamps_ns, clock)],
-        frames=frames, state_names=state.labels.get("position"), action_names=action.labels.get("command"),
-        extra={"uri": uri, "episode_id": row.get("episode_id"), "robot_type": meta.get("robot_model", ""),
-               "reencoded": sorted(c for c, f in frames.items() if not isinstance(f, H264Clip))})
+        frames=frames,
+        state_names=state.labels.get("position"),
+        action_names=action.labels.get("command"),
+        extra={
+            "uri": uri,
+            "episode_id": row.get("episode_id"),
+            "robot_type": meta.get("robot_model", ""),
+            "reencoded": sorted(c for c, f in frames.items() if not isinstance(f, H264Clip)),
+        },
+    )
 
 
-def export_lerobot(episodes: pa.Table | Sequence, out_root: str | Path, *, fps: float | None = None,
-                   gop: int | None = None, crf: float = 12.0, robot_type: str | None = None) -> Path:
+def export_lerobot(
+    episodes: pa.Table | Sequence,
+    out_root: str | Path,
+    *,
+    fps: float | None = None,
+    gop: int | None = None,
+    crf: float = 12.0,
+    robot_type: str | None = None,
+) -> Path:
     """Write a manifest's distinct episodes (MCAP ``uri``) as a LeRobot v3.0 dataset.
 
     ``gop=None`` muxes the MCAP's H.264 as it is: no loss, but LeRobot's random access then
@@ -845,5 +966,4 @@ def export_lerobot(episodes: pa.Table | Sequence, out_root: str | Path, *, fps: 
         for k, row in enumerate(rows[1:], start=1):
             yield _mcap_episode(row, k, remux=gop is None)
 
-    return write_lerobot(all_episodes(), out_root, fps=fps, version=V3, crf=crf, gop=gop or 2,
-                         robot_type=robot_type)
+    return write_lerobot(all_episodes(), out_root, fps=fps, version=V3, crf=crf, gop=gop or 2, robot_type=robot_type)

@@ -26,12 +26,11 @@ from typing import IO, NamedTuple
 
 import av
 import numpy as np
-from foxglove_schemas_protobuf.CompressedVideo_pb2 import CompressedVideo
 import zstandard
+from foxglove_schemas_protobuf.CompressedVideo_pb2 import CompressedVideo
 from mcap.data_stream import ReadDataStream
 from mcap.exceptions import McapError
-from mcap.records import (AttachmentIndex, Channel, ChunkIndex, Footer, Metadata, MetadataIndex, Schema,
-                          Statistics)
+from mcap.records import AttachmentIndex, Channel, ChunkIndex, Footer, Metadata, MetadataIndex, Schema, Statistics
 from mcap.stream_reader import CRCValidationError, StreamReader
 from mcap.summary import Summary
 from mcap.writer import MCAP0_MAGIC
@@ -62,8 +61,11 @@ def _summary_of(section: bytes) -> Summary | None:
     _read_summary_from_stream_reader``) or for a whole seekable file; we fetch the section ourselves."""
     summary = Summary()
     slots = {Schema: summary.schemas, Channel: summary.channels}
-    lists = {AttachmentIndex: summary.attachment_indexes, ChunkIndex: summary.chunk_indexes,
-             MetadataIndex: summary.metadata_indexes}
+    lists = {
+        AttachmentIndex: summary.attachment_indexes,
+        ChunkIndex: summary.chunk_indexes,
+        MetadataIndex: summary.metadata_indexes,
+    }
     for record in StreamReader(io.BytesIO(section), skip_magic=True).records:
         kind = type(record)
         if kind in slots:
@@ -258,12 +260,13 @@ class EpisodeReader:
 
     @property
     def cameras(self) -> list[str]:
-        return sorted(t[len(CAMERA_PREFIX):] for t in self.topic_ids if is_camera_topic(t))
+        return sorted(t[len(CAMERA_PREFIX) :] for t in self.topic_ids if is_camera_topic(t))
 
     @property
     def streams(self) -> list[str]:
-        return sorted(t.lstrip("/") for t in self.topic_ids
-                      if not is_camera_topic(t) and not is_training_camera_topic(t))
+        return sorted(
+            t.lstrip("/") for t in self.topic_ids if not is_camera_topic(t) and not is_training_camera_topic(t)
+        )
 
     @property
     def training_streams(self) -> dict[str, list[str]]:
@@ -286,8 +289,12 @@ class EpisodeReader:
         if topic not in self.topic_ids:
             has = [ARCHIVE_STREAM] if camera in self.cameras else []
             has += [n for n, cams in self.training_streams.items() if camera in cams]
-            raise WindowError(self.path, f"camera {camera!r} has no video stream {stream!r} (its streams: "
-                              f"{', '.join(has) or 'none'}; cameras: {', '.join(self.cameras)})", topic)
+            raise WindowError(
+                self.path,
+                f"camera {camera!r} has no video stream {stream!r} (its streams: "
+                f"{', '.join(has) or 'none'}; cameras: {', '.join(self.cameras)})",
+                topic,
+            )
         return topic
 
     @property
@@ -338,10 +345,17 @@ class EpisodeReader:
         return cid
 
     # -- video --------------------------------------------------------------------------
-    def read_frames(self, cameras: Iterable[str] | None, timestamps_ns: Sequence[int], *,
-                    tolerance_ns: int | None = None, decode: bool = True,
-                    memo: dict | None = None, cache: FrameCache | None = None,
-                    stream: str | None = None) -> dict[str, Frames]:
+    def read_frames(
+        self,
+        cameras: Iterable[str] | None,
+        timestamps_ns: Sequence[int],
+        *,
+        tolerance_ns: int | None = None,
+        decode: bool = True,
+        memo: dict | None = None,
+        cache: FrameCache | None = None,
+        stream: str | None = None,
+    ) -> dict[str, Frames]:
         """For each camera, the frame nearest each requested timestamp, decoded to RGB.
 
         ``tolerance_ns`` (default: one frame period of the camera) bounds how far the
@@ -358,8 +372,16 @@ class EpisodeReader:
         targets = np.asarray(timestamps_ns, dtype=np.int64)
         return {cam: self._read_camera(cam, targets, tolerance_ns, decode, memo, cache, stream) for cam in cameras}
 
-    def _read_camera(self, camera: str, targets: np.ndarray, tolerance_ns: int | None, decode: bool,
-                     memo: dict, cache: FrameCache | None = None, stream: str | None = None) -> Frames:
+    def _read_camera(
+        self,
+        camera: str,
+        targets: np.ndarray,
+        tolerance_ns: int | None,
+        decode: bool,
+        memo: dict,
+        cache: FrameCache | None = None,
+        stream: str | None = None,
+    ) -> Frames:
         topic = self.video_topic(camera, stream)
         cid = self._channel(topic, "camera")
         chunks = self._chunks_of[cid]
@@ -416,11 +438,16 @@ class EpisodeReader:
             for p in wanted:
                 decoded[p] = frames[index[p]]
         images = np.stack([decoded[p] for p in picks]) if picks and decode else np.empty((0, 0, 0, 3), np.uint8)
-        return Frames(requested_ns=targets, timestamps_ns=np.array([stamps[p] for p in picks], dtype=np.int64),
-                      images=images, runs=encoded)
+        return Frames(
+            requested_ns=targets,
+            timestamps_ns=np.array([stamps[p] for p in picks], dtype=np.int64),
+            images=images,
+            runs=encoded,
+        )
 
-    def _cached_frames(self, cid: int, picks: list[tuple[int, int]], targets: np.ndarray, memo: dict,
-                       cache: FrameCache) -> Frames:
+    def _cached_frames(
+        self, cid: int, picks: list[tuple[int, int]], targets: np.ndarray, memo: dict, cache: FrameCache
+    ) -> Frames:
         chunks = self._chunks_of[cid]
         topic = self.channels[cid].topic
         stamps = [self._load_chunk(chunks[j], memo)[cid][k].log_time for j, k in picks]
@@ -474,8 +501,9 @@ class EpisodeReader:
                 yield m.log_time, _video_payload(m.data)
 
     # -- proprio / actions -------------------------------------------------------------
-    def read_streams(self, streams: Iterable[str] | None, start_ns: int, end_ns: int, *,
-                     memo: dict | None = None) -> dict[str, SampleStream]:
+    def read_streams(
+        self, streams: Iterable[str] | None, start_ns: int, end_ns: int, *, memo: dict | None = None
+    ) -> dict[str, SampleStream]:
         """Samples of each stream with start_ns <= t <= end_ns, exactly as recorded."""
         memo = {} if memo is None else memo
         names = self.streams if streams is None else list(streams)
@@ -503,19 +531,29 @@ class EpisodeReader:
         ts = ts[order]
         keep = (ts >= start_ns) & (ts <= end_ns)
         fields = {f: np.concatenate(field_parts[f])[order][keep] for f in names}
-        labels = {k[len("labels."):]: v.split(",") for k, v in md.items() if k.startswith("labels.")}
+        labels = {k[len("labels.") :]: v.split(",") for k, v in md.items() if k.startswith("labels.")}
         return SampleStream(name, ts[keep], fields, labels)
 
-    def read_window(self, start_ns: int, end_ns: int, *, cameras: Iterable[str] | None = None,
-                    frame_times_ns: Sequence[int] = (), streams: Iterable[str] | None = None,
-                    tolerance_ns: int | None = None, decode: bool = True,
-                    ) -> tuple[dict[str, Frames], dict[str, SampleStream]]:
+    def read_window(
+        self,
+        start_ns: int,
+        end_ns: int,
+        *,
+        cameras: Iterable[str] | None = None,
+        frame_times_ns: Sequence[int] = (),
+        streams: Iterable[str] | None = None,
+        tolerance_ns: int | None = None,
+        decode: bool = True,
+    ) -> tuple[dict[str, Frames], dict[str, SampleStream]]:
         """One training sample: frames at ``frame_times_ns`` plus every stream in the window."""
         if end_ns < start_ns:
             raise WindowError(self.path, f"window end {end_ns} before start {start_ns}")
         memo: dict = {}
-        frames = self.read_frames(cameras, frame_times_ns, tolerance_ns=tolerance_ns, decode=decode, memo=memo) \
-            if len(frame_times_ns) else {}
+        frames = (
+            self.read_frames(cameras, frame_times_ns, tolerance_ns=tolerance_ns, decode=decode, memo=memo)
+            if len(frame_times_ns)
+            else {}
+        )
         return frames, self.read_streams(streams, start_ns, end_ns, memo=memo)
 
 

@@ -97,8 +97,14 @@ class GroupedChunkWriter:
         self._chunk_indexes: list[ChunkIndex] = []
         self._metadata_indexes: list[MetadataIndex] = []
         self._stats = Statistics(
-            message_count=0, schema_count=0, channel_count=0, attachment_count=0, metadata_count=0,
-            chunk_count=0, message_start_time=0, message_end_time=0,
+            message_count=0,
+            schema_count=0,
+            channel_count=0,
+            attachment_count=0,
+            metadata_count=0,
+            chunk_count=0,
+            message_start_time=0,
+            message_end_time=0,
             channel_message_counts=defaultdict(int),
         )
         self._write_raw(MCAP0_MAGIC)
@@ -119,10 +125,16 @@ class GroupedChunkWriter:
         self._flush()
         return schema.id
 
-    def register_channel(self, topic: str, message_encoding: str, schema_id: int, group: str,
-                         metadata: dict[str, str] | None = None) -> int:
-        channel = Channel(id=len(self._channels) + 1, topic=topic, message_encoding=message_encoding,
-                          schema_id=schema_id, metadata=dict(metadata or {}))
+    def register_channel(
+        self, topic: str, message_encoding: str, schema_id: int, group: str, metadata: dict[str, str] | None = None
+    ) -> int:
+        channel = Channel(
+            id=len(self._channels) + 1,
+            topic=topic,
+            message_encoding=message_encoding,
+            schema_id=schema_id,
+            metadata=dict(metadata or {}),
+        )
         self._channels[channel.id] = channel
         self._channel_group[channel.id] = self._groups[group]
         self._stats.channel_count += 1
@@ -131,16 +143,22 @@ class GroupedChunkWriter:
         return channel.id
 
     # -- data ---------------------------------------------------------------------
-    def add_message(self, channel_id: int, log_time: int, data: bytes, publish_time: int | None = None,
-                    sequence: int = 0) -> None:
+    def add_message(
+        self, channel_id: int, log_time: int, data: bytes, publish_time: int | None = None, sequence: int = 0
+    ) -> None:
         g = self._channel_group[channel_id]
         if g.window_ns is not None:
             window = (log_time - self._t0) // g.window_ns
             if g.window is not None and window != g.window:
                 self._finalize(g)
             g.window = window
-        msg = Message(channel_id=channel_id, log_time=log_time, data=data,
-                      publish_time=log_time if publish_time is None else publish_time, sequence=sequence)
+        msg = Message(
+            channel_id=channel_id,
+            log_time=log_time,
+            data=data,
+            publish_time=log_time if publish_time is None else publish_time,
+            sequence=sequence,
+        )
         s = self._stats
         s.message_start_time = log_time if s.message_count == 0 else min(s.message_start_time, log_time)
         s.message_end_time = max(s.message_end_time, log_time)
@@ -171,9 +189,14 @@ class GroupedChunkWriter:
             payload, compression = lz4.frame.compress(raw), "lz4"
         else:
             payload, compression = raw, ""
-        chunk = Chunk(message_start_time=b.message_start_time, message_end_time=b.message_end_time,
-                      uncompressed_size=len(raw), uncompressed_crc=zlib.crc32(raw),
-                      compression=compression, data=payload)
+        chunk = Chunk(
+            message_start_time=b.message_start_time,
+            message_end_time=b.message_end_time,
+            uncompressed_size=len(raw),
+            uncompressed_crc=zlib.crc32(raw),
+            compression=compression,
+            data=payload,
+        )
         start = self._offset()
         chunk.write(self._rb)
         length = self._rb.count
@@ -185,11 +208,19 @@ class GroupedChunkWriter:
             mi.write(self._rb)
         index_length = self._rb.count
         self._flush()
-        self._chunk_indexes.append(ChunkIndex(
-            message_start_time=chunk.message_start_time, message_end_time=chunk.message_end_time,
-            chunk_start_offset=start, chunk_length=length, message_index_offsets=offsets,
-            message_index_length=index_length, compression=compression,
-            compressed_size=len(payload), uncompressed_size=len(raw)))
+        self._chunk_indexes.append(
+            ChunkIndex(
+                message_start_time=chunk.message_start_time,
+                message_end_time=chunk.message_end_time,
+                chunk_start_offset=start,
+                chunk_length=length,
+                message_index_offsets=offsets,
+                message_index_length=index_length,
+                compression=compression,
+                compressed_size=len(payload),
+                uncompressed_size=len(raw),
+            )
+        )
         self._stats.chunk_count += 1
         b.reset()
 
@@ -208,8 +239,9 @@ class GroupedChunkWriter:
             for r in records:
                 r.write(sb)
             if sb.count > begin:
-                offsets.append(SummaryOffset(group_opcode=opcode, group_start=summary_start + begin,
-                                             group_length=sb.count - begin))
+                offsets.append(
+                    SummaryOffset(group_opcode=opcode, group_start=summary_start + begin, group_length=sb.count - begin)
+                )
 
         group(Opcode.SCHEMA, self._schemas.values())
         group(Opcode.CHANNEL, self._channels.values())

@@ -215,8 +215,7 @@ class CameraStream:
         return f"images/{self.name}"
 
     def _rows(self, start: int, stop: int):
-        return _read_rows(self._dataset, slice(start, stop), self._path, self._stream,
-                          f"frames {start}..{stop - 1}")
+        return _read_rows(self._dataset, slice(start, stop), self._path, self._stream, f"frames {start}..{stop - 1}")
 
     def _jpeg(self, row: np.ndarray) -> bytes:
         # A JPEG ends with its EOI marker (FF D9), never with a zero byte: what follows it is padding.
@@ -272,7 +271,7 @@ def _read_rows(ds: h5py.Dataset, rows: slice | tuple, path: str, stream: str, wh
     a garbled chunk index or filter pipeline) becomes a RawFormatError naming the rows."""
     try:
         return ds[rows]
-    except Exception as e:  # noqa: BLE001 -- h5py raises OSError, ValueError, RuntimeError, KeyError...
+    except Exception as e:
         raise RawFormatError(path, f"cannot read {what}: {type(e).__name__}: {e}", stream) from None
 
 
@@ -288,8 +287,9 @@ def decode_jpeg(data: bytes, path: str, camera: str, index: int) -> np.ndarray:
 
 def encode_jpeg(frame: np.ndarray, quality: int = 90) -> bytes:
     """Baseline JPEG with 4:2:0 chroma, as libjpeg, OpenCV and Pillow write by default."""
-    return simplejpeg.encode_jpeg(np.ascontiguousarray(frame), quality=quality, colorspace="RGB",
-                                  colorsubsampling="420")
+    return simplejpeg.encode_jpeg(
+        np.ascontiguousarray(frame), quality=quality, colorspace="RGB", colorsubsampling="420"
+    )
 
 
 def file_sha256(path: str | Path, block: int = 1 << 20) -> str:
@@ -316,7 +316,7 @@ class _RootAttrs:
             return None
         try:
             v = self._attrs[key]
-        except Exception as e:  # noqa: BLE001 -- an attribute h5py cannot convert
+        except Exception as e:
             raise self._fail(key, f"unreadable: {type(e).__name__}: {e}") from None
         if isinstance(v, h5py.Empty):
             return None
@@ -399,8 +399,11 @@ def _refuse_outside_references(h5: h5py.File, path: str) -> None:
         where = f"/{name}"
         link = h5.get(raw_name, getlink=True)
         if isinstance(link, h5py.ExternalLink):
-            raise ExternalDataError(path, f"{where} is an external link to {link.filename}:{link.path}; "
-                                    "episode files must be self-contained", where)
+            raise ExternalDataError(
+                path,
+                f"{where} is an external link to {link.filename}:{link.path}; episode files must be self-contained",
+                where,
+            )
         if isinstance(link, h5py.SoftLink):
             _resolve_soft_link(h5, path, where, link.path)
             continue
@@ -409,38 +412,51 @@ def _refuse_outside_references(h5: h5py.File, path: str) -> None:
             continue
         if obj.external:
             files = ", ".join(sorted({str(f) for f, _, _ in obj.external}))
-            raise ExternalDataError(path, f"dataset {where} keeps its data outside the file (HDF5 external "
-                                    f"storage in {files}); episode files must be self-contained", where)
+            raise ExternalDataError(
+                path,
+                f"dataset {where} keeps its data outside the file (HDF5 external "
+                f"storage in {files}); episode files must be self-contained",
+                where,
+            )
         if obj.is_virtual:
             files = ", ".join(sorted({m.file_name for m in obj.virtual_sources()}))
-            raise ExternalDataError(path, f"dataset {where} is a virtual dataset mapping {files}; episode "
-                                    "files must be self-contained", where)
+            raise ExternalDataError(
+                path,
+                f"dataset {where} is a virtual dataset mapping {files}; episode files must be self-contained",
+                where,
+            )
 
 
 def _resolve_soft_link(h5: h5py.File, path: str, where: str, target: str, depth: int = 0) -> str:
     """The hard path a soft link at ``where`` leads to, one link at a time (a lookup of the whole
     path would follow an external link on the way); ExternalDataError when it leaves the file."""
     if depth >= MAX_SOFT_LINK_DEPTH:
-        raise ExternalDataError(path, f"soft link {where} -> {target}: soft links loop or chain more than "
-                                f"{MAX_SOFT_LINK_DEPTH} deep", where)
+        raise ExternalDataError(
+            path, f"soft link {where} -> {target}: soft links loop or chain more than {MAX_SOFT_LINK_DEPTH} deep", where
+        )
     parent = where.rsplit("/", 1)[0] or "/"
     full = target if target.startswith("/") else f"{parent.rstrip('/')}/{target}"
     here = "/"
     for part in (p for p in full.split("/") if p and p != "."):
         group = h5[here]
         if not isinstance(group, h5py.Group):
-            raise ExternalDataError(path, f"soft link {where} -> {target} does not resolve in the file "
-                                    f"({here} is not a group)", where)
+            raise ExternalDataError(
+                path, f"soft link {where} -> {target} does not resolve in the file ({here} is not a group)", where
+            )
         link = group.get(part, getlink=True)
         step = f"{here.rstrip('/')}/{part}"
         if link is None:
-            raise ExternalDataError(path, f"soft link {where} -> {target} points to nothing in the file "
-                                    f"({step} does not exist)", where)
+            raise ExternalDataError(
+                path, f"soft link {where} -> {target} points to nothing in the file ({step} does not exist)", where
+            )
         if isinstance(link, h5py.ExternalLink):
-            raise ExternalDataError(path, f"soft link {where} -> {target} leaves the file through the external "
-                                    f"link {step} ({link.filename}:{link.path})", where)
-        here = _resolve_soft_link(h5, path, step, link.path, depth + 1) if isinstance(link, h5py.SoftLink) \
-            else step
+            raise ExternalDataError(
+                path,
+                f"soft link {where} -> {target} leaves the file through the external "
+                f"link {step} ({link.filename}:{link.path})",
+                where,
+            )
+        here = _resolve_soft_link(h5, path, step, link.path, depth + 1) if isinstance(link, h5py.SoftLink) else step
     return here
 
 
@@ -456,7 +472,7 @@ class RawEpisode:
         self.path = str(path)
         try:
             self._h5 = h5py.File(self.path, "r")
-        except Exception as e:  # noqa: BLE001 -- OSError mostly; whatever it is, the file is unreadable
+        except Exception as e:
             raise RawFormatError(self.path, f"cannot open as HDF5 (truncated or not HDF5): {e}") from None
         try:
             _refuse_outside_references(self._h5, self.path)
@@ -464,7 +480,7 @@ class RawEpisode:
         except EpisodeError:
             self._h5.close()
             raise
-        except Exception as e:  # noqa: BLE001 -- h5py on a damaged file: OSError, KeyError, RuntimeError, ...
+        except Exception as e:
             self._h5.close()
             raise RawFormatError(self.path, f"damaged HDF5 structure: {type(e).__name__}: {e}") from None
 
@@ -506,8 +522,9 @@ class RawEpisode:
             return None
         names = np.asarray(ds.attrs["names"])
         if names.ndim != 1 or len(names) != columns:
-            raise RawFormatError(self.path, f"attribute names: {names.size} label(s) of shape {names.shape} "
-                                 f"for {columns} column(s)", key)
+            raise RawFormatError(
+                self.path, f"attribute names: {names.size} label(s) of shape {names.shape} for {columns} column(s)", key
+            )
         try:
             return [n.decode("utf-8") if isinstance(n, bytes) else str(n) for n in names.tolist()]
         except UnicodeDecodeError:
@@ -537,18 +554,24 @@ class RawEpisode:
                     continue
                 ds = self._dataset(key, key)
                 if ds.ndim not in (1, 2) or ds.dtype.kind not in "iuf" or 0 in ds.shape[1:]:
-                    raise RawFormatError(self.path, f"expected a 2-D numeric array (rows, columns), "
-                                         f"got {ds.dtype}{ds.shape}", key)
+                    raise RawFormatError(
+                        self.path, f"expected a 2-D numeric array (rows, columns), got {ds.dtype}{ds.shape}", key
+                    )
                 a = HDF5Columns(ds, self.path)
                 if arrays and len(a) != len(next(iter(arrays.values()))):
-                    raise RawFormatError(self.path, f"{len(a)} rows, other fields of {name} have "
-                                         f"{len(next(iter(arrays.values())))}", key)
+                    raise RawFormatError(
+                        self.path, f"{len(a)} rows, other fields of {name} have {len(next(iter(arrays.values())))}", key
+                    )
                 if name in SAME_COLUMNS and arrays:
                     other, had = next(iter(arrays.items()))
                     if a.shape[1] != had.shape[1]:
-                        raise RawFormatError(self.path, f"{a.shape[1]} column(s) in /{key}, {had.shape[1]} in "
-                                             f"/{fields[other]}: the {name} fields must describe the same "
-                                             f"joints", key)
+                        raise RawFormatError(
+                            self.path,
+                            f"{a.shape[1]} column(s) in /{key}, {had.shape[1]} in "
+                            f"/{fields[other]}: the {name} fields must describe the same "
+                            f"joints",
+                            key,
+                        )
                 arrays[fname] = a
                 names = self._labels(ds, key, a.shape[1])
                 if names is not None:
@@ -573,8 +596,9 @@ class RawEpisode:
         stream = f"images/{cam}"
         ds = images.get(cam)
         if not isinstance(ds, h5py.Dataset):
-            raise RawFormatError(self.path, f"/observations/{stream} is a {type(ds).__name__}, expected a dataset "
-                                 "of frames", stream)
+            raise RawFormatError(
+                self.path, f"/observations/{stream} is a {type(ds).__name__}, expected a dataset of frames", stream
+            )
         padded = False
         if ds.ndim == 1 and h5py.check_vlen_dtype(ds.dtype) == np.dtype(np.uint8):
             encoding = "jpeg"
@@ -582,16 +606,24 @@ class RawEpisode:
             encoding = "rgb"
             h, w = ds.shape[1:3]
             if not (2 <= h <= MAX_FRAME_SIDE and 2 <= w <= MAX_FRAME_SIDE):
-                raise RawFormatError(self.path, f"frames of {w}x{h} pixels: each side must be within "
-                                     f"2..{MAX_FRAME_SIDE}", stream)
+                raise RawFormatError(
+                    self.path, f"frames of {w}x{h} pixels: each side must be within 2..{MAX_FRAME_SIDE}", stream
+                )
         elif ds.ndim == 2 and ds.dtype == np.uint8:
             encoding, padded = "jpeg", True  # ALOHA: zero-padded JPEG rows
             if ds.shape[1] > MAX_JPEG_BYTES:
-                raise RawFormatError(self.path, f"padded JPEG rows of {ds.shape[1]} bytes exceed "
-                                     f"{MAX_JPEG_BYTES} bytes per frame", stream)
+                raise RawFormatError(
+                    self.path,
+                    f"padded JPEG rows of {ds.shape[1]} bytes exceed {MAX_JPEG_BYTES} bytes per frame",
+                    stream,
+                )
         else:
-            raise RawFormatError(self.path, f"unsupported image dataset {ds.dtype}{ds.shape}: expected "
-                                 "(T,) vlen uint8 JPEG, (T, padded) uint8 JPEG or (T, H, W, 3) uint8 RGB", stream)
+            raise RawFormatError(
+                self.path,
+                f"unsupported image dataset {ds.dtype}{ds.shape}: expected "
+                "(T,) vlen uint8 JPEG, (T, padded) uint8 JPEG or (T, H, W, 3) uint8 RGB",
+                stream,
+            )
         ts = self._timestamps(stream, ds.shape[0], stream)
         return CameraStream(cam, ts, encoding, self.path, ds, padded)
 
@@ -646,8 +678,9 @@ def write_raw_episode(
         for cam, (ts, jpegs) in cameras.items():
             ts = np.asarray(ts, dtype=np.int64)
             h5.create_dataset(f"timestamps/images/{cam}", data=ts)
-            ds = h5.create_dataset(f"observations/images/{cam}", shape=(len(ts),), dtype=vlen,
-                                   chunks=(min(max(len(ts), 1), 64),))
+            ds = h5.create_dataset(
+                f"observations/images/{cam}", shape=(len(ts),), dtype=vlen, chunks=(min(max(len(ts), 1), 64),)
+            )
             n = 0
             for i, jpeg in enumerate(jpegs):
                 ds[i] = np.frombuffer(jpeg, dtype=np.uint8)

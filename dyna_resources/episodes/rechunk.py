@@ -43,15 +43,20 @@ def rechunk(src: str | Path, dst: str | Path, profile: ReadProfile | str) -> Non
 def _write_grouped(reader, summary, metadata, fout, profile: ReadProfile) -> None:
     episode = next((m.metadata for m in metadata if m.name == EPISODE_METADATA), {})
     header = reader.get_header()
-    w = GroupedChunkWriter(fout, t0_ns=int(episode.get("start_ns", summary.statistics.message_start_time)),
-                           library=header.library, profile=header.profile)
+    w = GroupedChunkWriter(
+        fout,
+        t0_ns=int(episode.get("start_ns", summary.statistics.message_start_time)),
+        library=header.library,
+        profile=header.profile,
+    )
     gop_ns = next((int(c.metadata["gop_ns"]) for c in summary.channels.values() if "gop_ns" in c.metadata), None)
     for g in profile.groups:
         w.add_group(g.name, g.compression, gop_ns if g.window_s is None else int(round(g.window_s * 1e9)))
     schema_ids = {sid: w.register_schema(s.name, s.encoding, s.data) for sid, s in summary.schemas.items()}
     channel_ids = {
-        cid: w.register_channel(c.topic, c.message_encoding, schema_ids.get(c.schema_id, 0),
-                                profile.group_of(c.topic).name, c.metadata)
+        cid: w.register_channel(
+            c.topic, c.message_encoding, schema_ids.get(c.schema_id, 0), profile.group_of(c.topic).name, c.metadata
+        )
         for cid, c in summary.channels.items()
     }
     for m in metadata:
@@ -70,8 +75,10 @@ def _write_interleaved(reader, summary, metadata, fout) -> None:
     w = Writer(fout, compression=CompressionType.ZSTD)  # library defaults: 1 MiB chunks, all topics
     w.start(profile=header.profile, library=header.library)
     schema_ids = {sid: w.register_schema(s.name, s.encoding, s.data) for sid, s in summary.schemas.items()}
-    channel_ids = {cid: w.register_channel(c.topic, c.message_encoding, schema_ids.get(c.schema_id, 0), c.metadata)
-                   for cid, c in summary.channels.items()}
+    channel_ids = {
+        cid: w.register_channel(c.topic, c.message_encoding, schema_ids.get(c.schema_id, 0), c.metadata)
+        for cid, c in summary.channels.items()
+    }
     for m in metadata:
         w.add_metadata(m.name, m.metadata)
     for _, channel, msg in reader.iter_messages(log_time_order=True):

@@ -56,8 +56,18 @@ from .topics import (
 )
 
 METADATA_KEY = "training_streams"  # in the episode metadata record: JSON {name: spec}
-X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow",
-                "placebo")
+X264_PRESETS = (
+    "ultrafast",
+    "superfast",
+    "veryfast",
+    "faster",
+    "fast",
+    "medium",
+    "slow",
+    "slower",
+    "veryslow",
+    "placebo",
+)
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_-]+")
 
 
@@ -107,8 +117,11 @@ class TrainingStreamSpec:
         if self.preset not in X264_PRESETS:
             raise bad("preset", f"must be one of {', '.join(X264_PRESETS)}")
         if self.chunk_window_s is not None:
-            if isinstance(self.chunk_window_s, bool) or not isinstance(self.chunk_window_s, (int, float)) \
-                    or not self.chunk_window_s > 0:
+            if (
+                isinstance(self.chunk_window_s, bool)
+                or not isinstance(self.chunk_window_s, (int, float))
+                or not self.chunk_window_s > 0
+            ):
                 raise bad("chunk_window_s", "must be None or a positive number of seconds")
             object.__setattr__(self, "chunk_window_s", float(self.chunk_window_s))
 
@@ -127,8 +140,11 @@ class TrainingStreamSpec:
         """``NAME:HxW[:GOP]``, e.g. ``t128:128x128`` or ``t224:224x224:30`` (other fields: defaults)."""
         parts = text.split(":")
         size = parts[1].lower().split("x") if len(parts) in (2, 3) else []
-        if len(size) != 2 or not all(s.strip().isdigit() for s in size) or \
-                (len(parts) == 3 and not parts[2].strip().isdigit()):
+        if (
+            len(size) != 2
+            or not all(s.strip().isdigit() for s in size)
+            or (len(parts) == 3 and not parts[2].strip().isdigit())
+        ):
             raise ValueError(f"training stream spec {text!r}: expected NAME:HxW[:GOP], e.g. t128:128x128:30")
         extra = {"gop_frames": int(parts[2])} if len(parts) == 3 else {}
         return cls(name=parts[0], height=int(size[0]), width=int(size[1]), **extra)
@@ -169,8 +185,7 @@ class TrainingStreamReport:
         return asdict(self)
 
 
-def add_training_streams(src: str | Path, dst: str | Path, specs: Sequence[TrainingStreamSpec]
-                         ) -> TrainingStreamReport:
+def add_training_streams(src: str | Path, dst: str | Path, specs: Sequence[TrainingStreamSpec]) -> TrainingStreamReport:
     """Copy the episode MCAP ``src`` to ``dst`` with a training stream per spec and camera.
 
     Every record of ``src`` is kept as it was; a training stream already in ``src`` under the name
@@ -202,9 +217,15 @@ def add_training_streams(src: str | Path, dst: str | Path, specs: Sequence[Train
         tmp.unlink(missing_ok=True)
         raise
     return TrainingStreamReport(
-        source=str(src), output=str(dst), bytes_before=bytes_before, bytes_after=dst.stat().st_size,
-        streams=results, frames_encoded=sum(r.frames for r in results.values()), decode_s=decode_s,
-        seconds=time.perf_counter() - t_start)
+        source=str(src),
+        output=str(dst),
+        bytes_before=bytes_before,
+        bytes_after=dst.stat().st_size,
+        streams=results,
+        frames_encoded=sum(r.frames for r in results.values()),
+        decode_s=decode_s,
+        seconds=time.perf_counter() - t_start,
+    )
 
 
 # -- rewrite ------------------------------------------------------------------------------------------
@@ -240,8 +261,9 @@ class _Job:
         return out
 
 
-def _rewrite(path: str, fin, video_in: EpisodeReader, fout, specs: tuple[TrainingStreamSpec, ...]
-             ) -> tuple[dict[str, TrainingStreamResult], float]:
+def _rewrite(
+    path: str, fin, video_in: EpisodeReader, fout, specs: tuple[TrainingStreamSpec, ...]
+) -> tuple[dict[str, TrainingStreamResult], float]:
     reader = make_reader(fin)
     summary = reader.get_summary()
     if summary is None or not summary.chunk_indexes:
@@ -250,7 +272,7 @@ def _rewrite(path: str, fin, video_in: EpisodeReader, fout, specs: tuple[Trainin
     episode = next((m.metadata for m in metadata if m.name == EPISODE_METADATA), None)
     if episode is None:
         raise McapFormatError(path, f"no {EPISODE_METADATA!r} metadata record (not a transcoded episode)")
-    archive = {c.topic[len(CAMERA_PREFIX):]: c for c in summary.channels.values() if is_camera_topic(c.topic)}
+    archive = {c.topic[len(CAMERA_PREFIX) :]: c for c in summary.channels.values() if is_camera_topic(c.topic)}
     cameras = sorted(archive)
     if not cameras:
         raise McapFormatError(path, "no camera channels")
@@ -273,8 +295,7 @@ def _rewrite(path: str, fin, video_in: EpisodeReader, fout, specs: tuple[Trainin
         present.setdefault(name, {})[camera] = cid
     results: dict[str, TrainingStreamResult] = {}
     for s in specs:
-        same = (s.name in present and sorted(present[s.name]) == cameras
-                and _spec_or_none(recorded.get(s.name)) == s)
+        same = s.name in present and sorted(present[s.name]) == cameras and _spec_or_none(recorded.get(s.name)) == s
         action = "kept" if same else "replaced" if s.name in present else "added"
         results[s.name] = TrainingStreamResult(s.name, action, list(cameras), 0, 0, 0, 0.0)
     new = [s for s in specs if results[s.name].action != "kept"]
@@ -282,8 +303,10 @@ def _rewrite(path: str, fin, video_in: EpisodeReader, fout, specs: tuple[Trainin
 
     header = reader.get_header()
     w = GroupedChunkWriter(fout, t0_ns=t0, library=header.library, profile=header.profile)
-    schema_ids = {sid: w.register_schema(summary.schemas[sid].name, summary.schemas[sid].encoding,
-                                         summary.schemas[sid].data) for sid in sorted(summary.schemas)}
+    schema_ids = {
+        sid: w.register_schema(summary.schemas[sid].name, summary.schemas[sid].encoding, summary.schemas[sid].data)
+        for sid in sorted(summary.schemas)
+    }
 
     # Copied channels go to a group by their chunks' compression; chunks are closed one source chunk
     # at a time, so every source chunk becomes one output chunk with the same records.
@@ -309,13 +332,22 @@ def _rewrite(path: str, fin, video_in: EpisodeReader, fout, specs: tuple[Trainin
         for camera in cameras:
             src_channel = archive[camera]
             topic = training_camera_topic(s.name, camera)
-            cid = w.register_channel(topic, src_channel.message_encoding, schema_ids.get(src_channel.schema_id, 0),
-                                     f"training:{s.name}", {
-                                         "frame_id": src_channel.metadata.get("frame_id", camera),
-                                         "rate_hz": src_channel.metadata.get("rate_hz", f"{rate_hz:.3f}"),
-                                         "gop_frames": str(s.gop_frames), "gop_ns": str(gop_ns),
-                                         "source_topic": src_channel.topic, "training_stream": s.name,
-                                         "height": str(s.height), "width": str(s.width)})
+            cid = w.register_channel(
+                topic,
+                src_channel.message_encoding,
+                schema_ids.get(src_channel.schema_id, 0),
+                f"training:{s.name}",
+                {
+                    "frame_id": src_channel.metadata.get("frame_id", camera),
+                    "rate_hz": src_channel.metadata.get("rate_hz", f"{rate_hz:.3f}"),
+                    "gop_frames": str(s.gop_frames),
+                    "gop_ns": str(gop_ns),
+                    "source_topic": src_channel.topic,
+                    "training_stream": s.name,
+                    "height": str(s.height),
+                    "width": str(s.width),
+                },
+            )
             jobs[camera].append(_Job(s, camera, cid, gop_ns, rate_hz, results[s.name]))
 
     by_name = {s.name: s for s in new}
@@ -326,8 +358,13 @@ def _rewrite(path: str, fin, video_in: EpisodeReader, fout, specs: tuple[Trainin
             if name not in placed:
                 register_new(by_name[name])
             continue
-        channel_map[cid] = w.register_channel(c.topic, c.message_encoding, schema_ids.get(c.schema_id, 0),
-                                              f"copy:{compression_of.get(cid, 'none')}", c.metadata)
+        channel_map[cid] = w.register_channel(
+            c.topic,
+            c.message_encoding,
+            schema_ids.get(c.schema_id, 0),
+            f"copy:{compression_of.get(cid, 'none')}",
+            c.metadata,
+        )
     for s in new:
         if s.name not in placed:
             register_new(s)
@@ -367,8 +404,11 @@ def _rewrite(path: str, fin, video_in: EpisodeReader, fout, specs: tuple[Trainin
     for s in new:  # all chunks before the trailing metadata, as in a copy of this output
         w.close_group(f"training:{s.name}")
     if summary.statistics is not None and copied != summary.statistics.message_count:
-        raise McapFormatError(path, f"{summary.statistics.message_count - copied} messages are outside the "
-                              "indexed chunks; refusing to drop them")
+        raise McapFormatError(
+            path,
+            f"{summary.statistics.message_count - copied} messages are outside the "
+            "indexed chunks; refusing to drop them",
+        )
     for m in metadata:
         if m.name != EPISODE_METADATA:
             w.add_metadata(m.name, m.metadata)
@@ -403,8 +443,9 @@ def _chunk_records(path: str, fin, ci) -> list:
         raise McapFormatError(path, f"chunk at offset {ci.chunk_start_offset}: {e}") from None
 
 
-def _camera_messages(video_in: EpisodeReader, camera: str, jobs: list[_Job], t0: int, decode_t: list[float]
-                     ) -> Iterator[tuple[int, int, bytes]]:
+def _camera_messages(
+    video_in: EpisodeReader, camera: str, jobs: list[_Job], t0: int, decode_t: list[float]
+) -> Iterator[tuple[int, int, bytes]]:
     """(log time, channel id, CompressedVideo bytes) of every training stream of one camera, in time order.
 
     The archive is decoded once for all streams; each stream holds at most one GOP window of small
@@ -454,8 +495,9 @@ def _camera_messages(video_in: EpisodeReader, camera: str, jobs: list[_Job], t0:
             yield heapq.heappop(ready)
     take(decoded(None))
     if pending_ts:
-        raise McapFormatError(video_in.path, f"decoder returned {n - len(pending_ts)} frames for {n} access units",
-                              topic)
+        raise McapFormatError(
+            video_in.path, f"decoder returned {n - len(pending_ts)} frames for {n} access units", topic
+        )
     for job in jobs:
         for item in job.flush():
             heapq.heappush(ready, item)
@@ -469,7 +511,8 @@ def _resize(frame: av.VideoFrame, height: int, width: int) -> av.VideoFrame:
     The archive decodes as full-range (``yuvj420p`` or range-flagged ``yuv420p``); asking for a
     full-range output keeps the levels as they are (a limited-range source would be expanded).
     """
-    out = frame.reformat(width=width, height=height, format="yuv420p", interpolation="AREA",
-                         dst_color_range=FULL_RANGE, threads=1)
+    out = frame.reformat(
+        width=width, height=height, format="yuv420p", interpolation="AREA", dst_color_range=FULL_RANGE, threads=1
+    )
     out.color_range = FULL_RANGE
     return out

@@ -142,8 +142,9 @@ class _Timer:
         self.cpu_s += time.thread_time() - self._c
 
 
-def transcode_episode(src: str | Path, dst: str | Path, settings: TranscodeSettings | None = None, *,
-                      source_sha256: str | None = None) -> TranscodeReport:
+def transcode_episode(
+    src: str | Path, dst: str | Path, settings: TranscodeSettings | None = None, *, source_sha256: str | None = None
+) -> TranscodeReport:
     """Transcode one legacy episode to ``dst`` atomically; raise a typed EpisodeError on bad input.
 
     ``source_sha256`` spares hashing the source again when the caller already did.
@@ -186,30 +187,53 @@ def _write_episode(raw: RawEpisode, f, settings: TranscodeSettings, source_sha: 
         if g.window_s is not None and round(g.window_s * 1e9) % block_ns:
             raise ValueError(f"group {g.name}: window_s {g.window_s} is not a multiple of block_s {settings.block_s}")
         w.add_group(g.name, g.compression, gop_ns if g.window_s is None else int(round(g.window_s * 1e9)))
-    video_schema = w.register_schema(VIDEO_SCHEMA, "protobuf",
-                                     build_file_descriptor_set(CompressedVideo).SerializeToString())
+    video_schema = w.register_schema(
+        VIDEO_SCHEMA, "protobuf", build_file_descriptor_set(CompressedVideo).SerializeToString()
+    )
     block_schema = w.register_schema(blocks.SCHEMA_NAME, "protobuf", blocks.file_descriptor_set_bytes())
     channels: dict[str, int] = {}
     for cam in cameras:
         t = camera_topic(cam.name)
-        channels[t] = w.register_channel(t, "protobuf", video_schema, settings.profile.group_of(t).name, {
-            "frame_id": cam.name, "rate_hz": f"{nominal_rate_hz(cam.timestamps_ns):.3f}",
-            "gop_frames": str(settings.video.gop_frames), "gop_ns": str(gop_ns)})
+        channels[t] = w.register_channel(
+            t,
+            "protobuf",
+            video_schema,
+            settings.profile.group_of(t).name,
+            {
+                "frame_id": cam.name,
+                "rate_hz": f"{nominal_rate_hz(cam.timestamps_ns):.3f}",
+                "gop_frames": str(settings.video.gop_frames),
+                "gop_ns": str(gop_ns),
+            },
+        )
     for s in streams:
         t = stream_topic(s.name)
-        md = {"fields": ",".join(s.fields), "block_ns": str(block_ns),
-              "rate_hz": f"{nominal_rate_hz(s.timestamps_ns):.3f}"}
+        md = {
+            "fields": ",".join(s.fields),
+            "block_ns": str(block_ns),
+            "rate_hz": f"{nominal_rate_hz(s.timestamps_ns):.3f}",
+        }
         md.update({f"labels.{k}": ",".join(v) for k, v in s.labels.items()})
         channels[t] = w.register_channel(t, "protobuf", block_schema, settings.profile.group_of(t).name, md)
 
     meta = raw.meta.as_dict()
-    stamp = {"schema_version": versions.SCHEMA_VERSION, "pipeline_version": versions.PIPELINE_VERSION,
-             "robot_sw_version": raw.meta.robot_sw_version}
-    w.add_metadata(EPISODE_METADATA, {
-        **{k: "" if v is None else str(v) for k, v in meta.items()}, **stamp,
-        "source_sha256": source_sha, "source_name": Path(raw.path).name,
-        "start_ns": str(t0), "end_ns": str(raw.end_ns),
-        "transcode_settings": json.dumps(settings.as_dict(), sort_keys=True)})
+    stamp = {
+        "schema_version": versions.SCHEMA_VERSION,
+        "pipeline_version": versions.PIPELINE_VERSION,
+        "robot_sw_version": raw.meta.robot_sw_version,
+    }
+    w.add_metadata(
+        EPISODE_METADATA,
+        {
+            **{k: "" if v is None else str(v) for k, v in meta.items()},
+            **stamp,
+            "source_sha256": source_sha,
+            "source_name": Path(raw.path).name,
+            "start_ns": str(t0),
+            "end_ns": str(raw.end_ns),
+            "transcode_settings": json.dumps(settings.as_dict(), sort_keys=True),
+        },
+    )
 
     video = _VideoWindows(raw.path, cameras, settings, rate, channels)
     proprio = _BlockWindows(streams, t0, block_ns, channels)
@@ -231,9 +255,14 @@ def _write_episode(raw: RawEpisode, f, settings: TranscodeSettings, source_sha: 
 
     cam_reports = video.reports()
     stream_counts = {s.name: len(s) for s in streams}
-    w.add_metadata(STATS_METADATA, {
-        "cameras": json.dumps({k: asdict(v) for k, v in cam_reports.items()}, sort_keys=True),
-        "streams": json.dumps(stream_counts, sort_keys=True), "messages": str(n_messages)})
+    w.add_metadata(
+        STATS_METADATA,
+        {
+            "cameras": json.dumps({k: asdict(v) for k, v in cam_reports.items()}, sort_keys=True),
+            "streams": json.dumps(stream_counts, sort_keys=True),
+            "messages": str(n_messages),
+        },
+    )
     w.finish()
     topic_of = {c: t for t, c in channels.items()}
     chunks: dict[str, int] = {}
@@ -241,18 +270,35 @@ def _write_episode(raw: RawEpisode, f, settings: TranscodeSettings, source_sha: 
         name = settings.profile.group_of(topic_of[next(iter(ci.message_index_offsets))]).name
         chunks[name] = chunks.get(name, 0) + 1
     return TranscodeReport(
-        episode_id=raw.meta.episode_id, source=raw.path, output="", source_sha256=source_sha, bytes_in=0,
-        bytes_out=0, duration_s=raw.duration_s, start_ns=t0, end_ns=raw.end_ns, cameras=cam_reports,
-        streams=stream_counts, chunks=chunks, messages=n_messages, jpeg_decode_s=video.decode_t.s,
-        video_encode_s=video.encode_t.s, total_s=0.0, jpeg_decode_cpu_s=video.decode_t.cpu_s,
-        video_encode_cpu_s=video.encode_t.cpu_s, meta=meta, versions=stamp)
+        episode_id=raw.meta.episode_id,
+        source=raw.path,
+        output="",
+        source_sha256=source_sha,
+        bytes_in=0,
+        bytes_out=0,
+        duration_s=raw.duration_s,
+        start_ns=t0,
+        end_ns=raw.end_ns,
+        cameras=cam_reports,
+        streams=stream_counts,
+        chunks=chunks,
+        messages=n_messages,
+        jpeg_decode_s=video.decode_t.s,
+        video_encode_s=video.encode_t.s,
+        total_s=0.0,
+        jpeg_decode_cpu_s=video.decode_t.cpu_s,
+        video_encode_cpu_s=video.encode_t.cpu_s,
+        meta=meta,
+        versions=stamp,
+    )
 
 
 class _VideoWindows:
     """Encodes each camera one GOP window at a time (a fresh encoder per GOP)."""
 
-    def __init__(self, path: str, cameras: list[CameraStream], settings: TranscodeSettings, rate: float,
-                 channels: dict[str, int]):
+    def __init__(
+        self, path: str, cameras: list[CameraStream], settings: TranscodeSettings, rate: float, channels: dict[str, int]
+    ):
         self.path, self.cameras, self.settings, self.rate, self.channels = path, cameras, settings, rate, channels
         self.decode_t, self.encode_t = _Timer(), _Timer()
         self.frames = {c.name: _frames(c, self.decode_t) for c in cameras}
@@ -266,8 +312,9 @@ class _VideoWindows:
 
     def next_ns(self) -> int | None:
         """Time of the earliest frame not encoded yet (None: all done)."""
-        return min((int(c.timestamps_ns[self.pos[c.name]]) for c in self.cameras if self.pos[c.name] < len(c)),
-                   default=None)
+        return min(
+            (int(c.timestamps_ns[self.pos[c.name]]) for c in self.cameras if self.pos[c.name] < len(c)), default=None
+        )
 
     def messages_until(self, window_end: int) -> list[tuple[int, int, bytes]]:
         out = []
@@ -284,8 +331,11 @@ class _VideoWindows:
             frame = next(self.frames[cam.name])
             shape = self.shape.setdefault(cam.name, (frame.height, frame.width))
             if (frame.height, frame.width) != shape:
-                raise RawFormatError(self.path, f"frame {i} is {frame.width}x{frame.height}, earlier frames "
-                                     f"{shape[1]}x{shape[0]}", f"images/{cam.name}")
+                raise RawFormatError(
+                    self.path,
+                    f"frame {i} is {frame.width}x{frame.height}, earlier frames {shape[1]}x{shape[0]}",
+                    f"images/{cam.name}",
+                )
             self._inspect(cam.name, _luma_sample(frame))
             frames.append(frame)
         with self.encode_t:
@@ -311,13 +361,22 @@ class _VideoWindows:
             self.frozen[camera] += 1
 
     def reports(self) -> dict[str, CameraReport]:
-        return {c.name: CameraReport(
-            frames=len(c), width=self.shape.get(c.name, (0, 0))[1], height=self.shape.get(c.name, (0, 0))[0],
-            rate_hz=round(nominal_rate_hz(c.timestamps_ns), 3), dropped_frames=dropped_frames(c.timestamps_ns),
-            dark_frames=self.dark[c.name], frozen_frames=self.frozen[c.name], keyframes=self.keyframes[c.name],
-            video_bytes=self.video_bytes[c.name],
-            first_ns=int(c.timestamps_ns[0]) if len(c) else -1, last_ns=int(c.timestamps_ns[-1]) if len(c) else -1)
-            for c in self.cameras}
+        return {
+            c.name: CameraReport(
+                frames=len(c),
+                width=self.shape.get(c.name, (0, 0))[1],
+                height=self.shape.get(c.name, (0, 0))[0],
+                rate_hz=round(nominal_rate_hz(c.timestamps_ns), 3),
+                dropped_frames=dropped_frames(c.timestamps_ns),
+                dark_frames=self.dark[c.name],
+                frozen_frames=self.frozen[c.name],
+                keyframes=self.keyframes[c.name],
+                video_bytes=self.video_bytes[c.name],
+                first_ns=int(c.timestamps_ns[0]) if len(c) else -1,
+                last_ns=int(c.timestamps_ns[-1]) if len(c) else -1,
+            )
+            for c in self.cameras
+        }
 
 
 class _BlockWindows:
@@ -330,8 +389,9 @@ class _BlockWindows:
 
     def next_ns(self) -> int | None:
         """Time of the earliest sample not in a block yet (None: all done)."""
-        return min((int(s.timestamps_ns[self.pos[s.name]]) for s in self.streams if self.pos[s.name] < len(s)),
-                   default=None)
+        return min(
+            (int(s.timestamps_ns[self.pos[s.name]]) for s in self.streams if self.pos[s.name] < len(s)), default=None
+        )
 
     def messages_until(self, window_end: int) -> list[tuple[int, int, bytes]]:
         """The blocks starting before ``window_end``: every sample up to the block boundary at or after it."""

@@ -28,16 +28,21 @@ from pathlib import Path
 from .. import versions
 from ..catalog import schema
 from ..catalog.leases import RunEnded, RunLease
-from ..catalog.registry import (ACCEPTED, PENDING, QUARANTINED, REJECTED, TRANSCODED, FieldValueError, Outcome,
-                                Registry)
+from ..catalog.registry import ACCEPTED, PENDING, QUARANTINED, REJECTED, TRANSCODED, FieldValueError, Outcome, Registry
 from ..episodes.errors import EpisodeError
 from ..episodes.raw_format import RawEpisode
 from ..episodes.transcode import TranscodeSettings, transcode_episode
-from .gates import GateConfig, GateResult
 from ..storage.stores import Store, StoreUnavailableError
 from .episode_io import McapSink, PreconditionFailed, RawSource
-from .faults import (INFRASTRUCTURE, INFRASTRUCTURE_ATTEMPTS, WORKER_DEATH_ATTEMPTS, InfrastructureFault,
-                     exception_class, reason_class)
+from .faults import (
+    INFRASTRUCTURE,
+    INFRASTRUCTURE_ATTEMPTS,
+    WORKER_DEATH_ATTEMPTS,
+    InfrastructureFault,
+    exception_class,
+    reason_class,
+)
+from .gates import GateConfig, GateResult
 from .landing import LandingZone
 from .object_landing import ObjectLandingZone
 from .outcomes import OutcomeBuffer
@@ -162,7 +167,7 @@ class StageReport:
                 total = out.gates.setdefault(gate, GateTally())
                 total.evaluated += tally.evaluated
                 total.failed += tally.failed
-                total.failures += tally.failures[:max(0, 20 - len(total.failures))]
+                total.failures += tally.failures[: max(0, 20 - len(total.failures))]
             for slot, busy in r.worker_busy_s.items():
                 out.worker_busy_s[slot] = out.worker_busy_s.get(slot, 0.0) + busy
         return out
@@ -170,8 +175,15 @@ class StageReport:
 
 # -- pre: inventory and gates ----------------------------------------------------------------
 
-def inventory_batch(batch_key: str, stores: IngestStores, gates: GateConfig,
-                    log: Callable[[str], None] = lambda m: None, *, lease: RunLease | None = None) -> StageReport:
+
+def inventory_batch(
+    batch_key: str,
+    stores: IngestStores,
+    gates: GateConfig,
+    log: Callable[[str], None] = lambda m: None,
+    *,
+    lease: RunLease | None = None,
+) -> StageReport:
     """Inspect a work unit's files and run the pre gates; record the outcomes at the unit's end.
     ``lease``: the run's (see catalog/leases.py); once it is gone the unit stops and records nothing."""
     stores.check()
@@ -193,7 +205,7 @@ def inventory_batch(batch_key: str, stores: IngestStores, gates: GateConfig,
             insp = _held(f.path, f.bytes, "file vanished from the landing zone")
         except StoreUnavailableError:
             raise
-        except Exception as e:  # noqa: BLE001  (whatever one file raises, the batch goes on)
+        except Exception as e:
             stores.landing.check()
             if exception_class(e) == INFRASTRUCTURE:
                 pending[f.path] = f"{type(e).__name__}: {e}"
@@ -208,15 +220,21 @@ def inventory_batch(batch_key: str, stores: IngestStores, gates: GateConfig,
         try:
             outcomes.add(_pre_outcome(batch_key, f.path, insp, episode, release))
         except FieldValueError as e:  # a value from the file the registry cannot hold
-            insp = _held(f.path, f.bytes, f"attribute {e.column!r}: {e.problem}", stream=e.column,
-                         episode_id=(insp.episode or {}).get("episode_id"))
+            insp = _held(
+                f.path,
+                f.bytes,
+                f"attribute {e.column!r}: {e.problem}",
+                stream=e.column,
+                episode_id=(insp.episode or {}).get("episode_id"),
+            )
             try:
                 outcomes.add(_pre_outcome(batch_key, f.path, insp, None, True))
             except FieldValueError as e2:  # not even the quarantine fits: the landing key itself
                 log(f"cannot record {f.path[:200]!r} at all, left out of the registry: {e2}")
                 insp.quarantine = {**(insp.quarantine or {}), "reason": f"not recorded: {e2}"}
-        rep.tally(f.path, (insp.episode or {}).get("episode_id") or (insp.quarantine or {}).get("episode_id"),
-                  insp.gates)
+        rep.tally(
+            f.path, (insp.episode or {}).get("episode_id") or (insp.quarantine or {}).get("episode_id"), insp.gates
+        )
         if insp.quarantine:
             rep.quarantined.append({"path": f.path, **insp.quarantine})
             log(f"quarantined {f.path}: {insp.quarantine['gate']}: {insp.quarantine['reason']}")
@@ -230,16 +248,18 @@ def inventory_batch(batch_key: str, stores: IngestStores, gates: GateConfig,
 
 def _held(key: str, size: int, reason: str, *, stream: str | None = None, episode_id: str | None = None) -> Inspection:
     """An inspection that holds the file back as unreadable, with the reason."""
-    insp = Inspection(key=key, bytes=size, quarantine={"gate": "readable", "reason": reason, "stream": stream,
-                                                       "stage": "pre", "episode_id": episode_id})
+    insp = Inspection(
+        key=key,
+        bytes=size,
+        quarantine={"gate": "readable", "reason": reason, "stream": stream, "stage": "pre", "episode_id": episode_id},
+    )
     insp.gates = [GateResult("readable", False, "quarantine", reason)]
     return insp
 
 
 def _pre_outcome(batch_key: str, key: str, insp: Inspection, episode: dict | None, release: bool) -> Outcome:
     pv = versions.PIPELINE_VERSION
-    return Outcome(key, batch_key, "pre", [g.as_record(pv) for g in insp.gates], episode, _q(insp.quarantine),
-                   release)
+    return Outcome(key, batch_key, "pre", [g.as_record(pv) for g in insp.gates], episode, _q(insp.quarantine), release)
 
 
 _STREAM_MAX = schema.string_limits(schema.quarantine)["stream"]
@@ -256,7 +276,7 @@ def _q(q: dict | None) -> dict | None:
     stream = q.get("stream")
     if stream is not None:
         stream = stream.replace("\x00", "\\x00")
-        out["stream"] = stream if len(stream) <= _STREAM_MAX else stream[:_STREAM_MAX - 1] + "…"
+        out["stream"] = stream if len(stream) <= _STREAM_MAX else stream[: _STREAM_MAX - 1] + "…"
     return out
 
 
@@ -268,9 +288,12 @@ def _episode_row(outcomes: OutcomeBuffer, insp: Inspection, registered_at: float
     existing = outcomes.episode(ep["episode_id"])  # an earlier file of this unit counts, committed or not
     if existing is not None and existing["source_path"] != insp.key:
         # Same id from another file: keep the first, hold this one back.
-        insp.quarantine = {"gate": "readable", "stage": "pre", "stream": "episode_id",
-                           "reason": f"duplicate episode_id {ep['episode_id']!r}: already landed as "
-                                     f"{existing['source_path']}"}
+        insp.quarantine = {
+            "gate": "readable",
+            "stage": "pre",
+            "stream": "episode_id",
+            "reason": f"duplicate episode_id {ep['episode_id']!r}: already landed as {existing['source_path']}",
+        }
         insp.gates = [GateResult("readable", False, "quarantine", insp.quarantine["reason"])]
         return None, True
     row = dict(ep)
@@ -278,14 +301,18 @@ def _episode_row(outcomes: OutcomeBuffer, insp: Inspection, registered_at: float
     if insp.quarantine:
         row["status"] = REJECTED
         return row, True
-    if existing is not None and existing["source_sha256"] == ep["source_sha256"] \
-            and existing["status"] in (TRANSCODED, QUARANTINED):
+    if (
+        existing is not None
+        and existing["source_sha256"] == ep["source_sha256"]
+        and existing["status"] in (TRANSCODED, QUARANTINED)
+    ):
         # Same bytes already went through the transcode: keep its output and state.
         row["quality_ok"] = bool(ep["quality_ok"]) and existing["status"] == TRANSCODED
         row["status"] = existing["status"]  # output columns are left out of the upsert: kept as they are
         return row, existing["status"] != QUARANTINED
-    row.update(status=ACCEPTED, schema_version=None, pipeline_version=None, mcap_path=None, mcap_uri=None,
-               mcap_bytes=None)
+    row.update(
+        status=ACCEPTED, schema_version=None, pipeline_version=None, mcap_path=None, mcap_uri=None, mcap_bytes=None
+    )
     return row, True
 
 
@@ -322,8 +349,9 @@ def episodes_to_transcode(batch_key: str, stores: IngestStores, *, force: bool =
     if force:
         rows = [r for r in reg.episodes(batch_key) if r["status"] != REJECTED]
         return rows, []
-    stale = reg.stale_episodes(batch_key, schema_version=versions.SCHEMA_VERSION,
-                               pipeline_version=versions.PIPELINE_VERSION)
+    stale = reg.stale_episodes(
+        batch_key, schema_version=versions.SCHEMA_VERSION, pipeline_version=versions.PIPELINE_VERSION
+    )
     ids = {r["episode_id"] for r in stale}
     done = []
     for r in reg.episodes(batch_key):
@@ -336,10 +364,18 @@ def episodes_to_transcode(batch_key: str, stores: IngestStores, *, force: bool =
     return stale, done
 
 
-def transcode_batch(batch_key: str, stores: IngestStores, gates: GateConfig, *,
-                    settings: TranscodeSettings | None = None, workers: int | None = None, force: bool = False,
-                    log: Callable[[str], None] = lambda m: None, mp_context: str | None = None,
-                    lease: RunLease | None = None) -> StageReport:
+def transcode_batch(
+    batch_key: str,
+    stores: IngestStores,
+    gates: GateConfig,
+    *,
+    settings: TranscodeSettings | None = None,
+    workers: int | None = None,
+    force: bool = False,
+    log: Callable[[str], None] = lambda m: None,
+    mp_context: str | None = None,
+    lease: RunLease | None = None,
+) -> StageReport:
     """Transcode a work unit's stale episodes, each in a process of its own, and record each outcome
     as it finishes. An episode that meets a machine fault is tried again (:mod:`.faults`); one still
     failing for the machine's sake is left pending and, once every other episode is recorded, the
@@ -350,15 +386,29 @@ def transcode_batch(batch_key: str, stores: IngestStores, gates: GateConfig, *,
     settings = settings or TranscodeSettings()
     remove_orphan_temps(stores.mcap_dir)
     todo, done = episodes_to_transcode(batch_key, stores, force=force)
-    rep = StageReport(batch_key, "post", files=len(todo) + len(done), skipped=done,
-                      staging_swept=sweep_staging(stores.mcap_dir))
+    rep = StageReport(
+        batch_key, "post", files=len(todo) + len(done), skipped=done, staging_swept=sweep_staging(stores.mcap_dir)
+    )
     # Largest first onto a shared queue (LPT list scheduling): each worker takes the next
     # episode when it finishes one, so the batch splits into byte-balanced shares and no
     # worker idles behind a long episode started last.
     todo.sort(key=lambda r: (-r["source_bytes"], r["episode_id"]))
     raw, sink = stores.raw(), stores.sink()
-    jobs = [(raw, r["source_path"], r["source_bytes"], sink, r["episode_id"], r["source_sha256"], r.get("mcap_version"),
-             settings, gates, lease) for r in todo]
+    jobs = [
+        (
+            raw,
+            r["source_path"],
+            r["source_bytes"],
+            sink,
+            r["episode_id"],
+            r["source_sha256"],
+            r.get("mcap_version"),
+            settings,
+            gates,
+            lease,
+        )
+        for r in todo
+    ]
     workers = max(1, min(workers or os.cpu_count() or 1, len(jobs) or 1))
     own0, episodes_cpu = time.process_time(), 0.0
     # Each episode in a process of its own, recorded as it finishes (group commits, see outcomes.py).
@@ -370,16 +420,25 @@ def transcode_batch(batch_key: str, stores: IngestStores, gates: GateConfig, *,
     try:
         while attempt:  # a first pass, then rounds of the episodes a machine fault interrupted
             again = []
-            with closing(run_each(_transcode_one, [jobs[i] for i in attempt], workers,
-                                  cpu_limit_s=settings.max_cpu_s, context=mp_context,
-                                  should_stop=None if lease is None else lambda: not lease.alive())) as results:
+            with closing(
+                run_each(
+                    _transcode_one,
+                    [jobs[i] for i in attempt],
+                    workers,
+                    cpu_limit_s=settings.max_cpu_s,
+                    context=mp_context,
+                    should_stop=None if lease is None else lambda: not lease.alive(),
+                )
+            ) as results:
                 for k, slot, out in results:
                     i = attempt[k]
                     if isinstance(out, WorkerFailure):
                         out = _worker_died(out, stores.mcap_dir)
                     elif out.get("run_ended"):  # it found the run gone before publishing
                         raise Stopped([i])
-                    elif out.get("unavailable"):  # the MCAP store did not answer: critical, the unit fails (and is retried)
+                    elif out.get(
+                        "unavailable"
+                    ):  # the MCAP store did not answer: critical, the unit fails (and is retried)
                         raise StoreUnavailableError(*out["unavailable"])
                     episodes_cpu += out.get("cpu_s", 0.0)
                     machine = out.get("infrastructure")
@@ -390,8 +449,10 @@ def transcode_batch(batch_key: str, stores: IngestStores, gates: GateConfig, *,
                     tries = faults.setdefault(i, [])
                     tries.append((machine, bool(out.get("worker_died"))))
                     limit = WORKER_DEATH_ATTEMPTS if all(d for _, d in tries) else INFRASTRUCTURE_ATTEMPTS
-                    log(f"{todo[i]['episode_id']}: attempt {len(tries)} of {limit} met an infrastructure fault: "
-                        f"{machine}")
+                    log(
+                        f"{todo[i]['episode_id']}: attempt {len(tries)} of {limit} met an infrastructure fault: "
+                        f"{machine}"
+                    )
                     (again if len(tries) < limit else exhausted).append(i)
             attempt = again
         pending = {}
@@ -400,11 +461,19 @@ def transcode_batch(batch_key: str, stores: IngestStores, gates: GateConfig, *,
             if all(died for _, died in tries) and finished:
                 # the worker died on every attempt at this file while the unit's other files finished on the same
                 # workers: it follows the file, so it is the file's verdict
-                out = {"gates": [], "wall_s": 0.0, "cpu_s": 0.0, "quarantine": {
-                    "gate": "transcode", "stage": "transcode", "stream": None,
-                    "reason": f"the worker process died on each of {len(tries)} attempts ("
-                              + "; ".join(why for why, _ in tries)
-                              + f") while {finished} other episode(s) of its unit finished on the same workers"}}
+                out = {
+                    "gates": [],
+                    "wall_s": 0.0,
+                    "cpu_s": 0.0,
+                    "quarantine": {
+                        "gate": "transcode",
+                        "stage": "transcode",
+                        "stream": None,
+                        "reason": f"the worker process died on each of {len(tries)} attempts ("
+                        + "; ".join(why for why, _ in tries)
+                        + f") while {finished} other episode(s) of its unit finished on the same workers",
+                    },
+                }
                 _record(outcomes, stores, rep, todo[i], out, 0, log)
             else:
                 pending[todo[i]["episode_id"]] = f"{tries[-1][0]} (after {len(tries)} attempts)"
@@ -412,7 +481,7 @@ def transcode_batch(batch_key: str, stores: IngestStores, gates: GateConfig, *,
     except BaseException as e:
         try:  # keep what finished before the failure; the original error is what the unit reports
             outcomes.flush()
-        except Exception as e2:  # noqa: BLE001
+        except Exception as e2:
             log(f"could not record {len(outcomes.pending)} finished episodes of {batch_key}: {e2}")
         remove_orphan_temps(stores.mcap_dir)  # what killed episode processes were writing
         if isinstance(e, Stopped) and lease is not None:
@@ -448,14 +517,28 @@ def _failed(out: dict, e: BaseException, reason: str, stage: str, held: Callable
     if exception_class(e) == INFRASTRUCTURE:
         out["infrastructure"] = reason
         return out
-    out["quarantine"] = {"gate": "transcode", "stage": stage, "stream": getattr(e, "stream", None), "reason": reason,
-                         **({"held_at": held()} if held else {})}
+    out["quarantine"] = {
+        "gate": "transcode",
+        "stage": stage,
+        "stream": getattr(e, "stream", None),
+        "reason": reason,
+        **({"held_at": held()} if held else {}),
+    }
     return out
 
 
-def _transcode_one(raw: RawSource, key: str, size: int, sink: McapSink, episode_id: str, sha256: str,
-                   expect_version: str | None, settings: TranscodeSettings, gates: GateConfig,
-                   lease: RunLease | None = None) -> dict:
+def _transcode_one(
+    raw: RawSource,
+    key: str,
+    size: int,
+    sink: McapSink,
+    episode_id: str,
+    sha256: str,
+    expect_version: str | None,
+    settings: TranscodeSettings,
+    gates: GateConfig,
+    lease: RunLease | None = None,
+) -> dict:
     """One episode, in a worker process: stage (object stores), transcode, post gates, publish (only
     while the run's lease is alive)."""
     t0, c0 = time.perf_counter(), time.process_time()
@@ -467,36 +550,54 @@ def _transcode_one(raw: RawSource, key: str, size: int, sink: McapSink, episode_
     except StoreUnavailableError as e:
         out = {"unavailable": (e.url, e.reason), "gates": []}
     except FileNotFoundError as e:
-        out["quarantine"] = {"gate": "transcode", "stage": "transcode", "stream": None,
-                             "reason": f"raw file vanished from the landing zone: {e}"}
-    except Exception as e:  # noqa: BLE001  (staging one file failed: that file is held back, unless the machine failed)
+        out["quarantine"] = {
+            "gate": "transcode",
+            "stage": "transcode",
+            "stream": None,
+            "reason": f"raw file vanished from the landing zone: {e}",
+        }
+    except Exception as e:
         out = _failed({"gates": []}, e, f"cannot read the raw file: {type(e).__name__}: {e}", "transcode")
     dst.unlink(missing_ok=True)  # unpublished (a machine fault, the run gone): scratch, the next attempt writes it
     out["wall_s"], out["cpu_s"] = time.perf_counter() - t0, time.process_time() - c0
     return out
 
 
-def _transcode_local(src: Path, dst: Path, sink: McapSink, episode_id: str, sha256: str,
-                     expect_version: str | None, settings: TranscodeSettings, gates: GateConfig,
-                     lease: RunLease | None = None) -> dict:
+def _transcode_local(
+    src: Path,
+    dst: Path,
+    sink: McapSink,
+    episode_id: str,
+    sha256: str,
+    expect_version: str | None,
+    settings: TranscodeSettings,
+    gates: GateConfig,
+    lease: RunLease | None = None,
+) -> dict:
     out: dict = {"gates": []}
     try:
         report = transcode_episode(src, dst, settings, source_sha256=sha256).as_dict()
     except EpisodeError as e:
         return _failed(out, e, e.reason, "transcode")
-    except Exception as e:  # noqa: BLE001  (anything a file makes the transcode raise holds that file back)
+    except Exception as e:
         return _failed(out, e, f"{type(e).__name__}: {e}", "transcode")
     try:
         results = post_gates(dst, report, gates)
         quality = quality_row(src, report["cameras"], gates)
-    except Exception as e:  # noqa: BLE001
-        return _failed(out, e, f"checking the MCAP failed: {type(e).__name__}: {e}", "post",
-                       lambda: sink.hold(episode_id, dst))
+    except Exception as e:
+        return _failed(
+            out, e, f"checking the MCAP failed: {type(e).__name__}: {e}", "post", lambda: sink.hold(episode_id, dst)
+        )
     failed = [r for r in results if not r.passed and r.action == "quarantine"]
     out.update(report=report, gates=results, quality=quality)
     if failed:
-        out["quarantine"] = {"gate": failed[0].gate, "stage": "post", "reason": failed[0].detail,
-                             "stream": None, "held_at": sink.hold(episode_id, dst)}
+        out["quarantine"] = {
+            "gate": failed[0].gate,
+            "stage": "post",
+            "reason": failed[0].detail,
+            "stream": None,
+            "held_at": sink.hold(episode_id, dst),
+        }
         return out
     if lease is not None and not lease.alive():  # the run ended while this episode was transcoded
         return {"gates": [], "run_ended": True}
@@ -505,8 +606,13 @@ def _transcode_local(src: Path, dst: Path, sink: McapSink, episode_id: str, sha2
     except PreconditionFailed as e:
         adopted = sink.adopt(episode_id, dst)  # this very MCAP, published by a killed attempt: kept as it is
         if adopted is None:  # someone else's (newer) MCAP is at the key: kept, this one held back
-            out["quarantine"] = {"gate": "transcode", "stage": "post", "stream": None,
-                                 "held_at": sink.hold(episode_id, dst), "reason": f"not published: {e}"}
+            out["quarantine"] = {
+                "gate": "transcode",
+                "stage": "post",
+                "stream": None,
+                "held_at": sink.hold(episode_id, dst),
+                "reason": f"not published: {e}",
+            }
             return out
         published = adopted
     report.update(output=published.path, output_uri=published.uri, output_version=published.version)
@@ -519,14 +625,35 @@ def _leave_pending(outcomes: OutcomeBuffer, rep: StageReport, row: dict) -> None
     keeps it and stays stale."""
     rep.pending.append(row["episode_id"])
     if row["status"] in (ACCEPTED, QUARANTINED, PENDING):
-        outcomes.add(Outcome(row["source_path"], rep.batch_key, "post", [],
-                             {"episode_id": row["episode_id"], "status": PENDING, "schema_version": None,
-                              "pipeline_version": None, "mcap_path": None, "mcap_uri": None, "mcap_bytes": None,
-                              "mcap_version": None}))
+        outcomes.add(
+            Outcome(
+                row["source_path"],
+                rep.batch_key,
+                "post",
+                [],
+                {
+                    "episode_id": row["episode_id"],
+                    "status": PENDING,
+                    "schema_version": None,
+                    "pipeline_version": None,
+                    "mcap_path": None,
+                    "mcap_uri": None,
+                    "mcap_bytes": None,
+                    "mcap_version": None,
+                },
+            )
+        )
 
 
-def _record(outcomes: OutcomeBuffer, stores: IngestStores, rep: StageReport, row: dict, out: dict, slot: int,
-            log: Callable[[str], None]) -> None:
+def _record(
+    outcomes: OutcomeBuffer,
+    stores: IngestStores,
+    rep: StageReport,
+    row: dict,
+    out: dict,
+    slot: int,
+    log: Callable[[str], None],
+) -> None:
     pv = versions.PIPELINE_VERSION
     rep.worker_busy_s[slot] = rep.worker_busy_s.get(slot, 0.0) + out["wall_s"]
     report = out.get("report") or {}
@@ -535,11 +662,21 @@ def _record(outcomes: OutcomeBuffer, stores: IngestStores, rep: StageReport, row
     episode = _post_row(row, out)
     gate_records = [g.as_record(pv) for g in results]
     try:
-        outcomes.add(Outcome(row["source_path"], rep.batch_key, "post", gate_records, episode, _q(out.get("quarantine"))))
+        outcomes.add(
+            Outcome(row["source_path"], rep.batch_key, "post", gate_records, episode, _q(out.get("quarantine")))
+        )
     except FieldValueError as e:  # e.g. an output path longer than its column: held back, said why
         held = stores.sink().hold(row["episode_id"]) if episode.get("mcap_path") else None
-        out = {**out, "quarantine": {"gate": "transcode", "stage": "post", "stream": e.column, "held_at": held,
-                                     "reason": f"the registry cannot store the outcome: {e}"}}
+        out = {
+            **out,
+            "quarantine": {
+                "gate": "transcode",
+                "stage": "post",
+                "stream": e.column,
+                "held_at": held,
+                "reason": f"the registry cannot store the outcome: {e}",
+            },
+        }
         episode = _post_row(row, out)
         outcomes.add(Outcome(row["source_path"], rep.batch_key, "post", gate_records, episode, _q(out["quarantine"])))
     rep.tally(row["source_path"], row["episode_id"], results)
@@ -554,26 +691,39 @@ def _record(outcomes: OutcomeBuffer, stores: IngestStores, rep: StageReport, row
 def _post_row(row: dict, out: dict) -> dict:
     """The episode's registry update after its transcode."""
     results: list[GateResult] = out["gates"]
-    episode = {"episode_id": row["episode_id"], "schema_version": versions.SCHEMA_VERSION,
-               "pipeline_version": versions.PIPELINE_VERSION}
+    episode = {
+        "episode_id": row["episode_id"],
+        "schema_version": versions.SCHEMA_VERSION,
+        "pipeline_version": versions.PIPELINE_VERSION,
+    }
     if out.get("quarantine"):
-        episode.update(status=QUARANTINED, mcap_path=None, mcap_uri=None, mcap_bytes=None, mcap_version=None,
-                       quality_ok=False)
+        episode.update(
+            status=QUARANTINED, mcap_path=None, mcap_uri=None, mcap_bytes=None, mcap_version=None, quality_ok=False
+        )
     else:
         r = out["report"]
-        episode.update(status=TRANSCODED, mcap_path=r["output"], mcap_uri=r["output_uri"],
-                       mcap_version=r["output_version"], mcap_bytes=r["bytes_out"],
-                       quality_ok=bool(row.get("quality_ok", True)) and all(g.passed for g in results),
-                       start_ns=r["start_ns"], end_ns=r["end_ns"], n_steps=r["streams"].get("joint_states", 0),
-                       n_frames=sum(c["frames"] for c in r["cameras"].values()),
-                       dropped_cameras=json.dumps(sorted(c for c, v in r["cameras"].items() if v["dropped_frames"])))
+        episode.update(
+            status=TRANSCODED,
+            mcap_path=r["output"],
+            mcap_uri=r["output_uri"],
+            mcap_version=r["output_version"],
+            mcap_bytes=r["bytes_out"],
+            quality_ok=bool(row.get("quality_ok", True)) and all(g.passed for g in results),
+            start_ns=r["start_ns"],
+            end_ns=r["end_ns"],
+            n_steps=r["streams"].get("joint_states", 0),
+            n_frames=sum(c["frames"] for c in r["cameras"].values()),
+            dropped_cameras=json.dumps(sorted(c for c, v in r["cameras"].items() if v["dropped_frames"])),
+        )
         # The pre gate samples frames; the transcode saw every one: a camera that went dark
         # between two samples is flagged here (the pre gate's flag is never cleared).
         dark = sorted(c for c, v in r["cameras"].items() if v["dark_frames"] >= max(2, 0.01 * v["frames"]))
-        episode["dark_frame_fraction"] = round(max((v["dark_frames"] / v["frames"] for v in r["cameras"].values()
-                                                    if v["frames"]), default=0.0), 6)
-        episode["frozen_frame_fraction"] = round(max((v.get("frozen_frames", 0) / v["frames"]
-                                                      for v in r["cameras"].values() if v["frames"]), default=0.0), 6)
+        episode["dark_frame_fraction"] = round(
+            max((v["dark_frames"] / v["frames"] for v in r["cameras"].values() if v["frames"]), default=0.0), 6
+        )
+        episode["frozen_frame_fraction"] = round(
+            max((v.get("frozen_frames", 0) / v["frames"] for v in r["cameras"].values() if v["frames"]), default=0.0), 6
+        )
         if dark:
             episode.update(camera_dead=True, quality_ok=False)
         episode.update(out.get("quality") or {})
@@ -581,6 +731,7 @@ def _post_row(row: dict, out: dict) -> dict:
 
 
 # -- what the UI shows for a partition ---------------------------------------------------------
+
 
 def batch_summary(batch_key: str | Sequence[str], registry: Registry, stage: str = "post") -> dict:
     """What a work unit, or an ingest partition's units, hold after a stage: "pre" counts the
@@ -600,10 +751,20 @@ def batch_summary(batch_key: str | Sequence[str], registry: Registry, stage: str
         "bytes_out": bytes_out,
         "compression_ratio": round(bytes_out / bytes_in, 4) if bytes_in and stage == "post" else 0.0,
         "quarantined": len(q),
-        "quarantined_reasons": [{"path": r["source_path"], "episode_id": r["episode_id"], "stage": r["stage"],
-                                 "gate": r["gate"], "reason": r["reason"]} for r in q[:100]],
-        "flags": {"camera_dropped": sum(bool(e["camera_dropped"]) for e in eps),
-                  "camera_dead": sum(bool(e["camera_dead"]) for e in eps)},
+        "quarantined_reasons": [
+            {
+                "path": r["source_path"],
+                "episode_id": r["episode_id"],
+                "stage": r["stage"],
+                "gate": r["gate"],
+                "reason": r["reason"],
+            }
+            for r in q[:100]
+        ],
+        "flags": {
+            "camera_dropped": sum(bool(e["camera_dropped"]) for e in eps),
+            "camera_dead": sum(bool(e["camera_dead"]) for e in eps),
+        },
         "pipeline_versions": dict(Counter(e["pipeline_version"] for e in eps if e["status"] == TRANSCODED)),
         "schema_versions": dict(Counter(e["schema_version"] for e in eps if e["status"] == TRANSCODED)),
     }

@@ -39,13 +39,27 @@ WORKER_DEATH_ATTEMPTS = 3
 INFRASTRUCTURE_ATTEMPTS = 2
 
 # errno values that say something about the machine, not the file being read or written.
-MACHINE_ERRNOS = frozenset({
-    errno.ENOSPC, errno.EDQUOT, errno.EFBIG,  # the disk (or a quota) is full
-    errno.EIO, errno.EROFS, errno.ESTALE,  # the device failed, went read-only, an NFS handle went stale
-    errno.ENOMEM, errno.EMFILE, errno.ENFILE,  # memory, file descriptors
-    errno.ETIMEDOUT, errno.ECONNREFUSED, errno.ECONNRESET, errno.ECONNABORTED, errno.EHOSTUNREACH,
-    errno.ENETUNREACH, errno.ENETDOWN, errno.EPIPE,  # the network
-})
+MACHINE_ERRNOS = frozenset(
+    {
+        errno.ENOSPC,
+        errno.EDQUOT,
+        errno.EFBIG,  # the disk (or a quota) is full
+        errno.EIO,
+        errno.EROFS,
+        errno.ESTALE,  # the device failed, went read-only, an NFS handle went stale
+        errno.ENOMEM,
+        errno.EMFILE,
+        errno.ENFILE,  # memory, file descriptors
+        errno.ETIMEDOUT,
+        errno.ECONNREFUSED,
+        errno.ECONNRESET,
+        errno.ECONNABORTED,
+        errno.EHOSTUNREACH,
+        errno.ENETUNREACH,
+        errno.ENETDOWN,
+        errno.EPIPE,  # the network
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -75,31 +89,84 @@ _ENGINE_GATES = ("transcode", "readable")  # the gates under which the engine wr
 
 # Order matters: the first kind that matches a record classifies it; the last is the catch-all.
 REASONS: tuple[ReasonKind, ...] = (
-    ReasonKind("cpu_limit", DATA, r"\(SIGXCPU", "the episode took more CPU than the per-episode cap: the "
-               "file's own work", _ENGINE_GATES),
-    ReasonKind("worker_died_every_attempt", DATA, r"died on each of \d+ attempts", "its worker died on every "
-               "attempt while the unit's other episodes finished: the file kills its worker", _ENGINE_GATES),
-    ReasonKind("worker_died", INFRASTRUCTURE, r"the worker process (died|exited with status)",
-               "the worker process was killed (out of memory, a signal) or crashed once", _ENGINE_GATES),
-    ReasonKind("disk_full", INFRASTRUCTURE, r"No space left on device|Disk quota exceeded|\[Errno (28|122)\]"
-               r"|File too large|\[Errno 27\]", "a disk or quota was full", _ENGINE_GATES),
-    ReasonKind("io_error", INFRASTRUCTURE, r"Input/output error|\[Errno 5\]|Read-only file system|\[Errno 30\]"
-               r"|Stale file handle|\[Errno 116\]", "the device failed or went read-only", _ENGINE_GATES),
-    ReasonKind("out_of_memory", INFRASTRUCTURE, r"MemoryError|Cannot allocate memory|\[Errno 12\]"
-               r"|Too many open files|\[Errno 2[34]\]", "the machine ran out of memory or file descriptors",
-               _ENGINE_GATES),
-    ReasonKind("store_unavailable", INFRASTRUCTURE, r"is unavailable:|StoreUnavailableError|RegistryUnavailableError"
-               r"|ConnectionError|Connection (refused|reset|aborted)|TimeoutError|timed out|Network is unreachable"
-               r"|No route to host|Broken pipe", "a store, the registry or the network did not answer in time",
-               _ENGINE_GATES),
-    ReasonKind("vanished", DATA, r"vanished from the landing zone", "the raw file is gone from the landing zone",
-               _ENGINE_GATES),
-    ReasonKind("duplicate_episode_id", DATA, r"^duplicate episode_id", "another file landed with the same "
-               "episode id first", _ENGINE_GATES),
-    ReasonKind("publish_conflict", DATA, r"^not published:", "a newer MCAP of the episode is at its key "
-               "(written by someone else): kept, this one held back", _ENGINE_GATES),
-    ReasonKind("registry_field", DATA, r"registry cannot store|^not recorded:|^attribute '", "a value from the "
-               "file the registry cannot hold", _ENGINE_GATES),
+    ReasonKind(
+        "cpu_limit",
+        DATA,
+        r"\(SIGXCPU",
+        "the episode took more CPU than the per-episode cap: the file's own work",
+        _ENGINE_GATES,
+    ),
+    ReasonKind(
+        "worker_died_every_attempt",
+        DATA,
+        r"died on each of \d+ attempts",
+        "its worker died on every attempt while the unit's other episodes finished: the file kills its worker",
+        _ENGINE_GATES,
+    ),
+    ReasonKind(
+        "worker_died",
+        INFRASTRUCTURE,
+        r"the worker process (died|exited with status)",
+        "the worker process was killed (out of memory, a signal) or crashed once",
+        _ENGINE_GATES,
+    ),
+    ReasonKind(
+        "disk_full",
+        INFRASTRUCTURE,
+        r"No space left on device|Disk quota exceeded|\[Errno (28|122)\]"
+        r"|File too large|\[Errno 27\]",
+        "a disk or quota was full",
+        _ENGINE_GATES,
+    ),
+    ReasonKind(
+        "io_error",
+        INFRASTRUCTURE,
+        r"Input/output error|\[Errno 5\]|Read-only file system|\[Errno 30\]"
+        r"|Stale file handle|\[Errno 116\]",
+        "the device failed or went read-only",
+        _ENGINE_GATES,
+    ),
+    ReasonKind(
+        "out_of_memory",
+        INFRASTRUCTURE,
+        r"MemoryError|Cannot allocate memory|\[Errno 12\]"
+        r"|Too many open files|\[Errno 2[34]\]",
+        "the machine ran out of memory or file descriptors",
+        _ENGINE_GATES,
+    ),
+    ReasonKind(
+        "store_unavailable",
+        INFRASTRUCTURE,
+        r"is unavailable:|StoreUnavailableError|RegistryUnavailableError"
+        r"|ConnectionError|Connection (refused|reset|aborted)|TimeoutError|timed out|Network is unreachable"
+        r"|No route to host|Broken pipe",
+        "a store, the registry or the network did not answer in time",
+        _ENGINE_GATES,
+    ),
+    ReasonKind(
+        "vanished", DATA, r"vanished from the landing zone", "the raw file is gone from the landing zone", _ENGINE_GATES
+    ),
+    ReasonKind(
+        "duplicate_episode_id",
+        DATA,
+        r"^duplicate episode_id",
+        "another file landed with the same episode id first",
+        _ENGINE_GATES,
+    ),
+    ReasonKind(
+        "publish_conflict",
+        DATA,
+        r"^not published:",
+        "a newer MCAP of the episode is at its key (written by someone else): kept, this one held back",
+        _ENGINE_GATES,
+    ),
+    ReasonKind(
+        "registry_field",
+        DATA,
+        r"registry cannot store|^not recorded:|^attribute '",
+        "a value from the file the registry cannot hold",
+        _ENGINE_GATES,
+    ),
     ReasonKind("gate", DATA, r"", "a quality gate quarantined the file"),  # any gate but the engine's own
     ReasonKind("unreadable", DATA, r"", "the file cannot be read or transcoded"),  # the engine's own, else
 )
@@ -136,8 +203,9 @@ def exception_class(e: BaseException) -> FaultClass:
     cur: BaseException | None = e
     while cur is not None and id(cur) not in seen:
         seen.add(id(cur))
-        if isinstance(cur, (MemoryError, StoreUnavailableError, RegistryUnavailableError, ConnectionError,
-                            TimeoutError)):
+        if isinstance(
+            cur, (MemoryError, StoreUnavailableError, RegistryUnavailableError, ConnectionError, TimeoutError)
+        ):
             return INFRASTRUCTURE
         if isinstance(cur, OSError) and cur.errno in MACHINE_ERRNOS:
             return INFRASTRUCTURE
@@ -158,8 +226,10 @@ class InfrastructureFault(RuntimeError):
         self.pending = dict(pending)
         shown = "; ".join(f"{k}: {why}" for k, why in list(self.pending.items())[:10])
         more = f" (and {len(self.pending) - 10} more)" if len(self.pending) > 10 else ""
-        super().__init__(f"work unit {unit}: {len(self.pending)} episode(s) left pending after an infrastructure "
-                         f"fault (not quarantined; the next run takes them up): {shown}{more}")
+        super().__init__(
+            f"work unit {unit}: {len(self.pending)} episode(s) left pending after an infrastructure "
+            f"fault (not quarantined; the next run takes them up): {shown}{more}"
+        )
 
     def __reduce__(self):  # crosses from a Ray worker to the driver
         return type(self), (self.unit, self.pending)

@@ -25,25 +25,34 @@ import yaml
 
 from .quality import QualityConfig, QualityConfigError
 
-PRE_GATES = ("readable", "required_streams", "timestamps_monotonic", "max_duration", "min_frames", "finite_values",
-             "frame_drops", "dead_camera", "min_duration")
+PRE_GATES = (
+    "readable",
+    "required_streams",
+    "timestamps_monotonic",
+    "max_duration",
+    "min_frames",
+    "finite_values",
+    "frame_drops",
+    "dead_camera",
+    "min_duration",
+)
 POST_GATES = ("decodable", "frame_counts", "durations", "size_sanity")
 ACTIONS = ("quarantine", "flag")
 
 GATE_DOCS = {
     "readable": "the file opens as a legacy HDF5 episode with a safe episode id and attributes that fit the registry",
     "required_streams": "joint states, actions and a camera (the reader's minimum), plus params.streams "
-                        "(e.g. [wrench, images/wrist])",
+    "(e.g. [wrench, images/wrist])",
     "timestamps_monotonic": "every stream's timestamps strictly increase",
     "max_duration": "the episode's timestamps span at most params.max_s seconds (a clock jump would "
-                    "otherwise be transcoded as years of empty time)",
+    "otherwise be transcoded as years of empty time)",
     "min_frames": "every camera holds at least params.min_frames frames",
     "finite_values": "no NaN or infinite value in joint states, actions or any other numeric stream",
     "frame_drops": "no camera misses more than params.max_drop_fraction of its frames",
     "dead_camera": "no camera goes dark or frozen (params.samples frames per camera are checked)",
     "min_duration": "the episode lasts at least params.min_s seconds",
     "decodable": "every GOP of the MCAP opens with a keyframe that decodes, and params.sample_gops whole GOPs "
-                 "per episode (chosen from its name; 0: every GOP) decode to one picture per access unit",
+    "per episode (chosen from its name; 0: every GOP) decode to one picture per access unit",
     "frame_counts": "the MCAP holds exactly the source's frames and samples",
     "durations": "each camera's first/last time equals the source's (params.tolerance_s)",
     "size_sanity": "MCAP bytes / source bytes within [params.min_ratio, params.max_ratio]",
@@ -132,10 +141,13 @@ class GateConfig:
             unknown = set(params) - set(DEFAULTS[name].params)
             if unknown:
                 raise GateConfigError(f"{source}: gate {name!r} has unknown param(s) {sorted(unknown)}")
-            gates[name] = GateSetting(enabled=bool(value.get("enabled", gates[name].enabled)),
-                                      action=value.get("action", gates[name].action),
-                                      blocking=bool(value.get("blocking", gates[name].blocking)),
-                                      max_failed_fraction=frac, params=params)
+            gates[name] = GateSetting(
+                enabled=bool(value.get("enabled", gates[name].enabled)),
+                action=value.get("action", gates[name].action),
+                blocking=bool(value.get("blocking", gates[name].blocking)),
+                max_failed_fraction=frac,
+                params=params,
+            )
         return cls(gates, dict(quality))
 
     @classmethod
@@ -167,5 +179,10 @@ class GateResult:
     detail: str = ""
 
     def as_record(self, pipeline_version: str) -> dict:
-        return {"gate": self.gate, "passed": self.passed, "action": self.action, "detail": self.detail,
-                "pipeline_version": pipeline_version}
+        return {
+            "gate": self.gate,
+            "passed": self.passed,
+            "action": self.action,
+            "detail": self.detail,
+            "pipeline_version": pipeline_version,
+        }

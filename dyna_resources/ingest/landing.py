@@ -75,8 +75,9 @@ class LandingZone:
         except PermissionError as e:
             raise StoreUnavailableError(str(folder), f"cannot list: {e.strerror}") from None
         # A folder's keys are "<name>/...": sort it as "<name>/" so the order is the keys' byte order.
-        keyed = sorted(((prefix + e.name + "/" if e.is_dir(follow_symlinks=False) else prefix + e.name), e)
-                       for e in entries)
+        keyed = sorted(
+            ((prefix + e.name + "/" if e.is_dir(follow_symlinks=False) else prefix + e.name), e) for e in entries
+        )
         for key, e in keyed:
             if key.endswith("/"):
                 # every key below sorts in [key, key[:-1] + "0"): skip the subtree if it all lies before the cursor

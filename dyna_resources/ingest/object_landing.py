@@ -46,8 +46,15 @@ class ObjectLandingZone:
     :param stage_chunk: bytes per ranged read when staging.
     """
 
-    def __init__(self, store: Store | str, *, endpoint_url: str | None = None,
-                 suffixes: tuple[str, ...] = RAW_SUFFIXES, page_size: int = 1000, stage_chunk: int = STAGE_CHUNK):
+    def __init__(
+        self,
+        store: Store | str,
+        *,
+        endpoint_url: str | None = None,
+        suffixes: tuple[str, ...] = RAW_SUFFIXES,
+        page_size: int = 1000,
+        stage_chunk: int = STAGE_CHUNK,
+    ):
         self.store = store if isinstance(store, Store) else Store.from_url(store, endpoint_url=endpoint_url)
         if self.store.protocol not in ("gs", "s3"):
             raise ValueError(f"an object landing zone is gs:// or s3://, not {self.store.root!r}: use LandingZone")
@@ -116,7 +123,7 @@ class ObjectLandingZone:
             want = self.page_size if limit is None else min(self.page_size, limit - len(out))
             names, token = self._page(start, token, want)
             for name, size, mtime_ns in names:
-                key = name[len(self._base):] if name.startswith(self._base) else None
+                key = name[len(self._base) :] if name.startswith(self._base) else None
                 # startOffset is inclusive (and an emulator may ignore it): the cursor is filtered here too
                 if key is None or (after is not None and key <= after) or not self._wanted(key):
                     continue
@@ -145,8 +152,16 @@ class ObjectLandingZone:
                 if self.store.protocol == "gs":
                     # gcsfs' listings pass no startOffset (its sequential lister hard-codes None): the
                     # JSON API is called through gcsfs' authenticated session instead.
-                    page = fs.call("GET", "b/{}/o", self.bucket, json_out=True, prefix=self._base or None,
-                                   startOffset=start, maxResults=want, pageToken=token)
+                    page = fs.call(
+                        "GET",
+                        "b/{}/o",
+                        self.bucket,
+                        json_out=True,
+                        prefix=self._base or None,
+                        startOffset=start,
+                        maxResults=want,
+                        pageToken=token,
+                    )
                     names = [(i["name"], int(i["size"]), _rfc3339_ns(i.get("updated"))) for i in page.get("items", [])]
                     return names, page.get("nextPageToken")
                 kw = {"Bucket": self.bucket, "Prefix": self._base, "MaxKeys": want}
@@ -155,8 +170,9 @@ class ObjectLandingZone:
                 elif start:
                     kw["StartAfter"] = start
                 page = fs.call_s3("list_objects_v2", **kw)
-                names = [(o["Key"], int(o["Size"]), _datetime_ns(o.get("LastModified")))
-                         for o in page.get("Contents", [])]
+                names = [
+                    (o["Key"], int(o["Size"]), _datetime_ns(o.get("LastModified"))) for o in page.get("Contents", [])
+                ]
                 return names, page.get("NextContinuationToken") if page.get("IsTruncated") else None
         except FileNotFoundError:
             raise StoreUnavailableError(self.store.root, "bucket not found") from None
@@ -239,8 +255,9 @@ async def _s3_range(fs, bucket: str, name: str, start: int, end: int, pin: dict)
         body.close()
 
 
-def landing_zone(url_or_path: str | os.PathLike, endpoint_url: str | None = None, *,
-                 suffixes: tuple[str, ...] = RAW_SUFFIXES) -> LandingZone | ObjectLandingZone:
+def landing_zone(
+    url_or_path: str | os.PathLike, endpoint_url: str | None = None, *, suffixes: tuple[str, ...] = RAW_SUFFIXES
+) -> LandingZone | ObjectLandingZone:
     """The landing zone at ``url_or_path``: ``LandingZone`` for a local path or ``file://`` URL,
     ``ObjectLandingZone`` for ``gs://`` and ``s3://``.
 

@@ -54,5 +54,6 @@ class OutcomeBuffer:
         self.pending, self.episodes = [], {}
 
     def _due(self) -> bool:
-        return ((self.max_outcomes is not None and len(self.pending) >= self.max_outcomes)
-                or (self.min_interval_s is not None and time.monotonic() - self._last_flush >= self.min_interval_s))
+        return (self.max_outcomes is not None and len(self.pending) >= self.max_outcomes) or (
+            self.min_interval_s is not None and time.monotonic() - self._last_flush >= self.min_interval_s
+        )

@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from operator import attrgetter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from ..catalog.registry import LandedFile
-
 
 # LandedFile's own order (path, bytes, mtime), as a key: the dataclass's generated __lt__ costs ~5x more
 _FILE_ORDER = attrgetter("path", "bytes", "mtime_ns")
@@ -53,7 +52,9 @@ def pack(files: Sequence[LandedFile], target_bytes: int, *, tolerance: float = 0
         else:
             rest.extend(b)
     if flush and rest:
-        out.batches.extend(sorted(b, key=_FILE_ORDER) for b in _first_fit(sorted(rest, key=lambda f: (-f.bytes, f.path)), hi))
+        out.batches.extend(
+            sorted(b, key=_FILE_ORDER) for b in _first_fit(sorted(rest, key=lambda f: (-f.bytes, f.path)), hi)
+        )
         rest = []
     out.pending = sorted(rest, key=_FILE_ORDER)
     # Oldest key first so partition keys follow arrival order as far as possible.
@@ -104,7 +105,7 @@ def _exchange_all_pairs(bins: list[list[LandedFile]], loads: list[int]) -> None:
     for _ in range(20 * k):
         order = sorted(range(k), key=lambda i: (-loads[i], i))
         for n, a in enumerate(order):
-            for b in reversed(order[n + 1:]):
+            for b in reversed(order[n + 1 :]):
                 best = _best_exchange(bins[a], bins[b], loads[a] - loads[b])
                 if best is not None:
                     _apply(bins, loads, a, b, *best)
@@ -144,7 +145,9 @@ def _exchange_extremes(bins: list[list[LandedFile]], loads: list[int]) -> None:
             heapq.heappush(emptiest, (loads[i], i))
 
 
-def _best_exchange(full: list[LandedFile], empty: list[LandedFile], gap: int) -> tuple[LandedFile, LandedFile | None] | None:
+def _best_exchange(
+    full: list[LandedFile], empty: list[LandedFile], gap: int
+) -> tuple[LandedFile, LandedFile | None] | None:
     """The move (x, None) or swap (x, y) between two bins that most reduces their difference
     ``gap``: shifting d bytes leaves |gap - 2d|, so the ideal d is gap / 2. None if nothing helps."""
     if gap <= 0:
@@ -157,7 +160,7 @@ def _best_exchange(full: list[LandedFile], empty: list[LandedFile], gap: int) ->
         if abs(gap - 2 * x.bytes) < best_gap:
             best, best_gap = (x, None), abs(gap - 2 * x.bytes)
         j = bisect.bisect_left(sizes, x.bytes - gap / 2)  # y nearest to x - gap/2
-        for y in ys[max(0, j - 1): j + 1]:
+        for y in ys[max(0, j - 1) : j + 1]:
             d = x.bytes - y.bytes
             if d > 0 and abs(gap - 2 * d) < best_gap:
                 best, best_gap = (x, y), abs(gap - 2 * d)

@@ -73,8 +73,16 @@ def run_unit(unit: WorkUnit[UnitJob]) -> StageReport:
     else:
         if job.mp_context == "forkserver":
             _preload_fork_server()
-        rep = transcode_batch(unit.id, job.stores, job.gates, settings=job.settings, workers=job.workers,
-                              log=messages.append, mp_context=job.mp_context, lease=job.lease)
+        rep = transcode_batch(
+            unit.id,
+            job.stores,
+            job.gates,
+            settings=job.settings,
+            workers=job.workers,
+            log=messages.append,
+            mp_context=job.mp_context,
+            lease=job.lease,
+        )
     rep.messages = messages
     return rep
 
@@ -87,9 +95,13 @@ def _preload_fork_server() -> None:
     mp.set_forkserver_preload(["__main__", "dyna_resources.ingest.batches"])
 
 
-def run_in_process(fn: Callable[[WorkUnit], StageReport], units: Sequence[WorkUnit], *,
-                   on_progress: Callable[[Progress], None] = lambda p: None,
-                   clock: Callable[[], float] = time.monotonic) -> Iterator[UnitResult]:
+def run_in_process(
+    fn: Callable[[WorkUnit], StageReport],
+    units: Sequence[WorkUnit],
+    *,
+    on_progress: Callable[[Progress], None] = lambda p: None,
+    clock: Callable[[], float] = time.monotonic,
+) -> Iterator[UnitResult]:
     """The same contract as :func:`run_units`, one unit after another in this process (the engine
     used without a cluster: the CLI, engine tests); a unit that raises comes back as failed."""
     t0, done, failed, done_bytes, done_s = clock(), 0, 0, 0, 0.0
@@ -99,7 +111,7 @@ def run_in_process(fn: Callable[[WorkUnit], StageReport], units: Sequence[WorkUn
         c0, w0 = time.process_time(), clock()
         try:
             result: UnitResult = UnitDone(u, fn(u), clock() - w0, time.process_time() - c0)
-        except Exception as e:  # noqa: BLE001  (one unit failing whole must not stop the others)
+        except Exception as e:
             result = UnitFailed(u, "raised", f"{type(e).__name__}: {e}")
         done, failed = done + 1, failed + (not result.ok)
         done_bytes, done_s = done_bytes + u.bytes, done_s + u.episode_s
@@ -107,11 +119,17 @@ def run_in_process(fn: Callable[[WorkUnit], StageReport], units: Sequence[WorkUn
         yield result
 
 
-def ingest_partition(partition_key: str, job: UnitJob, *, units_on: UnitsOn = "process",
-                     resources: UnitResources | None = None, max_retries: int = 3,
-                     log: Callable[[str], None] = lambda m: None,
-                     on_progress: Callable[[Progress], None] = lambda p: None,
-                     progress_every_s: float = 30.0) -> PartitionReport:
+def ingest_partition(
+    partition_key: str,
+    job: UnitJob,
+    *,
+    units_on: UnitsOn = "process",
+    resources: UnitResources | None = None,
+    max_retries: int = 3,
+    log: Callable[[str], None] = lambda m: None,
+    on_progress: Callable[[Progress], None] = lambda p: None,
+    progress_every_s: float = 30.0,
+) -> PartitionReport:
     """Run one stage over every work unit of an ingest partition, largest unit first.
 
     :param partition_key: the ingest partition (its units come from the registry).
@@ -129,9 +147,15 @@ def ingest_partition(partition_key: str, job: UnitJob, *, units_on: UnitsOn = "p
     seconds = _episode_seconds(registry, units) if job.stage == "post" else {}
     work = [WorkUnit(u.key, job, bytes=u.bytes, episode_s=seconds.get(u.key, 0.0)) for u in units]
     if units_on == "ray":
-        results = run_units(run_unit, work, resources=resources or UnitResources(num_cpus=job.workers),
-                            max_retries=max_retries, retry_exceptions=list(RETRIED), on_progress=on_progress,
-                            progress_every_s=progress_every_s)
+        results = run_units(
+            run_unit,
+            work,
+            resources=resources or UnitResources(num_cpus=job.workers),
+            max_retries=max_retries,
+            retry_exceptions=list(RETRIED),
+            on_progress=on_progress,
+            progress_every_s=progress_every_s,
+        )
     else:
         results = run_in_process(run_unit, work, on_progress=on_progress)
     reports: list[StageReport] = []
@@ -149,8 +173,9 @@ def ingest_partition(partition_key: str, job: UnitJob, *, units_on: UnitsOn = "p
             log(f"work unit {r.unit.id} failed ({r.kind}): {r.reason}")
     by_key = {r.batch_key: r for r in reports}
     ordered = [by_key[u.key] for u in sorted(units, key=lambda u: u.seq) if u.key in by_key]
-    return PartitionReport(partition_key, job.stage, StageReport.combine(partition_key, job.stage, ordered),
-                           ordered, failed, machine)
+    return PartitionReport(
+        partition_key, job.stage, StageReport.combine(partition_key, job.stage, ordered), ordered, failed, machine
+    )
 
 
 def _episode_seconds(registry, units: Sequence[Batch]) -> dict[str, float]:

@@ -119,14 +119,20 @@ def post_gates(mcap_path: Path, source: dict, gates: GateConfig) -> list[GateRes
     try:
         reader = EpisodeReader(mcap_path)
     except EpisodeError as e:
-        return [GateResult(g, False, gates[g].action, f"MCAP unreadable: {e.reason}") for g in enabled
-                if g != "size_sanity"] + _size(source, gates, enabled)
+        return [
+            GateResult(g, False, gates[g].action, f"MCAP unreadable: {e.reason}") for g in enabled if g != "size_sanity"
+        ] + _size(source, gates, enabled)
     with reader:
         read: dict[str, VideoCheck] = {}
         errors: dict[str, str] = {}
         sample = int(gates.param("decodable", "sample_gops"))
-        plan = gops_to_decode(mcap_path.stem, {c: int(i.get("keyframes", 1)) for c, i in source["cameras"].items()},
-                              sample) if "decodable" in enabled and sample > 0 else {}
+        plan = (
+            gops_to_decode(
+                mcap_path.stem, {c: int(i.get("keyframes", 1)) for c, i in source["cameras"].items()}, sample
+            )
+            if "decodable" in enabled and sample > 0
+            else {}
+        )
         for cam in source["cameras"]:
             try:
                 if "decodable" in enabled:
@@ -137,8 +143,14 @@ def post_gates(mcap_path: Path, source: dict, gates: GateConfig) -> list[GateRes
             except (av.FFmpegError, EpisodeError, ValueError) as e:
                 errors[cam] = str(getattr(e, "reason", e))
         if "decodable" in enabled:
-            results.append(GateResult("decodable", not errors, gates["decodable"].action,
-                                      "; ".join(f"{c}: {m}" for c, m in errors.items())))
+            results.append(
+                GateResult(
+                    "decodable",
+                    not errors,
+                    gates["decodable"].action,
+                    "; ".join(f"{c}: {m}" for c, m in errors.items()),
+                )
+            )
         if "frame_counts" in enabled:
             bad = []
             for cam, info in source["cameras"].items():
@@ -169,5 +181,11 @@ def _size(source: dict, gates: GateConfig, enabled: list[str]) -> list[GateResul
         return []
     lo, hi = float(gates.param("size_sanity", "min_ratio")), float(gates.param("size_sanity", "max_ratio"))
     ok, r = size_ratio_ok(source["bytes_out"], source["bytes_in"], lo, hi)
-    return [GateResult("size_sanity", ok, gates["size_sanity"].action,
-                       "" if ok else f"MCAP/source bytes {r:.4f} outside [{lo}, {hi}]")]
+    return [
+        GateResult(
+            "size_sanity",
+            ok,
+            gates["size_sanity"].action,
+            "" if ok else f"MCAP/source bytes {r:.4f} outside [{lo}, {hi}]",
+        )
+    ]

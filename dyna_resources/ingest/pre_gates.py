@@ -22,8 +22,11 @@ from .measures import drop_fraction, flat_frames, non_finite
 SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 # Which gate an error raised while opening a file belongs to.
-_GATE_OF_ERROR = ((MissingStreamError, "required_streams"), (TimestampError, "timestamps_monotonic"),
-                  (EpisodeError, "readable"))
+_GATE_OF_ERROR = (
+    (MissingStreamError, "required_streams"),
+    (TimestampError, "timestamps_monotonic"),
+    (EpisodeError, "readable"),
+)
 
 
 @dataclass
@@ -36,8 +39,14 @@ class Inspection:
 
     @property
     def flags(self) -> dict:
-        return {k: self.episode[k] for k in ("timestamps_ok", "camera_dropped", "camera_dead",
-                                             "frame_drop_fraction", "quality_ok")} if self.episode else {}
+        return (
+            {
+                k: self.episode[k]
+                for k in ("timestamps_ok", "camera_dropped", "camera_dead", "frame_drop_fraction", "quality_ok")
+            }
+            if self.episode
+            else {}
+        )
 
 
 def inspect_file(path: Path, key: str, gates: GateConfig) -> Inspection:
@@ -51,8 +60,7 @@ def inspect_file(path: Path, key: str, gates: GateConfig) -> Inspection:
     with raw:
         meta = raw.meta
         if not SAFE_ID.match(meta.episode_id):
-            reason = (f"episode_id {meta.episode_id!r} is not a safe identifier "
-                      "([A-Za-z0-9._-], at most 128 characters)")
+            reason = f"episode_id {meta.episode_id!r} is not a safe identifier ([A-Za-z0-9._-], at most 128 characters)"
             _fail_unreadable(insp, gates, "readable", None, reason=reason, stream="episode_id")
             return insp
         results: list[GateResult] = []
@@ -63,52 +71,97 @@ def inspect_file(path: Path, key: str, gates: GateConfig) -> Inspection:
         if gates["required_streams"].enabled:
             have = set(raw.streams) | {f"images/{c}" for c in raw.cameras}
             missing = sorted(set(gates.param("required_streams", "streams") or []) - have)
-            results.append(GateResult("required_streams", not missing, gates["required_streams"].action,
-                                      f"missing {', '.join(missing)}" if missing else ""))
+            results.append(
+                GateResult(
+                    "required_streams",
+                    not missing,
+                    gates["required_streams"].action,
+                    f"missing {', '.join(missing)}" if missing else "",
+                )
+            )
         if gates["max_duration"].enabled:
             max_s = float(gates.param("max_duration", "max_s"))
             ok = raw.duration_s <= max_s
-            results.append(GateResult("max_duration", ok, gates["max_duration"].action,
-                                      "" if ok else f"timestamps span {raw.duration_s:.6g} s > {max_s:g} s; "
-                                                    f"{_largest_step(raw)}"))
+            results.append(
+                GateResult(
+                    "max_duration",
+                    ok,
+                    gates["max_duration"].action,
+                    "" if ok else f"timestamps span {raw.duration_s:.6g} s > {max_s:g} s; {_largest_step(raw)}",
+                )
+            )
         if gates["min_frames"].enabled:
             least = int(gates.param("min_frames", "min_frames"))
             short = {c: len(cam) for c, cam in sorted(raw.cameras.items()) if len(cam) < least}
-            results.append(GateResult("min_frames", not short, gates["min_frames"].action,
-                                      f"frames per camera {short} < {least}" if short else ""))
+            results.append(
+                GateResult(
+                    "min_frames",
+                    not short,
+                    gates["min_frames"].action,
+                    f"frames per camera {short} < {least}" if short else "",
+                )
+            )
         if gates["finite_values"].enabled:
             bad_values = _non_finite_fields(raw)
-            results.append(GateResult("finite_values", not bad_values, gates["finite_values"].action,
-                                      "; ".join(bad_values)))
+            results.append(
+                GateResult("finite_values", not bad_values, gates["finite_values"].action, "; ".join(bad_values))
+            )
         drops = {c: drop_fraction(cam.timestamps_ns) for c, cam in raw.cameras.items()}
         worst = max(drops.values(), default=0.0)
         max_drop = float(gates.param("frame_drops", "max_drop_fraction"))
         if gates["frame_drops"].enabled:
             bad = {c: round(f, 4) for c, f in drops.items() if f > max_drop}
-            results.append(GateResult("frame_drops", not bad, gates["frame_drops"].action,
-                                      f"dropped fraction {bad} > {max_drop}" if bad else ""))
+            results.append(
+                GateResult(
+                    "frame_drops",
+                    not bad,
+                    gates["frame_drops"].action,
+                    f"dropped fraction {bad} > {max_drop}" if bad else "",
+                )
+            )
         dead: dict[str, list[int]] = {}
         if gates["dead_camera"].enabled:
             try:
-                dead = _dead_cameras(raw, int(gates.param("dead_camera", "samples")),
-                                     float(gates.param("dead_camera", "flat_std")))
+                dead = _dead_cameras(
+                    raw, int(gates.param("dead_camera", "samples")), float(gates.param("dead_camera", "flat_std"))
+                )
             except CorruptFrameError as e:
                 _fail_unreadable(insp, gates, "readable", e)
                 return insp
-            results.append(GateResult("dead_camera", not dead, gates["dead_camera"].action,
-                                      f"flat frames at {dead}" if dead else ""))
+            results.append(
+                GateResult(
+                    "dead_camera", not dead, gates["dead_camera"].action, f"flat frames at {dead}" if dead else ""
+                )
+            )
         if gates["min_duration"].enabled:
             min_s = float(gates.param("min_duration", "min_s"))
-            results.append(GateResult("min_duration", raw.duration_s >= min_s, gates["min_duration"].action,
-                                      "" if raw.duration_s >= min_s else f"{raw.duration_s:.3f} s < {min_s} s"))
+            results.append(
+                GateResult(
+                    "min_duration",
+                    raw.duration_s >= min_s,
+                    gates["min_duration"].action,
+                    "" if raw.duration_s >= min_s else f"{raw.duration_s:.3f} s < {min_s} s",
+                )
+            )
         insp.gates = results
         insp.episode = {
-            "episode_id": meta.episode_id, "source_bytes": insp.bytes, "source_sha256": file_sha256(path),
-            "duration_s": raw.duration_s, "robot_id": meta.robot_id, "robot_model": meta.robot_model,
-            "robot_sw_version": meta.robot_sw_version, "task": meta.task, "site": meta.site,
-            "operator": meta.operator, "success": meta.success, "sim": meta.sim, "started_at": meta.started_at,
+            "episode_id": meta.episode_id,
+            "source_bytes": insp.bytes,
+            "source_sha256": file_sha256(path),
+            "duration_s": raw.duration_s,
+            "robot_id": meta.robot_id,
+            "robot_model": meta.robot_model,
+            "robot_sw_version": meta.robot_sw_version,
+            "task": meta.task,
+            "site": meta.site,
+            "operator": meta.operator,
+            "success": meta.success,
+            "sim": meta.sim,
+            "started_at": meta.started_at,
             "cameras": sorted(raw.cameras),
-            "timestamps_ok": True, "camera_dropped": worst > max_drop, "frame_drop_fraction": round(worst, 6),
+            "timestamps_ok": True,
+            "camera_dropped": worst > max_drop,
+            "frame_drop_fraction": round(worst, 6),
             "camera_dead": bool(dead) if gates["dead_camera"].enabled else None,
             "quality_ok": all(r.passed for r in results),
         }
@@ -118,8 +171,15 @@ def inspect_file(path: Path, key: str, gates: GateConfig) -> Inspection:
     return insp
 
 
-def _fail_unreadable(insp: Inspection, gates: GateConfig, gate: str, err: EpisodeError | None, *,
-                     reason: str | None = None, stream: str | None = None) -> None:
+def _fail_unreadable(
+    insp: Inspection,
+    gates: GateConfig,
+    gate: str,
+    err: EpisodeError | None,
+    *,
+    reason: str | None = None,
+    stream: str | None = None,
+) -> None:
     """A file the reader refuses cannot go on whatever the gates say: with its gate off it is
     quarantined as a transcode failure (the transcoder uses the same reader), not as a gate."""
     if err is not None:
@@ -155,7 +215,7 @@ def _non_finite_fields(raw: RawEpisode) -> list[str]:
             nan = pos = neg = 0
             first = -1
             for lo in range(0, n, _ROWS):
-                a, b, c, at = non_finite(np.asarray(col[lo:lo + _ROWS]))
+                a, b, c, at = non_finite(np.asarray(col[lo : lo + _ROWS]))
                 nan, pos, neg = nan + a, pos + b, neg + c
                 if first < 0 and at >= 0:
                     first = lo + at
@@ -187,7 +247,8 @@ def _luma_small(cam, i: int) -> np.ndarray:
     data = cam.frame_bytes(i)
     try:
         h, w, _, _ = simplejpeg.decode_jpeg_header(data)
-        return simplejpeg.decode_jpeg(data, colorspace="GRAY", min_height=max(1, h // 8), min_width=max(1, w // 8),
-                                      strict=True)
+        return simplejpeg.decode_jpeg(
+            data, colorspace="GRAY", min_height=max(1, h // 8), min_width=max(1, w // 8), strict=True
+        )
     except ValueError as e:
         raise CorruptFrameError(cam._path, f"images/{cam.name}", i, f"JPEG decode failed: {e}") from None

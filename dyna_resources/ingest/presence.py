@@ -74,8 +74,11 @@ def check_partition_mcaps(registry: Registry, sink: McapSink, partition_key: str
     store = None if sink.store is None else Store.from_url(sink.store, endpoint_url=sink.endpoint_url)  # one client
     with ThreadPoolExecutor(max_workers=LOOKUPS_AT_ONCE, thread_name_prefix="dyna-mcap-lookup") as pool:
         whys = list(pool.map(lambda r: _lookup(store, r), rows))
-    missing = [{"episode_id": r["episode_id"], "mcap_uri": r["mcap_uri"], "why": why}
-               for r, why in zip(rows, whys, strict=True) if why is not None]
+    missing = [
+        {"episode_id": r["episode_id"], "mcap_uri": r["mcap_uri"], "why": why}
+        for r, why in zip(rows, whys, strict=True)
+        if why is not None
+    ]
     if mark and missing:
         registry.mark_missing([m["episode_id"] for m in missing])
     return Presence(partition_key, len(rows), missing)

@@ -87,9 +87,11 @@ MEASURES: dict[str, tuple[str, float, float]] = {
     "dark_frame_fraction": ("sensor_health", 0.01, 0.1),  # worst camera: dark frames / frames
     "frozen_frame_fraction": ("sensor_health", 0.01, 0.1),  # worst camera: frames repeating the last / frames
 }
-VERDICT = {"smoothness": {"review_below": 0.9, "fail_below": 0.5},
-           "sensor_health": {"review_below": 0.9, "fail_below": 0.5},
-           "task": {"review_below": 0.5, "fail_below": 0.0}}  # failed demonstrations go to review, not out
+VERDICT = {
+    "smoothness": {"review_below": 0.9, "fail_below": 0.5},
+    "sensor_health": {"review_below": 0.9, "fail_below": 0.5},
+    "task": {"review_below": 0.5, "fail_below": 0.0},
+}  # failed demonstrations go to review, not out
 
 
 class QualityConfigError(ValueError):
@@ -97,6 +99,7 @@ class QualityConfigError(ValueError):
 
 
 # -- task scorers: name -> f(meta: dict) -> score in [0, 1], or None when unknown -----------------
+
 
 def metadata_success(meta: Mapping) -> float | None:
     s = meta.get("success")
@@ -132,8 +135,9 @@ class QualityConfig:
         measures = dict(base.measures)
         for name, v in (data.get("measures") or {}).items():
             if name not in MEASURES or not isinstance(v, Mapping) or set(v) - {"ok", "zero"}:
-                raise QualityConfigError(f"{source}: quality.measures.{name}: expected one of {list(MEASURES)} "
-                                         "with {ok, zero}")
+                raise QualityConfigError(
+                    f"{source}: quality.measures.{name}: expected one of {list(MEASURES)} with {{ok, zero}}"
+                )
             score, ok, zero = measures[name]
             ok, zero = float(v.get("ok", ok)), float(v.get("zero", zero))
             if not 0.0 <= ok < zero:
@@ -142,13 +146,20 @@ class QualityConfig:
         verdict = {k: dict(v) for k, v in base.verdict.items()}
         for name, v in (data.get("verdict") or {}).items():
             if name not in SCORES or not isinstance(v, Mapping) or set(v) - {"review_below", "fail_below"}:
-                raise QualityConfigError(f"{source}: quality.verdict.{name}: expected one of {list(SCORES)} "
-                                         "with {review_below, fail_below}")
+                raise QualityConfigError(
+                    f"{source}: quality.verdict.{name}: expected one of {list(SCORES)} "
+                    "with {review_below, fail_below}"
+                )
             verdict[name].update({k: float(x) for k, x in v.items()})
             if verdict[name]["fail_below"] > verdict[name]["review_below"]:
                 raise QualityConfigError(f"{source}: quality.verdict.{name}: fail_below > review_below")
-        return cls(task_scorer=scorer, spike_z=float(data.get("spike_z", base.spike_z)),
-                   gap_periods=float(data.get("gap_periods", base.gap_periods)), measures=measures, verdict=verdict)
+        return cls(
+            task_scorer=scorer,
+            spike_z=float(data.get("spike_z", base.spike_z)),
+            gap_periods=float(data.get("gap_periods", base.gap_periods)),
+            measures=measures,
+            verdict=verdict,
+        )
 
 
 @dataclass
@@ -162,11 +173,17 @@ class QualityReport:
 
     def as_row(self) -> dict:
         """The registry columns."""
-        return {"smoothness_score": self.smoothness, "sensor_health_score": self.sensor_health,
-                "task_score": self.task, "quality_verdict": self.verdict, "quality_reasons": json.dumps(self.reasons)}
+        return {
+            "smoothness_score": self.smoothness,
+            "sensor_health_score": self.sensor_health,
+            "task_score": self.task,
+            "quality_verdict": self.verdict,
+            "quality_reasons": json.dumps(self.reasons),
+        }
 
 
 # -- measurements ------------------------------------------------------------------------------
+
 
 def _running_median(x: np.ndarray, w: int) -> np.ndarray:
     """Per column, the median of the ``w`` (odd) samples centred on each row, the ends repeated."""
@@ -229,8 +246,11 @@ def spike_rows(joint_states: Mapping[str, np.ndarray], z: float) -> tuple[np.nda
         vel = np.diff(np.asarray(pos, dtype=np.float64), axis=0, prepend=pos[:1])
     vel = np.asarray(vel, dtype=np.float64).reshape(len(vel), -1)
     n = len(vel)
-    hits = {"velocity": spike_cells(vel, z).any(axis=1), "acceleration": np.zeros(n, dtype=bool),
-            "jerk": np.zeros(n, dtype=bool)}
+    hits = {
+        "velocity": spike_cells(vel, z).any(axis=1),
+        "acceleration": np.zeros(n, dtype=bool),
+        "jerk": np.zeros(n, dtype=bool),
+    }
     if n > 2:
         # a velocity step is one acceleration sample, an acceleration step one jerk sample: lag 1
         hits["acceleration"][1:] = spike_cells(np.diff(vel, axis=0), z, lag=1).any(axis=1)
@@ -267,6 +287,7 @@ def rail_fraction(x: np.ndarray) -> float:
 
 # -- scoring -----------------------------------------------------------------------------------
 
+
 def _worst(per: Mapping[str, float]) -> tuple[str | None, float]:
     """The name with the highest value, and that value (None, 0.0 when there is none)."""
     if not per:
@@ -284,8 +305,12 @@ def measure(raw, cameras: Mapping[str, Mapping] | None, config: QualityConfig) -
     """Every measurement of :data:`MEASURES`: its value and the detail a reason would give."""
     js = {k: np.asarray(v) for k, v in raw.streams["joint_states"].fields.items()}
     mask, counts = spike_rows(js, config.spike_z)
-    out = {"spike_fraction": (float(mask.mean()) if len(mask) else 0.0,
-                              f"{int(mask.sum())} of {len(mask)} steps spike ({counts})")}
+    out = {
+        "spike_fraction": (
+            float(mask.mean()) if len(mask) else 0.0,
+            f"{int(mask.sum())} of {len(mask)} steps spike ({counts})",
+        )
+    }
 
     cam, v = _worst({c: drop_fraction(s.timestamps_ns) for c, s in raw.cameras.items()})
     out["frame_drop_fraction"] = (v, f"images/{cam} misses {v:.2%} of its frames")
@@ -295,8 +320,13 @@ def measure(raw, cameras: Mapping[str, Mapping] | None, config: QualityConfig) -
     name, v = _worst(gaps)
     out["timestamp_gap_fraction"] = (v, f"{name}: {v:.2%} of its span in gaps > {config.gap_periods:g} periods")
 
-    name, v = _worst({n: rail_fraction(np.asarray(next(iter(s.fields.values()))))
-                      for n, s in raw.streams.items() if n in SATURATING_STREAMS})
+    name, v = _worst(
+        {
+            n: rail_fraction(np.asarray(next(iter(s.fields.values()))))
+            for n, s in raw.streams.items()
+            if n in SATURATING_STREAMS
+        }
+    )
     out["saturation_fraction"] = (v, f"{name}: {v:.2%} of samples on a rail")
 
     cam, v = _worst(_camera_fraction(cameras, "dark_frames"))
@@ -325,9 +355,14 @@ def score_episode(raw, cameras: Mapping[str, Mapping] | None, config: QualityCon
         scores["task"] = float(task)
         if task < config.verdict["task"]["review_below"]:
             reasons.append({"check": "task", "detail": f"{config.task_scorer} scored {task:g}"})
-    return QualityReport(smoothness=round(scores["smoothness"], 6), sensor_health=round(scores["sensor_health"], 6),
-                         task=task, verdict=_verdict(scores, config), reasons=reasons,
-                         measures={k: round(v, 6) for k, v in values.items()})
+    return QualityReport(
+        smoothness=round(scores["smoothness"], 6),
+        sensor_health=round(scores["sensor_health"], 6),
+        task=task,
+        verdict=_verdict(scores, config),
+        reasons=reasons,
+        measures={k: round(v, 6) for k, v in values.items()},
+    )
 
 
 def _verdict(scores: Mapping[str, float], config: QualityConfig) -> str:

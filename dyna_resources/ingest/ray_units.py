@@ -151,10 +151,12 @@ class Progress:
     def summary(self) -> str:
         eta = self.eta_s
         failed = f" ({self.units_failed} failed)" if self.units_failed else ""
-        return (f"{self.units_done}/{self.units_total} units{failed}, "
-                f"{self.episode_hours_done:.2f}/{self.episode_s_total / 3600:.2f} episode-h, "
-                f"{self.bytes_done / 1e6:,.0f}/{self.bytes_total / 1e6:,.0f} MB at {self.mb_per_s:.1f} MB/s, "
-                f"{_hms(self.elapsed_s)} elapsed, ETA {_hms(eta) if eta is not None else '?'}")
+        return (
+            f"{self.units_done}/{self.units_total} units{failed}, "
+            f"{self.episode_hours_done:.2f}/{self.episode_s_total / 3600:.2f} episode-h, "
+            f"{self.bytes_done / 1e6:,.0f}/{self.bytes_total / 1e6:,.0f} MB at {self.mb_per_s:.1f} MB/s, "
+            f"{_hms(self.elapsed_s)} elapsed, ETA {_hms(eta) if eta is not None else '?'}"
+        )
 
 
 def _hms(s: float) -> str:
@@ -177,9 +179,16 @@ class RayCluster:
 
 
 @contextmanager
-def ray_cluster(address: str | None = None, *, num_cpus: int | None = None, num_gpus: int | None = None,
-                runtime_env: dict[str, Any] | None = None, namespace: str | None = None,
-                temp_dir: str | None = None, log_to_driver: bool = False) -> Iterator[RayCluster]:
+def ray_cluster(
+    address: str | None = None,
+    *,
+    num_cpus: int | None = None,
+    num_gpus: int | None = None,
+    runtime_env: dict[str, Any] | None = None,
+    namespace: str | None = None,
+    temp_dir: str | None = None,
+    log_to_driver: bool = False,
+) -> Iterator[RayCluster]:
     """Connect to a Ray cluster, or start a local one, for the duration of the block.
 
     Already connected (e.g. by a ``dagster_ray`` resource): that connection is used and left open.
@@ -212,11 +221,17 @@ def ray_cluster(address: str | None = None, *, num_cpus: int | None = None, num_
         ray.shutdown()
 
 
-def run_units(fn: Callable[[WorkUnit[P]], R], units: Sequence[WorkUnit[P]], *,
-              resources: UnitResources | None = None, max_retries: int = 3,
-              retry_exceptions: bool | Sequence[type[BaseException]] = False,
-              on_progress: Callable[[Progress], None] = lambda p: None, progress_every_s: float = 30.0,
-              clock: Callable[[], float] = time.monotonic) -> Generator[UnitResult[R], None, None]:
+def run_units(
+    fn: Callable[[WorkUnit[P]], R],
+    units: Sequence[WorkUnit[P]],
+    *,
+    resources: UnitResources | None = None,
+    max_retries: int = 3,
+    retry_exceptions: bool | Sequence[type[BaseException]] = False,
+    on_progress: Callable[[Progress], None] = lambda p: None,
+    progress_every_s: float = 30.0,
+    clock: Callable[[], float] = time.monotonic,
+) -> Generator[UnitResult[R], None, None]:
     """Run ``fn(unit)`` for every unit as a Ray task; yield each unit's :class:`UnitDone` or
     :class:`UnitFailed` once, as it finishes. Needs a Ray connection (:func:`ray_cluster`).
 
@@ -245,8 +260,9 @@ def run_units(fn: Callable[[WorkUnit[P]], R], units: Sequence[WorkUnit[P]], *,
     if len(set(ids)) != len(ids):
         dup = sorted({i for i in ids if ids.count(i) > 1})
         raise ValueError(f"work unit ids must be unique; repeated: {dup[:10]}")
-    retry: bool | list[type[BaseException]] = retry_exceptions if isinstance(retry_exceptions, bool) \
-        else list(retry_exceptions)
+    retry: bool | list[type[BaseException]] = (
+        retry_exceptions if isinstance(retry_exceptions, bool) else list(retry_exceptions)
+    )
     resources = resources or UnitResources()
     remote = ray.remote(_run_unit)
     fn_ref = ray.put(fn)  # serialized once, not once per unit
@@ -254,8 +270,9 @@ def run_units(fn: Callable[[WorkUnit[P]], R], units: Sequence[WorkUnit[P]], *,
     pending = {}
     for u in units:
         opts = (u.resources or resources).as_options()
-        ref = remote.options(name=f"unit:{u.id}", max_retries=max_retries, retry_exceptions=retry, **opts) \
-            .remote(fn_ref, u)
+        ref = remote.options(name=f"unit:{u.id}", max_retries=max_retries, retry_exceptions=retry, **opts).remote(
+            fn_ref, u
+        )
         pending[ref] = u
     done = failed = bytes_done = 0
     episode_s_done = 0.0
@@ -309,7 +326,7 @@ def _collect(ray: Any, ref: Any, unit: WorkUnit) -> UnitResult:
         return UnitFailed(unit, "died", f"{type(e).__name__}: {e}")
     except ray.exceptions.TaskCancelledError as e:
         return UnitFailed(unit, "cancelled", f"{type(e).__name__}: {e}")
-    except Exception as e:  # noqa: BLE001  (whatever Ray raises for one unit, the others go on)
+    except Exception as e:
         return UnitFailed(unit, "system", f"{type(e).__name__}: {e}")
     return UnitDone(unit, value, wall_s, cpu_s)
 

@@ -92,8 +92,9 @@ class LandingSettings:
 # The embedded defaults (`make ui`, files dropped by hand): a file is registered by the first sensor tick
 # after it lands and a short unit released (and its partition sealed) by the tick 30 s later, so a drop
 # becomes a run within a minute. Units of 2 GiB and partitions of 64 GiB: a laptop's drops are small.
-EMBEDDED_LANDING = LandingSettings(target_batch_bytes=2 << 30, max_wait_s=30.0, max_runs_per_tick=4,
-                                   partition_bytes=64 << 30, settle_s=5.0)
+EMBEDDED_LANDING = LandingSettings(
+    target_batch_bytes=2 << 30, max_wait_s=30.0, max_runs_per_tick=4, partition_bytes=64 << 30, settle_s=5.0
+)
 
 
 @dataclass
@@ -115,8 +116,14 @@ class TickPlan:
         return self.cursor.sweep_until is not None
 
 
-def landing_tick(cursor: LandingCursor, landing: LandingZone, registry: Registry, settings: LandingSettings,
-                 *, now: float | None = None) -> TickPlan:
+def landing_tick(
+    cursor: LandingCursor,
+    landing: LandingZone,
+    registry: Registry,
+    settings: LandingSettings,
+    *,
+    now: float | None = None,
+) -> TickPlan:
     """List what landed after the cursor (and a page of the reconciliation sweep), register it, pack
     work units, put them into partitions and pick the sealed partitions to launch. Every step costs
     what is new (at most two listings of ``scan_limit`` keys), never the size of the zone."""
@@ -128,7 +135,7 @@ def landing_tick(cursor: LandingCursor, landing: LandingZone, registry: Registry
         if marks and sweep_until is None:  # a sweep from the oldest mark up to where the cursor stood then
             sweep_after, sweep_until = marks[0], cursor.after
         if cursor.after is not None:
-            marks = (marks + [cursor.after])[-max(1, settings.reconcile_window):]
+            marks = (marks + [cursor.after])[-max(1, settings.reconcile_window) :]
     swept: list[LandedFile] = []
     if sweep_until is not None:
         page = landing.scan(sweep_after, settings.scan_limit)
@@ -142,24 +149,42 @@ def landing_tick(cursor: LandingCursor, landing: LandingZone, registry: Registry
     changed = _changed(landing, registry, relook)
     settling = dict(cursor.settling)
     if settings.settle_s > 0 and getattr(landing, "settles", False):
-        candidates, changed, settling = _settled(landing, registry, candidates, changed, settling, now, settings.settle_s)
+        candidates, changed, settling = _settled(
+            landing, registry, candidates, changed, settling, now, settings.settle_s
+        )
     relanded = registry.reland(changed, now=now)
     new = registry.register_files(candidates, now=now)
     pending, oldest = registry.unbatched_files()
     flush = oldest is not None and now - oldest >= settings.max_wait_s
     packing = pack(pending, settings.target_batch_bytes, tolerance=settings.tolerance, flush=flush)
     created = registry.create_batches(packing.batches, target_bytes=settings.target_batch_bytes, now=now)
-    sealed = registry.assign_partitions(target_bytes=settings.partition_bytes, max_wait_s=settings.max_wait_s,
-                                        seal_open=flush, now=now)
+    sealed = registry.assign_partitions(
+        target_bytes=settings.partition_bytes, max_wait_s=settings.max_wait_s, seal_open=flush, now=now
+    )
     launch = registry.sealed_partitions_after(cursor.last_partition, limit=settings.max_runs_per_tick)
-    next_cursor = LandingCursor(after=after, last_partition=launch[-1].seq if launch else cursor.last_partition,
-                                ticks=cursor.ticks + 1, marks=marks, sweep_after=sweep_after, sweep_until=sweep_until,
-                                settling=settling,
-                                relook_after=relook[-1] if len(relook) >= settings.relook_per_tick else None)
-    return TickPlan(cursor=next_cursor, new_files=new, listed=len(listed), swept=len(swept),
-                    pending_files=len(packing.pending), created=created, sealed=sealed, launch=launch,
-                    reconciled=bool(swept) or cursor.sweep_until is not None, settling=len(settling),
-                    relanded=relanded)
+    next_cursor = LandingCursor(
+        after=after,
+        last_partition=launch[-1].seq if launch else cursor.last_partition,
+        ticks=cursor.ticks + 1,
+        marks=marks,
+        sweep_after=sweep_after,
+        sweep_until=sweep_until,
+        settling=settling,
+        relook_after=relook[-1] if len(relook) >= settings.relook_per_tick else None,
+    )
+    return TickPlan(
+        cursor=next_cursor,
+        new_files=new,
+        listed=len(listed),
+        swept=len(swept),
+        pending_files=len(packing.pending),
+        created=created,
+        sealed=sealed,
+        launch=launch,
+        reconciled=bool(swept) or cursor.sweep_until is not None,
+        settling=len(settling),
+        relanded=relanded,
+    )
 
 
 def _changed(landing: LandingZone, registry: Registry, keys: list[str]) -> list[LandedFile]:
@@ -171,15 +196,24 @@ def _changed(landing: LandingZone, registry: Registry, keys: list[str]) -> list[
     for key in keys:
         now_there = landing.stat(key)
         was = known.get(key)
-        if now_there is not None and was is not None and (now_there.bytes, now_there.mtime_ns) != (was.bytes,
-                                                                                                  was.mtime_ns):
+        if (
+            now_there is not None
+            and was is not None
+            and (now_there.bytes, now_there.mtime_ns) != (was.bytes, was.mtime_ns)
+        ):
             out.append(now_there)
     return out
 
 
-def _settled(landing: LandingZone, registry: Registry, listed: list[LandedFile], changed: list[LandedFile],
-             settling: dict[str, list], now: float, settle_s: float
-             ) -> tuple[list[LandedFile], list[LandedFile], dict[str, list]]:
+def _settled(
+    landing: LandingZone,
+    registry: Registry,
+    listed: list[LandedFile],
+    changed: list[LandedFile],
+    settling: dict[str, list],
+    now: float,
+    settle_s: float,
+) -> tuple[list[LandedFile], list[LandedFile], dict[str, list]]:
     """(new files that settled, new versions that settled, what is still settling). A file settles when
     two listings ``settle_s`` apart saw the same size and mtime, or when its completion marker is there."""
     known = registry.landed([f.path for f in listed]) if listed else {}
@@ -198,8 +232,9 @@ def _settled(landing: LandingZone, registry: Registry, listed: list[LandedFile],
     settled_new, settled_versions = [], []
     for key, f in seen.items():
         prev = settling.get(key)
-        if landing.complete(key) or (prev is not None and (prev[0], prev[1]) == (f.bytes, f.mtime_ns)
-                                     and now - prev[2] >= settle_s):
+        if landing.complete(key) or (
+            prev is not None and (prev[0], prev[1]) == (f.bytes, f.mtime_ns) and now - prev[2] >= settle_s
+        ):
             settling.pop(key, None)
             (settled_versions if key in version_keys else settled_new).append(f)
         elif prev is None or (prev[0], prev[1]) != (f.bytes, f.mtime_ns):

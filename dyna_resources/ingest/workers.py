@@ -27,8 +27,13 @@ from typing import TypeVar, cast
 
 R = TypeVar("R")
 
-_HOW = {signal.SIGXCPU: "over its CPU time limit", signal.SIGKILL: "killed, e.g. out of memory",
-        signal.SIGSEGV: "crashed: segmentation fault", signal.SIGABRT: "aborted", signal.SIGBUS: "crashed: bus error"}
+_HOW = {
+    signal.SIGXCPU: "over its CPU time limit",
+    signal.SIGKILL: "killed, e.g. out of memory",
+    signal.SIGSEGV: "crashed: segmentation fault",
+    signal.SIGABRT: "aborted",
+    signal.SIGBUS: "crashed: bus error",
+}
 
 
 class Stopped(RuntimeError):
@@ -58,9 +63,16 @@ def died(exitcode: int | None, cpu_limit_s: float = 0.0) -> WorkerFailure:
     return WorkerFailure(f"the worker process exited with status {exitcode} without a result", exitcode)
 
 
-def run_each(fn: Callable[..., R], jobs: Sequence[tuple], workers: int, *,
-             cpu_limit_s: float = 0.0, context: str | None = None, should_stop: Callable[[], bool] | None = None,
-             poll_s: float = 1.0) -> Generator[tuple[int, int, R | WorkerFailure], None, None]:
+def run_each(
+    fn: Callable[..., R],
+    jobs: Sequence[tuple],
+    workers: int,
+    *,
+    cpu_limit_s: float = 0.0,
+    context: str | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    poll_s: float = 1.0,
+) -> Generator[tuple[int, int, R | WorkerFailure], None, None]:
     """Run ``fn(*job)`` for every job, each in a fresh process; yield ``(job index, worker slot,
     result or WorkerFailure)`` as each finishes. ``cpu_limit_s`` (> 0) caps each job's CPU time
     (all its threads). ``context`` is the multiprocessing start method (default: the platform's,
@@ -80,9 +92,11 @@ def run_each(fn: Callable[..., R], jobs: Sequence[tuple], workers: int, *,
                 i, args = todo.pop()
                 slot = free.pop()
                 recv, send = ctx.Pipe(duplex=False)
-                p: BaseProcess = ctx.Process(target=_child, args=(send, fn, args, cpu_limit_s,
-                                                                     os.getpid() if ctx.get_start_method() == "fork" else None),
-                                             name=f"worker-{slot}-job-{i}")
+                p: BaseProcess = ctx.Process(
+                    target=_child,
+                    args=(send, fn, args, cpu_limit_s, os.getpid() if ctx.get_start_method() == "fork" else None),
+                    name=f"worker-{slot}-job-{i}",
+                )
                 p.start()
                 send.close()  # the child holds the only writer: its death reads as EOF here
                 running[recv] = (i, slot, p)
@@ -135,10 +149,10 @@ def _child(conn: Connection, fn: Callable, args: tuple, cpu_limit_s: float, pare
         resource.setrlimit(resource.RLIMIT_CPU, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
     try:
         msg: tuple[str, object] = ("ok", fn(*args))
-    except Exception as e:  # noqa: BLE001  (reported to the parent, which decides)
+    except Exception as e:
         msg = ("raised", f"{type(e).__name__}: {e}")
     try:
         conn.send(msg)
-    except Exception as e:  # noqa: BLE001  (an unpicklable result)
+    except Exception as e:
         conn.send(("raised", f"the result could not be sent back: {type(e).__name__}: {e}"))
     conn.close()

@@ -68,14 +68,39 @@ DEFAULTS: dict = {
         "drop_min_s": 0.08,  # "kept_hold" fails when the hold is lost for this long
     },
     "procedures": {
-        "pick_place": {"cycle": [*_PICK, {"step": "transport", "ends_at": "grip_open", "check": "kept_hold",
-                                           "failure_mode": "slip"}, _LET_GO], "repeat": True, "final": "return"},
-        "fold_towel": {"cycle": [*_PICK, {"step": "fold", "ends_at": "grip_open", "check": "kept_hold",
-                                          "failure_mode": "slip"}, _LET_GO], "final": "smooth"},
-        "open_drawer": {"cycle": [*_PICK, {"step": "pull", "ends_at": "grip_open", "check": "kept_hold",
-                                           "failure_mode": "slip"}, _LET_GO], "final": "return"},
-        "wipe_table": {"cycle": [*_PICK, {"step": "wipe", "ends_at": "grip_open", "check": "kept_hold",
-                                          "failure_mode": "slip"}, _LET_GO], "final": "return"},
+        "pick_place": {
+            "cycle": [
+                *_PICK,
+                {"step": "transport", "ends_at": "grip_open", "check": "kept_hold", "failure_mode": "slip"},
+                _LET_GO,
+            ],
+            "repeat": True,
+            "final": "return",
+        },
+        "fold_towel": {
+            "cycle": [
+                *_PICK,
+                {"step": "fold", "ends_at": "grip_open", "check": "kept_hold", "failure_mode": "slip"},
+                _LET_GO,
+            ],
+            "final": "smooth",
+        },
+        "open_drawer": {
+            "cycle": [
+                *_PICK,
+                {"step": "pull", "ends_at": "grip_open", "check": "kept_hold", "failure_mode": "slip"},
+                _LET_GO,
+            ],
+            "final": "return",
+        },
+        "wipe_table": {
+            "cycle": [
+                *_PICK,
+                {"step": "wipe", "ends_at": "grip_open", "check": "kept_hold", "failure_mode": "slip"},
+                _LET_GO,
+            ],
+            "final": "return",
+        },
     },
 }
 
@@ -141,11 +166,14 @@ class LadderConfig:
             merged[key].update(part)
         merged["segmenter"] = str(data.get("segmenter", DEFAULTS["segmenter"]))
         if merged["segmenter"] not in SEGMENTER_NAMES:
-            raise LadderConfigError(f"{source}: segmenter: unknown {merged['segmenter']!r}; "
-                                    f"known: {sorted(SEGMENTER_NAMES)}")
+            raise LadderConfigError(
+                f"{source}: segmenter: unknown {merged['segmenter']!r}; known: {sorted(SEGMENTER_NAMES)}"
+            )
         for name, value in merged["thresholds"].items():
             if name not in DEFAULTS["thresholds"]:
-                raise LadderConfigError(f"{source}: thresholds.{name}: unknown; known: {sorted(DEFAULTS['thresholds'])}")
+                raise LadderConfigError(
+                    f"{source}: thresholds.{name}: unknown; known: {sorted(DEFAULTS['thresholds'])}"
+                )
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise LadderConfigError(f"{source}: thresholds.{name}: must be a number >= 0, got {value!r}")
         for name, sig in merged["signals"].items():
@@ -153,11 +181,17 @@ class LadderConfig:
                 raise LadderConfigError(f"{source}: signals.{name}: unknown; known: {sorted(DEFAULTS['signals'])}")
             if sig is not None and (not isinstance(sig, Mapping) or not {"stream", "field"} <= set(sig)):
                 raise LadderConfigError(f"{source}: signals.{name}: needs stream and field (or null to disable)")
-        procedures = {str(task): _procedure(p, f"{source}: procedures.{task}") for task, p in merged["procedures"].items()}
+        procedures = {
+            str(task): _procedure(p, f"{source}: procedures.{task}") for task, p in merged["procedures"].items()
+        }
         digest = hashlib.sha256(json.dumps(merged, sort_keys=True).encode()).hexdigest()[:10]
-        return cls(segmenter=merged["segmenter"], signals=merged["signals"],
-                   thresholds={k: float(v) for k, v in merged["thresholds"].items()}, procedures=procedures,
-                   digest=digest)
+        return cls(
+            segmenter=merged["segmenter"],
+            signals=merged["signals"],
+            thresholds={k: float(v) for k, v in merged["thresholds"].items()},
+            procedures=procedures,
+            digest=digest,
+        )
 
 
 def _procedure(p, where: str) -> Procedure:
@@ -177,8 +211,14 @@ def _procedure(p, where: str) -> Procedure:
             raise LadderConfigError(f"{at}.ends_at: one of {EVENTS}, got {s.get('ends_at')!r}")
         if s.get("check") is not None and s["check"] not in CHECKS:
             raise LadderConfigError(f"{at}.check: one of {CHECKS}, got {s['check']!r}")
-        steps.append(StepSpec(s["step"], s["ends_at"], s.get("check"),
-                              s.get("failure_mode") or (f"{s['step']}_failed" if s.get("check") else None)))
+        steps.append(
+            StepSpec(
+                s["step"],
+                s["ends_at"],
+                s.get("check"),
+                s.get("failure_mode") or (f"{s['step']}_failed" if s.get("check") else None),
+            )
+        )
     final = p.get("final")
     if final is not None and not isinstance(final, str):
         raise LadderConfigError(f"{where}.final: a step name")

@@ -15,15 +15,24 @@ import numpy as np
 from .config import LadderConfig
 from .segment import Signals, Step, speed
 
-COLOURS = {"success": "#2e9d4a", "failure": "#d62728", "done": "#7f8c9a", "incomplete": "#f0a030",
-           "after_failure": "#d5d8dc"}
+COLOURS = {
+    "success": "#2e9d4a",
+    "failure": "#d62728",
+    "done": "#7f8c9a",
+    "incomplete": "#f0a030",
+    "after_failure": "#d5d8dc",
+}
 
 
-def ladder_png(steps: list[Step], signals: Signals | None, config: LadderConfig, *, title: str,
-               dpi: int = 80) -> bytes:
+def ladder_png(steps: list[Step], signals: Signals | None, config: LadderConfig, *, title: str, dpi: int = 80) -> bytes:
     t0 = steps[0].start_ns if steps else 0
-    fig, axes = plt.subplots(3 if signals is not None else 1, 1, figsize=(8, 5.2 if signals is not None else 2.6),
-                             sharex=True, gridspec_kw={"height_ratios": [3, 1, 1.2][:3 if signals is not None else 1]})
+    fig, axes = plt.subplots(
+        3 if signals is not None else 1,
+        1,
+        figsize=(8, 5.2 if signals is not None else 2.6),
+        sharex=True,
+        gridspec_kw={"height_ratios": [3, 1, 1.2][: 3 if signals is not None else 1]},
+    )
     axes = np.atleast_1d(axes)
     ax = axes[0]
     for s in steps:
@@ -42,14 +51,25 @@ def ladder_png(steps: list[Step], signals: Signals | None, config: LadderConfig,
         th = config.thresholds
         ax = axes[1]
         ax.step((signals.command_t - t0) / 1e9, signals.command, where="post", lw=1, color="#1f77b4", label="command")
-        ax.fill_between((signals.hold_t - t0) / 1e9, 0, signals.holding.astype(float), step="post", alpha=0.3,
-                        color="#2e9d4a", label="holding")
+        ax.fill_between(
+            (signals.hold_t - t0) / 1e9,
+            0,
+            signals.holding.astype(float),
+            step="post",
+            alpha=0.3,
+            color="#2e9d4a",
+            label="holding",
+        )
         ax.set_ylabel("gripper", fontsize=8)
         ax.set_yticks([0, 1])
         ax.legend(fontsize=7, loc="upper right", frameon=False)
         ax = axes[2]
-        ax.plot((signals.position_t - t0) / 1e9, speed(signals.position_t, signals.position, th["speed_window_s"]),
-                lw=0.8, color="#444444")
+        ax.plot(
+            (signals.position_t - t0) / 1e9,
+            speed(signals.position_t, signals.position, th["speed_window_s"]),
+            lw=0.8,
+            color="#444444",
+        )
         ax.axhline(th["pause_speed_m_s"], color="#d62728", lw=0.6, ls="--")
         ax.set_ylabel("EE m/s", fontsize=8)
     axes[-1].set_xlabel("seconds from the episode start", fontsize=8)

@@ -46,8 +46,15 @@ def ladder_episode(uri: str, task: str, config: LadderConfig) -> tuple[list[Step
     return segment(streams, start, end, task, config), streams
 
 
-def ladder_batch(batch_key: str, registry: Registry, config: LadderConfig, *, pictures: int = 3,
-                 log: Callable[[str], None] | None = None, units: Sequence[str] | None = None) -> LadderReport:
+def ladder_batch(
+    batch_key: str,
+    registry: Registry,
+    config: LadderConfig,
+    *,
+    pictures: int = 3,
+    log: Callable[[str], None] | None = None,
+    units: Sequence[str] | None = None,
+) -> LadderReport:
     """Segment the stale episodes of work unit ``batch_key`` (or of ``units``, an ingest partition's,
     reported under ``batch_key``); draw the first ``pictures`` ladders, plus the first one with a
     failed step (the one a reviewer wants to see). When fewer were segmented (a batch already up to
@@ -84,10 +91,13 @@ def _draw_current(rep: LadderReport, registry: Registry, config: LadderConfig, p
     re-segmenting costs milliseconds and gives exactly the stored ladder (same version)."""
     if len(rep.pictures) >= pictures:
         return
-    current = [e for e in registry.episodes(rep.units) if e["ladder_version"] == config.version
-               and e["step_ladder"] and e["episode_id"] not in rep.pictures]
+    current = [
+        e
+        for e in registry.episodes(rep.units)
+        if e["ladder_version"] == config.version and e["step_ladder"] and e["episode_id"] not in rep.pictures
+    ]
     current.sort(key=lambda e: e["failed_step"] is None)  # stable: failures first, then by id
-    for e in current[:max(0, pictures - len(rep.pictures))]:
+    for e in current[: max(0, pictures - len(rep.pictures))]:
         try:
             steps, streams = ladder_episode(e["mcap_uri"], e["task"], config)
         except (LadderError, EpisodeError, OSError):

@@ -80,11 +80,15 @@ def _column(streams: Mapping, spec: Mapping | None, what: str, *, required: bool
             cols = [int(spec.get("index", 0))]
     except ValueError:
         if required:
-            raise LadderError(f"signal {what}: {spec['stream']}.{spec['field']} has no column labelled "
-                              f"{spec.get('labels') or spec.get('label')!r} (labels: {labels})") from None
+            raise LadderError(
+                f"signal {what}: {spec['stream']}.{spec['field']} has no column labelled "
+                f"{spec.get('labels') or spec.get('label')!r} (labels: {labels})"
+            ) from None
         return None
     if max(cols) >= x.shape[1]:
-        raise LadderError(f"signal {what}: {spec['stream']}.{spec['field']} has {x.shape[1]} columns, not {max(cols) + 1}")
+        raise LadderError(
+            f"signal {what}: {spec['stream']}.{spec['field']} has {x.shape[1]} columns, not {max(cols) + 1}"
+        )
     return np.asarray(s.timestamps_ns, dtype=np.int64), x[:, cols]
 
 

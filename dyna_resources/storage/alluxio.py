@@ -67,18 +67,45 @@ ALLUXIO_MAX_RANGE = 16 << 20  # bytes per alluxiofs range request (1.1.17 caps a
 
 # Keyword options of alluxiofs 1.1.17's AlluxioClientConfig (client/config.py) that may be passed
 # through; the worker addresses, logger and under filesystem are set by the front itself.
-CLIENT_OPTIONS = frozenset({
-    "concurrency", "use_mem_cache", "mem_map_capacity", "use_local_disk_cache", "local_disk_cache_dir",
-    "local_cache_dir", "mcap_enabled", "mcap_prefetch_ahead_blocks", "mcap_prefetch_concurrency",
-    "local_cache_size_gb", "local_cache_block_size_mb", "use_memory_cache", "memory_cache_size_mb",
-    "http_max_retries", "http_timeouts", "read_buffer_size_mb", "mcap_max_prefetch_blocks",
-    "mcap_prefetch_policy",
-})
+CLIENT_OPTIONS = frozenset(
+    {
+        "concurrency",
+        "use_mem_cache",
+        "mem_map_capacity",
+        "use_local_disk_cache",
+        "local_disk_cache_dir",
+        "local_cache_dir",
+        "mcap_enabled",
+        "mcap_prefetch_ahead_blocks",
+        "mcap_prefetch_concurrency",
+        "local_cache_size_gb",
+        "local_cache_block_size_mb",
+        "use_memory_cache",
+        "memory_cache_size_mb",
+        "http_max_retries",
+        "http_timeouts",
+        "read_buffer_size_mb",
+        "mcap_max_prefetch_blocks",
+        "mcap_prefetch_policy",
+    }
+)
 ENV_PREFIX = "DYNA_ALLUXIO_"
-_ENV_NAMES = frozenset({
-    "WORKER_HOSTS", "WORKER_HTTP_PORT", "LOAD_BALANCE_DOMAIN", "ORIGIN", "ORIGIN_ENDPOINT_URL", "OPTIONS",
-    "PROBE_TIMEOUT_S", "REQUEST_TIMEOUT_S", "RETRY_AFTER_S", "POLL_INTERVAL_S", "ETCD_HOSTS", "ETCD_PORT",
-})
+_ENV_NAMES = frozenset(
+    {
+        "WORKER_HOSTS",
+        "WORKER_HTTP_PORT",
+        "LOAD_BALANCE_DOMAIN",
+        "ORIGIN",
+        "ORIGIN_ENDPOINT_URL",
+        "OPTIONS",
+        "PROBE_TIMEOUT_S",
+        "REQUEST_TIMEOUT_S",
+        "RETRY_AFTER_S",
+        "POLL_INTERVAL_S",
+        "ETCD_HOSTS",
+        "ETCD_PORT",
+    }
+)
 _HOSTNAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
 _TERMINAL_FAILED = ("FAILED", "STOPPED")
 
@@ -90,8 +117,10 @@ class AlluxioNotInstalledError(ImportError):
 
     def __init__(self, cause: BaseException | None = None):
         detail = f" ({type(cause).__name__}: {cause})" if cause is not None else ""
-        super().__init__(f"the Alluxio front needs the package {ALLUXIOFS_REQUIREMENT}, which is not "
-                         f"importable here{detail}; install it with: {INSTALL_COMMAND}")
+        super().__init__(
+            f"the Alluxio front needs the package {ALLUXIOFS_REQUIREMENT}, which is not "
+            f"importable here{detail}; install it with: {INSTALL_COMMAND}"
+        )
 
 
 class AlluxioConfigError(ValueError):
@@ -113,8 +142,9 @@ def _mask(entry: str) -> str:
     return re.sub(r"^[^/@]*@", "***@", entry)
 
 
-def parse_worker_hosts(value: str | Sequence[str], default_port: int = DEFAULT_WORKER_HTTP_PORT,
-                       *, source: str = "worker_hosts") -> tuple[str, ...]:
+def parse_worker_hosts(
+    value: str | Sequence[str], default_port: int = DEFAULT_WORKER_HTTP_PORT, *, source: str = "worker_hosts"
+) -> tuple[str, ...]:
     """``host[:port]`` entries (a comma-separated string or a sequence) as ``host:port`` strings,
     in order, duplicates dropped; ``AlluxioConfigError`` naming the malformed entry otherwise."""
     items = value.split(",") if isinstance(value, str) else list(value)
@@ -133,14 +163,16 @@ def parse_worker_hosts(value: str | Sequence[str], default_port: int = DEFAULT_W
         if entry.startswith("[") or entry.count(":") > 1:
             raise AlluxioConfigError(
                 f"{source}: malformed worker address {shown!r}: IPv6 literals are not supported "
-                "(alluxiofs splits addresses on ':'); use a host name")
+                "(alluxiofs splits addresses on ':'); use a host name"
+            )
         host, sep, port_text = entry.partition(":")
         if not _HOSTNAME.fullmatch(host):
             raise AlluxioConfigError(f"{source}: malformed worker address {shown!r}: invalid host name")
         if sep:
             if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
                 raise AlluxioConfigError(
-                    f"{source}: malformed worker address {shown!r}: the port must be an integer in 1-65535")
+                    f"{source}: malformed worker address {shown!r}: the port must be an integer in 1-65535"
+                )
             port = int(port_text)
         else:
             port = default_port
@@ -208,8 +240,9 @@ class AlluxioConfig:
         if has_hosts and domain:
             raise AlluxioConfigError("give either worker_hosts or load_balance_domain, not both")
         if not has_hosts and not domain:
-            raise AlluxioConfigError("no Alluxio workers configured: give worker_hosts (host:port,…) "
-                                     "or load_balance_domain")
+            raise AlluxioConfigError(
+                "no Alluxio workers configured: give worker_hosts (host:port,…) or load_balance_domain"
+            )
         set_("worker_hosts", parse_worker_hosts(self.worker_hosts, self.worker_http_port) if has_hosts else ())
         if not self.origin:
             raise AlluxioConfigError("origin: the under-store root URL this Alluxio front serves is required")
@@ -222,8 +255,9 @@ class AlluxioConfig:
         options = dict(self.client_options or {})
         unknown = sorted(set(options) - CLIENT_OPTIONS)
         if unknown:
-            raise AlluxioConfigError(f"client_options: unknown alluxiofs option(s) {unknown}; "
-                                     f"known: {sorted(CLIENT_OPTIONS)}")
+            raise AlluxioConfigError(
+                f"client_options: unknown alluxiofs option(s) {unknown}; known: {sorted(CLIENT_OPTIONS)}"
+            )
         set_("client_options", options)
 
     def __repr__(self) -> str:  # an endpoint URL may carry user info: never print it
@@ -239,33 +273,42 @@ class AlluxioConfig:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> AlluxioConfig | None:
         """The configuration in ``DYNA_ALLUXIO_*`` (see the module doc); ``None`` if none is set."""
         env = os.environ if environ is None else environ
-        given = {k[len(ENV_PREFIX):]: v for k, v in env.items() if k.startswith(ENV_PREFIX) and v.strip()}
+        given = {k[len(ENV_PREFIX) :]: v for k, v in env.items() if k.startswith(ENV_PREFIX) and v.strip()}
         if not given:
             return None
         unknown = sorted(set(given) - _ENV_NAMES)
         if unknown:
-            raise AlluxioConfigError(f"unknown variable(s) {[ENV_PREFIX + n for n in unknown]}; "
-                                     f"known: {sorted(ENV_PREFIX + n for n in _ENV_NAMES)}")
+            raise AlluxioConfigError(
+                f"unknown variable(s) {[ENV_PREFIX + n for n in unknown]}; "
+                f"known: {sorted(ENV_PREFIX + n for n in _ENV_NAMES)}"
+            )
         if "ETCD_HOSTS" in given or "ETCD_PORT" in given:
             raise AlluxioConfigError(
                 f"{ENV_PREFIX}ETCD_HOSTS: alluxiofs 1.1.17 has no etcd discovery (its etcd_hosts argument is "
                 f"ignored); list the workers in {ENV_PREFIX}WORKER_HOSTS=host:port,… or give a DNS name in "
-                f"{ENV_PREFIX}LOAD_BALANCE_DOMAIN")
+                f"{ENV_PREFIX}LOAD_BALANCE_DOMAIN"
+            )
         kwargs: dict[str, Any] = {}
         if "WORKER_HTTP_PORT" in given:
             kwargs["worker_http_port"] = _port(ENV_PREFIX + "WORKER_HTTP_PORT", given["WORKER_HTTP_PORT"])
         if "WORKER_HOSTS" in given:
             kwargs["worker_hosts"] = parse_worker_hosts(
-                given["WORKER_HOSTS"], kwargs.get("worker_http_port", DEFAULT_WORKER_HTTP_PORT),
-                source=ENV_PREFIX + "WORKER_HOSTS")
+                given["WORKER_HOSTS"],
+                kwargs.get("worker_http_port", DEFAULT_WORKER_HTTP_PORT),
+                source=ENV_PREFIX + "WORKER_HOSTS",
+            )
         if "LOAD_BALANCE_DOMAIN" in given:
             kwargs["load_balance_domain"] = given["LOAD_BALANCE_DOMAIN"]
         if "WORKER_HOSTS" not in given and "LOAD_BALANCE_DOMAIN" not in given:
-            raise AlluxioConfigError(f"{ENV_PREFIX}* is set but names no workers: set {ENV_PREFIX}WORKER_HOSTS=host:port,… "
-                                     f"or {ENV_PREFIX}LOAD_BALANCE_DOMAIN")
+            raise AlluxioConfigError(
+                f"{ENV_PREFIX}* is set but names no workers: set {ENV_PREFIX}WORKER_HOSTS=host:port,… "
+                f"or {ENV_PREFIX}LOAD_BALANCE_DOMAIN"
+            )
         if "ORIGIN" not in given:
-            raise AlluxioConfigError(f"{ENV_PREFIX}ORIGIN is required: the under-store root the Alluxio cluster "
-                                     "caches (gs://bucket/prefix, s3://…, file:///…)")
+            raise AlluxioConfigError(
+                f"{ENV_PREFIX}ORIGIN is required: the under-store root the Alluxio cluster "
+                "caches (gs://bucket/prefix, s3://…, file:///…)"
+            )
         kwargs["origin"] = given["ORIGIN"].strip()
         endpoint = given.get("ORIGIN_ENDPOINT_URL")
         if endpoint is None and kwargs["origin"].startswith(("s3://", "s3a://")):
@@ -309,16 +352,24 @@ class LoadReport:
     @property
     def pending(self) -> tuple[str, ...]:
         """Submitted jobs not known to have finished (all of them when not waited for)."""
-        return tuple(u for u in self.submitted
-                     if u not in self.failed and self.states.get(u) not in ("SUCCEEDED", *_TERMINAL_FAILED))
+        return tuple(
+            u
+            for u in self.submitted
+            if u not in self.failed and self.states.get(u) not in ("SUCCEEDED", *_TERMINAL_FAILED)
+        )
 
     @property
     def ok(self) -> bool:
         return not self.failed
 
     def as_metadata(self) -> dict[str, int]:
-        return {"requested": len(self.requested), "submitted": len(self.submitted),
-                "loaded": len(self.loaded), "pending": len(self.pending), "failed": len(self.failed)}
+        return {
+            "requested": len(self.requested),
+            "submitted": len(self.submitted),
+            "loaded": len(self.loaded),
+            "pending": len(self.pending),
+            "failed": len(self.failed),
+        }
 
 
 # ---- the front --------------------------------------------------------------------------------
@@ -347,8 +398,7 @@ class AlluxioFront:
     and the counters start at zero. ``clock``: the monotonic clock of the ``retry_after_s`` window
     (tests pass one they advance)."""
 
-    def __init__(self, config: AlluxioConfig, *, origin_fs: Any = None,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(self, config: AlluxioConfig, *, origin_fs: Any = None, clock: Callable[[], float] = time.monotonic):
         self.config = config
         self.clock = clock
         self.origin = Store.from_url(config.origin, endpoint_url=config.origin_endpoint_url, fs=origin_fs)
@@ -440,10 +490,12 @@ class AlluxioFront:
                 alluxiofs = _import_alluxiofs()
                 try:  # no under filesystem: the front falls back itself (see the module doc)
                     self._fs = alluxiofs.AlluxioFileSystem(
-                        logger=logging.getLogger(f"{__name__}.alluxiofs"), **self._alluxiofs_kwargs())
+                        logger=logging.getLogger(f"{__name__}.alluxiofs"), **self._alluxiofs_kwargs()
+                    )
                 except (AssertionError, ValueError, TypeError, AttributeError) as e:
-                    raise AlluxioConfigError(f"alluxiofs refused the configuration {self.config!r}: "
-                                             f"{_describe(e)}") from None
+                    raise AlluxioConfigError(
+                        f"alluxiofs refused the configuration {self.config!r}: {_describe(e)}"
+                    ) from None
             return self._fs
 
     def _load_client(self):
@@ -453,10 +505,12 @@ class AlluxioFront:
                 alluxiofs = _import_alluxiofs()
                 try:
                     self._client = alluxiofs.AlluxioClient(
-                        logger=logging.getLogger(f"{__name__}.alluxiofs"), **self._alluxiofs_kwargs())
+                        logger=logging.getLogger(f"{__name__}.alluxiofs"), **self._alluxiofs_kwargs()
+                    )
                 except (AssertionError, ValueError, TypeError, AttributeError) as e:
-                    raise AlluxioConfigError(f"alluxiofs refused the configuration {self.config!r}: "
-                                             f"{_describe(e)}") from None
+                    raise AlluxioConfigError(
+                        f"alluxiofs refused the configuration {self.config!r}: {_describe(e)}"
+                    ) from None
             return self._client
 
     def _cluster_ready(self) -> bool:
@@ -484,8 +538,13 @@ class AlluxioFront:
             self._down_until = self.clock() + self.config.retry_after_s
             self.last_error = redact(reason)
         if was_up:
-            log.warning("Alluxio front %s: reads go to the origin %s for %g s: %s",
-                        ",".join(self.hosts), self.origin.root, self.config.retry_after_s, self.last_error)
+            log.warning(
+                "Alluxio front %s: reads go to the origin %s for %g s: %s",
+                ",".join(self.hosts),
+                self.origin.root,
+                self.config.retry_after_s,
+                self.last_error,
+            )
 
     def _via(self, alluxio_op, origin_op):
         """``alluxio_op(alluxio_fs)`` if the cluster is up and answers, else ``origin_op()``."""
@@ -495,7 +554,7 @@ class AlluxioFront:
                 return self._call(alluxio_op, fs)
             except FileNotFoundError as e:  # alluxiofs says so for any HTTP 500 of /v1/info: ask the origin
                 self.last_error = _describe(e)
-            except Exception as e:  # noqa: BLE001  (alluxiofs raises bare Exception for every failure)
+            except Exception as e:
                 self._mark_down(_describe(e))
         with self._lock:
             self._fallbacks += 1
@@ -518,7 +577,7 @@ class AlluxioFront:
         root = self.origin.root
         if not url.startswith(root + "/"):
             raise ValueError(f"{redact(text)!r} is not under the origin {root} this Alluxio front serves")
-        return check_key(url[len(root) + 1:])
+        return check_key(url[len(root) + 1 :])
 
     def url(self, path: str) -> str:
         """The full origin URL of ``path`` (what Alluxio is asked for)."""
@@ -532,8 +591,11 @@ class AlluxioFront:
 
         def from_alluxio(fs):
             raw = dict(fs.info(url))
-            return {"name": url, "size": int(raw["size"]),
-                    "type": "directory" if raw.get("type") == "directory" else "file"}
+            return {
+                "name": url,
+                "size": int(raw["size"]),
+                "type": "directory" if raw.get("type") == "directory" else "file",
+            }
 
         def from_origin():
             info = self.origin.info(key)
@@ -564,8 +626,9 @@ class AlluxioFront:
                 want = min(ALLUXIO_MAX_RANGE, stop - pos)
                 piece = fs.cat_file(url, pos, pos + want)
                 if len(piece) != want:
-                    raise OSError(f"Alluxio returned {len(piece)} bytes for [{pos}, {pos + want}) of {url} "
-                                  f"(size {size})")
+                    raise OSError(
+                        f"Alluxio returned {len(piece)} bytes for [{pos}, {pos + want}) of {url} (size {size})"
+                    )
                 pieces.append(piece)
             return b"".join(pieces)
 
@@ -599,14 +662,16 @@ class AlluxioFront:
         client = self._load_client()
         reason = self._probe()
         if reason is not None:
-            raise self._unreachable(f"no worker answered within {self.config.probe_timeout_s:g} s ({reason}); "
-                                    f"none of {len(requested)} load job(s) was submitted")
+            raise self._unreachable(
+                f"no worker answered within {self.config.probe_timeout_s:g} s ({reason}); "
+                f"none of {len(requested)} load job(s) was submitted"
+            )
         submitted: list[str] = []
         failed: dict[str, str] = {}
         for url in requested:
             try:
                 accepted = self._call(client.submit_load, url)
-            except Exception as e:  # noqa: BLE001  (alluxiofs raises bare Exception; unreachable is raised)
+            except Exception as e:
                 self._raise_if_unreachable(e, f"after {len(submitted)} of {len(requested)} load job(s) were submitted")
                 failed[url] = _describe(e)
                 continue
@@ -626,7 +691,7 @@ class AlluxioFront:
             for url in list(pending):
                 try:
                     result = self._call(client.load_progress, url)
-                except Exception as e:  # noqa: BLE001  (as for submit_load)
+                except Exception as e:
                     self._raise_if_unreachable(e, "while waiting for the load jobs")
                     failed[url] = f"load progress unknown: {_describe(e)}"
                     pending.remove(url)
@@ -637,12 +702,17 @@ class AlluxioFront:
                 if name == "SUCCEEDED":
                     pending.remove(url)
                 elif name in _TERMINAL_FAILED:
-                    failed[url] = f"load job {name}: {redact(str(result[1] if isinstance(result, tuple) else ''))[:300]}"
+                    failed[url] = (
+                        f"load job {name}: {redact(str(result[1] if isinstance(result, tuple) else ''))[:300]}"
+                    )
                     pending.remove(url)
             if not pending or (deadline is not None and time.monotonic() >= deadline):
                 return
-            time.sleep(self.config.poll_interval_s if deadline is None
-                       else max(0.0, min(self.config.poll_interval_s, deadline - time.monotonic())))
+            time.sleep(
+                self.config.poll_interval_s
+                if deadline is None
+                else max(0.0, min(self.config.poll_interval_s, deadline - time.monotonic()))
+            )
 
     def _unreachable(self, reason: str) -> AlluxioUnreachableError:
         return AlluxioUnreachableError(self.hosts, f"{reason} (origin {self.origin!r})")
@@ -691,9 +761,16 @@ class AlluxioFrontFileSystem(AbstractFileSystem):
         info = self.front.info(path)
         if info["type"] == "directory":
             raise IsADirectoryError(info["name"])
-        return AlluxioFrontFile(self, info["name"], mode="rb", block_size=block_size or DEFAULT_BLOCK_SIZE,
-                             autocommit=autocommit, cache_options=cache_options, size=info["size"],
-                             cache_type=kwargs.get("cache_type", "readahead"))
+        return AlluxioFrontFile(
+            self,
+            info["name"],
+            mode="rb",
+            block_size=block_size or DEFAULT_BLOCK_SIZE,
+            autocommit=autocommit,
+            cache_options=cache_options,
+            size=info["size"],
+            cache_type=kwargs.get("cache_type", "readahead"),
+        )
 
     def ls(self, path, detail=True, **kwargs):
         raise NotImplementedError("the Alluxio front reads objects; list them with the origin store (Store.ls)")

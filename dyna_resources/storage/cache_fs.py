@@ -35,8 +35,15 @@ class CachedFileSystem(_Base):
     protocol = PROTOCOL
     cachable = False  # each instance is one cache configuration; fsspec must not hand out another's
 
-    def __init__(self, cache: PageCache | None = None, *, dataset: str = "", cache_dir: str | None = None,
-                 origins: Origins | None = None, **config: Any):
+    def __init__(
+        self,
+        cache: PageCache | None = None,
+        *,
+        dataset: str = "",
+        cache_dir: str | None = None,
+        origins: Origins | None = None,
+        **config: Any,
+    ):
         super().__init__()
         # URL chaining ("dynacache::gs://...") passes the inner URL's protocol and options; the origin
         # of every URL is resolved by ``Origins`` instead, so they carry nothing this needs.
@@ -132,7 +139,7 @@ class CachedFile(io.RawIOBase):
 
     def readinto(self, buffer) -> int:
         data = self.read(len(memoryview(buffer).cast("B")))
-        memoryview(buffer).cast("B")[:len(data)] = data
+        memoryview(buffer).cast("B")[: len(data)] = data
         return len(data)
 
 

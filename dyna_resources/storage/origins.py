@@ -63,9 +63,9 @@ class Origins:
 
     def __post_init__(self):
         self._routes = sorted(
-            (r if isinstance(r, Route) else Route(p.rstrip("/"), str(r).rstrip("/"))
-             for p, r in self.routes.items()),
-            key=lambda r: -len(r.prefix))
+            (r if isinstance(r, Route) else Route(p.rstrip("/"), str(r).rstrip("/")) for p, r in self.routes.items()),
+            key=lambda r: -len(r.prefix),
+        )
         self._stores: dict[str, Store] = {v.root: v for v in self.stores.values()}
         self._lock = threading.Lock()
 
@@ -92,7 +92,7 @@ class Origins:
         url = normalize_url(url)
         for r in self._routes:
             if url == r.prefix or url.startswith(r.prefix + "/"):
-                return r.origin + url[len(r.prefix):], r
+                return r.origin + url[len(r.prefix) :], r
         return url, None
 
     def locate(self, url: str) -> tuple[Store, str, Route | None]:
@@ -101,10 +101,13 @@ class Origins:
         with self._lock:
             for root, store in self._stores.items():  # a store given for a prefix serves what is below it
                 if physical.startswith(root + "/"):
-                    return store, physical[len(root) + 1:], route
+                    return store, physical[len(root) + 1 :], route
             root, key = _split(physical)
-            endpoint = ((route.endpoint_url if route else None) or self.endpoint_urls.get(_root_of(root))
-                        or (self.s3_endpoint_url if root.startswith("s3://") else None))
+            endpoint = (
+                (route.endpoint_url if route else None)
+                or self.endpoint_urls.get(_root_of(root))
+                or (self.s3_endpoint_url if root.startswith("s3://") else None)
+            )
             self._stores[root] = Store.from_url(root, endpoint_url=endpoint)
             return self._stores[root], key, route
 

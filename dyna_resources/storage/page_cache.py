@@ -143,8 +143,7 @@ class PageCache:
     through the page headers and the index, so in production it is ``time.time``; a test passes a
     clock it advances. Not part of ``CacheConfig``: it is how this process tells time, not a setting."""
 
-    def __init__(self, config: CacheConfig, origins: Origins | None = None, *,
-                 clock: Callable[[], float] = time.time):
+    def __init__(self, config: CacheConfig, origins: Origins | None = None, *, clock: Callable[[], float] = time.time):
         self.config = config
         self._clock = clock
         self.origins = origins or Origins()
@@ -187,12 +186,14 @@ class PageCache:
         now = self._clock()
         self._objects[url] = (info, now)
         if known is None or known[0] != info:  # remembered for metadata_ttl_s and for stale-if-error
-            self._with_index(lambda db: db.execute(
-                "INSERT OR REPLACE INTO objects VALUES (?, ?, ?, ?)", (url, info.version, info.size, now)))
+            self._with_index(
+                lambda db: db.execute(
+                    "INSERT OR REPLACE INTO objects VALUES (?, ?, ?, ?)", (url, info.version, info.size, now)
+                )
+            )
         return info
 
-    def read(self, url: str, start: int, end: int, *, info: ObjectInfo | None = None,
-             dataset: str = "") -> bytearray:
+    def read(self, url: str, start: int, end: int, *, info: ObjectInfo | None = None, dataset: str = "") -> bytearray:
         """Bytes ``[start, end)`` of ``url`` (clamped to its size) at ``info``'s version."""
         url = normalize_url(url)
         info = info or self.info(url)
@@ -205,19 +206,22 @@ class PageCache:
         missing = []
         for p in range(start // ps, (end - 1) // ps + 1):
             lo, hi = max(start, p * ps), min(end, (p + 1) * ps)
-            if not self._hit(url, info, p, lo - p * ps, hi - p * ps, view[lo - start:hi - start]):
+            if not self._hit(url, info, p, lo - p * ps, hi - p * ps, view[lo - start : hi - start]):
                 missing.append((p, lo, hi))
         if missing:
+
             def fill(item):
                 p, lo, hi = item
                 page, _ = self._fill(url, info, p, dataset)
-                view[lo - start:hi - start] = memoryview(page)[lo - p * ps:hi - p * ps]
+                view[lo - start : hi - start] = memoryview(page)[lo - p * ps : hi - p * ps]
+
             self._run_all(fill, missing)
         self._maybe_flush_touches()
         return out
 
-    def warm(self, url: str, start: int, end: int, *, info: ObjectInfo | None = None,
-             dataset: str = "") -> tuple[int, int, int, int]:
+    def warm(
+        self, url: str, start: int, end: int, *, info: ObjectInfo | None = None, dataset: str = ""
+    ) -> tuple[int, int, int, int]:
         """Make the pages of ``[start, end)`` present without reading them back.
         Returns (pages fetched, bytes fetched, pages already warm, bytes already warm)."""
         url = normalize_url(url)
@@ -257,6 +261,7 @@ class PageCache:
                 keys = [k for (k,) in db.execute("SELECT key FROM pages WHERE fetched_at < ?", (cutoff,))]
                 db.executemany("DELETE FROM pages WHERE key = ?", [(k,) for k in keys])
             return keys
+
         keys = self._with_index(drop) or []
         for k in keys:
             _unlink(self._page_path(k))
@@ -324,11 +329,11 @@ class PageCache:
             if inner_lo < inner_hi:
                 off = inner_lo * bs
                 n = min(inner_hi * bs, want) - off
-                part = dest[off - a:off - a + n]
+                part = dest[off - a : off - a + n]
                 if os.preadv(fd, [part], data_at + off) != n:
                     return self._drop_bad(key, "short page file")
                 for k in range(inner_lo, inner_hi):
-                    blk = part[k * bs - off:min((k + 1) * bs, want) - off]
+                    blk = part[k * bs - off : min((k + 1) * bs, want) - off]
                     if xxhash.xxh3_64_intdigest(blk) != sums[k]:
                         return self._drop_bad(key, f"checksum mismatch in block {k}")
             for k in {k_first, k_last}:
@@ -339,7 +344,7 @@ class PageCache:
                 if len(blk) != hi - lo or xxhash.xxh3_64_intdigest(blk) != sums[k]:
                     return self._drop_bad(key, f"checksum mismatch in block {k}")
                 s, e = max(a, lo), min(b, hi)
-                dest[s - a:e - a] = blk[s - lo:e - lo]
+                dest[s - a : e - a] = blk[s - lo : e - lo]
         except OSError as e:
             self._warn("read", f"cache page unreadable ({e.strerror or e}): reading from the origin")
             return False
@@ -368,8 +373,14 @@ class PageCache:
         if len(head) != _HEADER.size:
             return None, 0
         magic, fmt, nblocks, bs, length, fetched_at, digest, index = _HEADER.unpack(head)
-        if (magic != _MAGIC or fmt != _FORMAT or bs != self.config.block_size or length != want
-                or nblocks != -(-length // bs) or (digest, index) != self._binding(key)):
+        if (
+            magic != _MAGIC
+            or fmt != _FORMAT
+            or bs != self.config.block_size
+            or length != want
+            or nblocks != -(-length // bs)
+            or (digest, index) != self._binding(key)
+        ):
             return None, 0
         if self.config.ttl_s is not None and self._clock() - fetched_at > self.config.ttl_s:
             return False, 0
@@ -444,8 +455,11 @@ class PageCache:
         size = len(data)
         limit = min(self.config.capacity_bytes, self.config.quotas.get(dataset, self.config.capacity_bytes))
         if size > limit:
-            self._warn("full", f"page of {size} bytes does not fit the cache ({limit} bytes for dataset "
-                               f"{dataset!r}): read from the origin")
+            self._warn(
+                "full",
+                f"page of {size} bytes does not fit the cache ({limit} bytes for dataset "
+                f"{dataset!r}): read from the origin",
+            )
             return
         victims = self._with_index(lambda db: self._reserve(db, key, size, dataset))
         if victims is None:
@@ -459,7 +473,7 @@ class PageCache:
             path.parent.mkdir(parents=True, exist_ok=True)
             bs = self.config.block_size
             view = memoryview(data)
-            sums = [xxhash.xxh3_64_intdigest(view[i:i + bs]) for i in range(0, size, bs)]
+            sums = [xxhash.xxh3_64_intdigest(view[i : i + bs]) for i in range(0, size, bs)]
             head = _HEADER.pack(_MAGIC, _FORMAT, len(sums), bs, size, self._clock(), *self._binding(key))
             with open(tmp, "wb") as f:
                 f.write(head)
@@ -484,8 +498,9 @@ class PageCache:
             db.execute("DELETE FROM pages WHERE key = ?", (key,))
             quota = self.config.quotas.get(dataset)
             if quota is not None:
-                used = db.execute("SELECT coalesce(sum(bytes), 0) FROM usage WHERE dataset = ?",
-                                  (dataset,)).fetchone()[0]
+                used = db.execute("SELECT coalesce(sum(bytes), 0) FROM usage WHERE dataset = ?", (dataset,)).fetchone()[
+                    0
+                ]
                 victims += self._evict(db, used + size - quota, dataset)
             used = db.execute("SELECT coalesce(sum(bytes), 0) FROM usage").fetchone()[0]
             victims += self._evict(db, used + size - self.config.capacity_bytes, None)
@@ -664,8 +679,9 @@ class PageCache:
         self._db = None
 
     def _known_object(self, url: str):
-        row = self._with_index(lambda db: db.execute(
-            "SELECT version, size, checked_at FROM objects WHERE url = ?", (url,)).fetchone())
+        row = self._with_index(
+            lambda db: db.execute("SELECT version, size, checked_at FROM objects WHERE url = ?", (url,)).fetchone()
+        )
         if not row:
             return None
         return ObjectInfo(key=url, size=row[1], version=row[0]), row[2]

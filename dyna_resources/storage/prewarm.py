@@ -55,8 +55,10 @@ class ReadSet:
     def __post_init__(self):
         unknown = set(self.groups) - {g.name for g in self.profile.groups}
         if unknown:
-            raise ValueError(f"read set names unknown topic groups {sorted(unknown)} "
-                             f"(profile {self.profile.name!r} has {[g.name for g in self.profile.groups]})")
+            raise ValueError(
+                f"read set names unknown topic groups {sorted(unknown)} "
+                f"(profile {self.profile.name!r} has {[g.name for g in self.profile.groups]})"
+            )
 
 
 @dataclass
@@ -106,21 +108,34 @@ class PrewarmReport:
 
     def as_metadata(self) -> dict:
         """The figures a cache set's materialization shows, by the names its metadata has always used."""
-        return {"files": self.files, "segments": self.segments, "working_set_bytes": self.ranges_bytes,
-                "pages": self.pages, "page_bytes": self.bytes, "fetched_pages": self.fetched_pages,
-                "fetched_bytes": self.fetched_bytes, "already_warm_pages": self.warm_pages,
-                "seconds": round(self.seconds, 3), "fetched_MBps": round(self.fetched_MBps, 1),
-                "errors": dict(self.errors)}
+        return {
+            "files": self.files,
+            "segments": self.segments,
+            "working_set_bytes": self.ranges_bytes,
+            "pages": self.pages,
+            "page_bytes": self.bytes,
+            "fetched_pages": self.fetched_pages,
+            "fetched_bytes": self.fetched_bytes,
+            "already_warm_pages": self.warm_pages,
+            "seconds": round(self.seconds, 3),
+            "fetched_MBps": round(self.fetched_MBps, 1),
+            "errors": dict(self.errors),
+        }
 
     def as_dict(self) -> dict:
         d = dict(self.__dict__)
-        d.update(seconds=round(self.seconds, 3), fetched_MBps=round(self.fetched_MBps, 1),
-                 plan_s=round(self.plan_s, 3), fetch_s=round(self.fetch_s, 3))
+        d.update(
+            seconds=round(self.seconds, 3),
+            fetched_MBps=round(self.fetched_MBps, 1),
+            plan_s=round(self.plan_s, 3),
+            fetch_s=round(self.fetch_s, 3),
+        )
         return d
 
 
-def plan_manifest(manifest: pa.Table, fs: CachedFileSystem, read_set: ReadSet = ReadSet(), *,
-                  parallel: int = 8) -> Plan:
+def plan_manifest(
+    manifest: pa.Table, fs: CachedFileSystem, read_set: ReadSet = ReadSet(), *, parallel: int = 8
+) -> Plan:
     """The exact byte ranges per MCAP file that reading every segment of ``manifest`` touches."""
     uris = manifest.column("uri").combine_chunks()
     if pa.types.is_dictionary(uris.type):
@@ -154,8 +169,9 @@ def plan_manifest(manifest: pa.Table, fs: CachedFileSystem, read_set: ReadSet = 
     return Plan(files=files, segments=len(manifest), errors=errors)
 
 
-def episode_ranges(reader: EpisodeReader, starts_ns: Sequence[int], ends_ns: Sequence[int],
-                   read_set: ReadSet = ReadSet()) -> list[tuple[int, int]]:
+def episode_ranges(
+    reader: EpisodeReader, starts_ns: Sequence[int], ends_ns: Sequence[int], read_set: ReadSet = ReadSet()
+) -> list[tuple[int, int]]:
     """Byte ranges of one MCAP file read by samples of the segments ``[starts_ns[i], ends_ns[i]]``."""
     ranges = [(f.offset, f.offset + f.length) for f in reader.open_log.fetches]  # footer + summary
     ranges += [(m.offset, m.offset + m.length) for m in reader.summary.metadata_indexes]
@@ -166,8 +182,7 @@ def episode_ranges(reader: EpisodeReader, starts_ns: Sequence[int], ends_ns: Seq
         chunks = reader.chunks_of(topic)
         # A training stream's camera counts as its archive camera (same group, same camera name);
         # only the video the run reads is warmed: the archive cameras or one training stream.
-        stream, source = (parse_training_camera_topic(topic) if is_training_camera_topic(topic)
-                          else (None, topic))
+        stream, source = parse_training_camera_topic(topic) if is_training_camera_topic(topic) else (None, topic)
         if stream is not None:
             source = camera_topic(source)
         video = stream is not None or is_camera_topic(topic)
@@ -190,13 +205,21 @@ def episode_ranges(reader: EpisodeReader, starts_ns: Sequence[int], ends_ns: Seq
         c_start = np.fromiter((c.message_start_time for c in chunks), np.int64, len(chunks))
         c_end = np.fromiter((c.message_end_time for c in chunks), np.int64, len(chunks))
         hit = _overlaps(c_start, c_end, windows[0] - lo_pad, windows[1] + hi_pad)
-        ranges += [(c.chunk_start_offset, c.chunk_start_offset + c.chunk_length)
-                   for c, h in zip(chunks, hit.tolist()) if h]
+        ranges += [
+            (c.chunk_start_offset, c.chunk_start_offset + c.chunk_length) for c, h in zip(chunks, hit.tolist()) if h
+        ]
     return _merge(ranges)
 
 
-def prewarm(plan: Plan, cache: PageCache, *, dataset: str = "", parallel: int = 16,
-            progress: bool | Callable[[int, int], None] = False, plan_s: float = 0.0) -> PrewarmReport:
+def prewarm(
+    plan: Plan,
+    cache: PageCache,
+    *,
+    dataset: str = "",
+    parallel: int = 16,
+    progress: bool | Callable[[int, int], None] = False,
+    plan_s: float = 0.0,
+) -> PrewarmReport:
     """Fetch every page of ``plan`` that the cache lacks, ``parallel`` pages at a time."""
     ps = cache.config.page_size
     work = []
@@ -223,23 +246,43 @@ def prewarm(plan: Plan, cache: PageCache, *, dataset: str = "", parallel: int = 
     cache.flush()
     fetch_s = time.perf_counter() - t0
     bar(0, done=True)
-    return PrewarmReport(files=len(plan.files), segments=plan.segments, ranges_bytes=plan.bytes, pages=len(work),
-                         bytes=int(totals[1] + totals[3]), fetched_pages=int(totals[0]), fetched_bytes=int(totals[1]),
-                         warm_pages=int(totals[2]), warm_bytes=int(totals[3]), plan_s=plan_s, fetch_s=fetch_s,
-                         errors=errors)
+    return PrewarmReport(
+        files=len(plan.files),
+        segments=plan.segments,
+        ranges_bytes=plan.bytes,
+        pages=len(work),
+        bytes=int(totals[1] + totals[3]),
+        fetched_pages=int(totals[0]),
+        fetched_bytes=int(totals[1]),
+        warm_pages=int(totals[2]),
+        warm_bytes=int(totals[3]),
+        plan_s=plan_s,
+        fetch_s=fetch_s,
+        errors=errors,
+    )
 
 
-def prewarm_manifest(manifest: pa.Table, cache: PageCache, read_set: ReadSet = ReadSet(), *, dataset: str = "",
-                     parallel: int = 16, progress: bool | Callable[[int, int], None] = False) -> PrewarmReport:
+def prewarm_manifest(
+    manifest: pa.Table,
+    cache: PageCache,
+    read_set: ReadSet = ReadSet(),
+    *,
+    dataset: str = "",
+    parallel: int = 16,
+    progress: bool | Callable[[int, int], None] = False,
+) -> PrewarmReport:
     """``plan_manifest`` then ``prewarm``: the one call a launcher makes before training."""
     t0 = time.perf_counter()
     pages0, bytes0 = cache.stats.origin_requests, cache.stats.origin_bytes
     plan = plan_manifest(manifest, CachedFileSystem(cache, dataset=dataset), read_set, parallel=min(parallel, 8))
-    report = prewarm(plan, cache, dataset=dataset, parallel=parallel, progress=progress,
-                     plan_s=time.perf_counter() - t0)
+    report = prewarm(
+        plan, cache, dataset=dataset, parallel=parallel, progress=progress, plan_s=time.perf_counter() - t0
+    )
     # Planning read each file's summary through the cache: those pages were fetched by this prewarm too.
-    pages, nbytes = cache.stats.origin_requests - pages0 - report.fetched_pages, \
-        cache.stats.origin_bytes - bytes0 - report.fetched_bytes
+    pages, nbytes = (
+        cache.stats.origin_requests - pages0 - report.fetched_pages,
+        cache.stats.origin_bytes - bytes0 - report.fetched_bytes,
+    )
     pages, nbytes = min(pages, report.warm_pages), min(nbytes, report.warm_bytes)
     report.fetched_pages += pages
     report.fetched_bytes += nbytes
@@ -291,6 +334,7 @@ def _progress_bar(total: int, progress):
             count[0] += n
             if n or done:
                 progress(count[0], total)
+
         return step
     if not progress:
         return lambda n, done=False: None
@@ -302,8 +346,17 @@ def _progress_bar(total: int, progress):
         bar.update(n)
         if done:
             bar.close()
+
     return step
 
 
-__all__ = ["FilePlan", "Plan", "PrewarmReport", "ReadSet", "episode_ranges", "plan_manifest", "prewarm",
-           "prewarm_manifest"]
+__all__ = [
+    "FilePlan",
+    "Plan",
+    "PrewarmReport",
+    "ReadSet",
+    "episode_ranges",
+    "plan_manifest",
+    "prewarm",
+    "prewarm_manifest",
+]

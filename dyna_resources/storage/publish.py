@@ -53,8 +53,15 @@ class PreconditionFailed(RuntimeError):
         super().__init__(f"precondition failed for {key!r}: {reason}")
 
 
-def publish_file(store_or_url: Store | str, local_path: str | os.PathLike, key: str, *, expect: Expect = None,
-                 endpoint_url: str | None = None, part_size: int = DEFAULT_PART_SIZE) -> ObjectInfo:
+def publish_file(
+    store_or_url: Store | str,
+    local_path: str | os.PathLike,
+    key: str,
+    *,
+    expect: Expect = None,
+    endpoint_url: str | None = None,
+    part_size: int = DEFAULT_PART_SIZE,
+) -> ObjectInfo:
     """Upload ``local_path`` as ``key``, atomically and (with ``expect``) conditionally.
 
     :param store_or_url: the target store, or its root URL (``file://``, ``gs://``, ``s3://``, a local path).
@@ -68,8 +75,7 @@ def publish_file(store_or_url: Store | str, local_path: str | os.PathLike, key: 
     :raises PreconditionFailed: ``expect`` did not hold; the existing object is unchanged.
     :raises StoreUnavailableError: the store could not be reached or refused the request.
     """
-    store = store_or_url if isinstance(store_or_url, Store) else Store.from_url(store_or_url,
-                                                                                 endpoint_url=endpoint_url)
+    store = store_or_url if isinstance(store_or_url, Store) else Store.from_url(store_or_url, endpoint_url=endpoint_url)
     if expect == "":
         raise ValueError("expect is None, 'absent' or a version token, not ''")
     if part_size < 5 << 20 or part_size % (256 << 10):
@@ -268,10 +274,16 @@ def _publish_gcs(store: Store, path: str, key: str, source: _Source, expect: Exp
     ctype = "application/octet-stream"
     location = None
     try:
-        headers, _ = fs.call("POST", fs.base.replace("/storage/v1/", "/upload/storage/v1/") + "b/{}/o", bucket,
-                             uploadType="resumable", name=name, json={"name": name},
-                             headers={"X-Upload-Content-Type": ctype, "X-Upload-Content-Length": str(source.size)},
-                             **condition)
+        headers, _ = fs.call(
+            "POST",
+            fs.base.replace("/storage/v1/", "/upload/storage/v1/") + "b/{}/o",
+            bucket,
+            uploadType="resumable",
+            name=name,
+            json={"name": name},
+            headers={"X-Upload-Content-Type": ctype, "X-Upload-Content-Length": str(source.size)},
+            **condition,
+        )
         location = headers["Location"]
         out = None
         if source.size == 0:  # a session is finalized by a chunk: an empty object by a zero-length one
@@ -316,9 +328,18 @@ def _quarantine_gcs(store: Store, src: str, dest: str, key: str, dest_key: str) 
     token = None
     try:
         while True:
-            out = fs.call("POST", "b/{}/o/{}/rewriteTo/b/{}/o/{}", bucket, name, dbucket, dname, json_out=True,
-                          headers={"Content-Type": "application/json"}, sourceGeneration=generation,
-                          rewriteToken=token)
+            out = fs.call(
+                "POST",
+                "b/{}/o/{}/rewriteTo/b/{}/o/{}",
+                bucket,
+                name,
+                dbucket,
+                dname,
+                json_out=True,
+                headers={"Content-Type": "application/json"},
+                sourceGeneration=generation,
+                rewriteToken=token,
+            )
             if out.get("done"):
                 break
             token = out["rewriteToken"]
@@ -327,8 +348,9 @@ def _quarantine_gcs(store: Store, src: str, dest: str, key: str, dest_key: str) 
     try:
         fs.call("DELETE", "b/{}/o/{}", bucket, name, ifGenerationMatch=generation)
     except FileExistsError:
-        raise PreconditionFailed(key, f"rewritten after generation {generation} was copied to {dest_key!r}; "
-                                      "the source was kept") from None
+        raise PreconditionFailed(
+            key, f"rewritten after generation {generation} was copied to {dest_key!r}; the source was kept"
+        ) from None
     except FileNotFoundError:
         pass  # deleted by someone else meanwhile: the move's end state
     fs.invalidate_cache(src)
@@ -391,8 +413,14 @@ def _s3_multipart(fs, bucket: str, name: str, source: _Source, part_size: int, c
             out = fs.call_s3("upload_part", Bucket=bucket, Key=name, UploadId=upload, PartNumber=number, Body=chunk)
             parts.append({"PartNumber": number, "ETag": out["ETag"]})
         # The object appears only now, and S3 evaluates the condition only now.
-        return fs.call_s3("complete_multipart_upload", Bucket=bucket, Key=name, UploadId=upload,
-                          MultipartUpload={"Parts": parts}, **condition)
+        return fs.call_s3(
+            "complete_multipart_upload",
+            Bucket=bucket,
+            Key=name,
+            UploadId=upload,
+            MultipartUpload={"Parts": parts},
+            **condition,
+        )
     except BaseException:
         _s3_abort(fs, bucket, name, upload)
         raise
@@ -438,11 +466,20 @@ def _s3_copy_parts(fs, source: dict, bucket: str, name: str, size: int, etag: st
         parts = []
         for number, start in enumerate(range(0, size, DEFAULT_PART_SIZE * 32), 1):
             end = min(start + DEFAULT_PART_SIZE * 32, size) - 1
-            out = fs.call_s3("upload_part_copy", Bucket=bucket, Key=name, UploadId=upload, PartNumber=number,
-                             CopySource=source, CopySourceRange=f"bytes={start}-{end}", CopySourceIfMatch=etag)
+            out = fs.call_s3(
+                "upload_part_copy",
+                Bucket=bucket,
+                Key=name,
+                UploadId=upload,
+                PartNumber=number,
+                CopySource=source,
+                CopySourceRange=f"bytes={start}-{end}",
+                CopySourceIfMatch=etag,
+            )
             parts.append({"PartNumber": number, "ETag": out["CopyPartResult"]["ETag"]})
-        return fs.call_s3("complete_multipart_upload", Bucket=bucket, Key=name, UploadId=upload,
-                          MultipartUpload={"Parts": parts})
+        return fs.call_s3(
+            "complete_multipart_upload", Bucket=bucket, Key=name, UploadId=upload, MultipartUpload={"Parts": parts}
+        )
     except BaseException:
         _s3_abort(fs, bucket, name, upload)
         raise

@@ -38,12 +38,18 @@ class ReplicaReport:
     seconds: float = 0.0
 
     def as_dict(self) -> dict:
-        return {"copied": len(self.copied), "skipped": len(self.skipped), "failed": dict(self.failed),
-                "bytes_copied": self.bytes_copied, "seconds": round(self.seconds, 3)}
+        return {
+            "copied": len(self.copied),
+            "skipped": len(self.skipped),
+            "failed": dict(self.failed),
+            "bytes_copied": self.bytes_copied,
+            "seconds": round(self.seconds, 3),
+        }
 
 
-def replicate(urls: Iterable[str], source_prefix: str, replica: Store, *, origins: Origins | None = None,
-              parallel: int = 4) -> ReplicaReport:
+def replicate(
+    urls: Iterable[str], source_prefix: str, replica: Store, *, origins: Origins | None = None, parallel: int = 4
+) -> ReplicaReport:
     """Replicate every ``url`` below ``source_prefix`` to the same relative key under ``replica``."""
     origins = origins or Origins()
     prefix = normalize_url(source_prefix).rstrip("/")
@@ -57,7 +63,7 @@ def replicate(urls: Iterable[str], source_prefix: str, replica: Store, *, origin
             todo.append(url)
 
     def one(url: str):
-        return url, _copy_one(url, url[len(prefix) + 1:], replica, origins)
+        return url, _copy_one(url, url[len(prefix) + 1 :], replica, origins)
 
     with ThreadPoolExecutor(max(1, parallel)) as pool:
         for url, (status, n) in pool.map(one, todo):
@@ -75,8 +81,11 @@ def replicate(urls: Iterable[str], source_prefix: str, replica: Store, *, origin
 def _copy_one(url: str, key: str, replica: Store, origins: Origins) -> tuple[str, int]:
     try:
         info = origins.info(url)
-        if replica.exists(key) and replica.info(key).size == info.size \
-                and _replica_version(replica, key) == info.version:
+        if (
+            replica.exists(key)
+            and replica.info(key).size == info.size
+            and _replica_version(replica, key) == info.version
+        ):
             return "skipped", 0
         with tempfile.TemporaryDirectory(prefix="dyna-replica-") as tmp:
             staged = os.path.join(tmp, "object")

@@ -68,7 +68,8 @@ class StoreUnavailableError(RuntimeError):
 _USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s\"']*@")
 _SECRET_QUERY = re.compile(
     r"(?i)(?P<name>[?&;](?:x-amz-[a-z-]+|x-goog-[a-z-]+|signature|sig|token|access_token|key|secret"
-    r"|password|awsaccesskeyid|credential|googleaccessid))=[^&\s\"']*")
+    r"|password|awsaccesskeyid|credential|googleaccessid))=[^&\s\"']*"
+)
 
 
 def redact(text: str) -> str:
@@ -115,21 +116,28 @@ class S3Limits:
         """``DYNA_S3_CONNECT_TIMEOUT_S``, ``DYNA_S3_READ_TIMEOUT_S``, ``AWS_MAX_ATTEMPTS``, ``AWS_RETRY_MODE``."""
         env, d = os.environ, cls()
         try:
-            return cls(connect_timeout_s=float(env.get("DYNA_S3_CONNECT_TIMEOUT_S") or d.connect_timeout_s),
-                       read_timeout_s=float(env.get("DYNA_S3_READ_TIMEOUT_S") or d.read_timeout_s),
-                       max_attempts=int(env.get("AWS_MAX_ATTEMPTS") or d.max_attempts),
-                       retry_mode=env.get("AWS_RETRY_MODE") or d.retry_mode)
+            return cls(
+                connect_timeout_s=float(env.get("DYNA_S3_CONNECT_TIMEOUT_S") or d.connect_timeout_s),
+                read_timeout_s=float(env.get("DYNA_S3_READ_TIMEOUT_S") or d.read_timeout_s),
+                max_attempts=int(env.get("AWS_MAX_ATTEMPTS") or d.max_attempts),
+                retry_mode=env.get("AWS_RETRY_MODE") or d.retry_mode,
+            )
         except ValueError as e:
             raise ValueError(f"S3 request limits from the environment: {e}") from None
 
     def describe(self) -> str:
-        return (f"{self.max_attempts} attempt(s), {self.connect_timeout_s:g} s connect and "
-                f"{self.read_timeout_s:g} s read timeout each")
+        return (
+            f"{self.max_attempts} attempt(s), {self.connect_timeout_s:g} s connect and "
+            f"{self.read_timeout_s:g} s read timeout each"
+        )
 
     def botocore_config(self) -> dict:
         """``config_kwargs`` of ``s3fs.S3FileSystem`` (the arguments of ``botocore.config.Config``)."""
-        return {"connect_timeout": self.connect_timeout_s, "read_timeout": self.read_timeout_s,
-                "retries": {"total_max_attempts": self.max_attempts, "mode": self.retry_mode}}
+        return {
+            "connect_timeout": self.connect_timeout_s,
+            "read_timeout": self.read_timeout_s,
+            "retries": {"total_max_attempts": self.max_attempts, "mode": self.retry_mode},
+        }
 
 
 def local_version(st: os.stat_result) -> str:
@@ -222,7 +230,8 @@ class Store:
 
             fs = s3fs.S3FileSystem(
                 client_kwargs={"endpoint_url": self.endpoint_url} if self.endpoint_url else {},
-                config_kwargs=self._s3_limits.botocore_config())
+                config_kwargs=self._s3_limits.botocore_config(),
+            )
             fs.retries = 1  # one try per s3fs call: botocore retries, and the two loops would multiply
             return fs
 
@@ -321,7 +330,7 @@ class Store:
             p = p.split("://", 1)[-1] if "://" in p else p
             if not p.startswith(strip):
                 continue
-            key = p[len(strip):]
+            key = p[len(strip) :]
             if prefix and not (key == prefix or key.startswith(prefix + "/")):
                 continue  # e.g. "a/bc" when listing "a/b"
             if _TMP_MARKER in key.rsplit("/", 1)[-1]:
@@ -373,7 +382,7 @@ class _AtomicLocalWriter:
         folder, name = os.path.split(path)
         os.makedirs(folder or ".", exist_ok=True)
         self.tmp = os.path.join(folder, f".{name}{_TMP_MARKER}{uuid.uuid4().hex}")
-        self._f = open(self.tmp, "xb")  # noqa: SIM115  (closed by close()/abort())
+        self._f = open(self.tmp, "xb")
         self._done = False
 
     def write(self, data) -> int:
@@ -451,12 +460,24 @@ def _unavailable_errors() -> tuple[type[BaseException], ...]:
     """Exception types meaning the store itself failed (connection, timeout, credentials, HTTP).
     Only libraries already imported can have raised: nothing is imported here."""
     kinds: list[type[BaseException]] = [OSError, TimeoutError, ConnectionError]
-    for module, names in (("aiohttp", ("ClientError",)), ("botocore.exceptions", ("BotoCoreError", "ClientError")),
-                          ("google.auth.exceptions", ("GoogleAuthError",)), ("gcsfs.retry", ("HttpError",))):
+    for module, names in (
+        ("aiohttp", ("ClientError",)),
+        ("botocore.exceptions", ("BotoCoreError", "ClientError")),
+        ("google.auth.exceptions", ("GoogleAuthError",)),
+        ("gcsfs.retry", ("HttpError",)),
+    ):
         mod = sys.modules.get(module)
         kinds += [getattr(mod, n) for n in names if mod is not None and hasattr(mod, n)]
     return tuple(kinds)
 
 
-__all__ = ["ObjectInfo", "S3Limits", "Store", "StoreKeyError", "StoreUnavailableError", "check_key",
-           "local_version", "redact"]
+__all__ = [
+    "ObjectInfo",
+    "S3Limits",
+    "Store",
+    "StoreKeyError",
+    "StoreUnavailableError",
+    "check_key",
+    "local_version",
+    "redact",
+]

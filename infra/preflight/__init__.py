@@ -3,6 +3,7 @@
 Run as a Slurm Prolog or HealthCheckProgram: `python -m infra.preflight`. Readings are
 gathered in gather.py; the checks in checks.py are pure functions of them.
 """
+
 from .checks import CheckResult, NodeReadings, run_checks
 from .config import ConfigError, PreflightConfig, load_config
 

@@ -2,6 +2,7 @@
 
 A Slurm Prolog or HealthCheckProgram: exit 0 healthy, 1 unhealthy (node drained), 2 usage/config error.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,7 +21,10 @@ def default_node_name() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m infra.preflight", description="Node preflight: exit 0 healthy, 1 unhealthy (drained), 2 config/usage error.")
+    parser = argparse.ArgumentParser(
+        prog="python -m infra.preflight",
+        description="Node preflight: exit 0 healthy, 1 unhealthy (drained), 2 config/usage error.",
+    )
     parser.add_argument("--config", default=str(DEFAULT_CONFIG_PATH), help="thresholds (YAML)")
     parser.add_argument("--node", default=None, help="Slurm node name (default: $SLURMD_NODENAME, else hostname)")
     parser.add_argument("--dry-run", action="store_true", help="report, never drain")

@@ -4,6 +4,7 @@ Only counters that reset at boot (volatile ECC, pending remaps/retirements, Xids
 can fail a node: lifetime (aggregate) counters on some GPUs cannot be cleared, so one old
 fault would condemn a healthy node forever.
 """
+
 from __future__ import annotations
 
 import re
@@ -132,7 +133,8 @@ def check_volatile_ecc(inventory: GpuInventory | None, config: GpuConfig) -> Che
     noisy = [g for g in inventory.gpus if limit is not None and g.volatile_correctable_ecc > limit]
     if noisy:
         return warned(
-            name, ", ".join(f"{_label(g)}: {g.volatile_correctable_ecc} correctable ECC errors since boot" for g in noisy)
+            name,
+            ", ".join(f"{_label(g)}: {g.volatile_correctable_ecc} correctable ECC errors since boot" for g in noisy),
         )
     return passed(name, f"no uncorrectable ECC errors since boot{note}")
 

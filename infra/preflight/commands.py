@@ -1,4 +1,5 @@
 """Running the probes' commands: argv only (never a shell), with a timeout that kills the whole tree."""
+
 from __future__ import annotations
 
 import os

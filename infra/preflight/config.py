@@ -1,4 +1,5 @@
 """Preflight thresholds: dataclasses loaded from YAML, validated, errors name the field."""
+
 from __future__ import annotations
 
 import dataclasses

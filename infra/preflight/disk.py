@@ -1,4 +1,5 @@
 """Node cache mount: mounted, read-write, writable, free space."""
+
 from __future__ import annotations
 
 import os
@@ -81,5 +82,3 @@ def probe_writable(directory: str) -> str | None:
 def _unescape(field: str) -> str:
     # /proc/mounts writes space, tab, newline and backslash as octal escapes
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), field)
-
-

@@ -1,5 +1,6 @@
 """Reading the real node: runs nvidia-smi, the kernel log command, the runtime probe, and
 looks at the cache mount. Everything here feeds the pure checks in checks.py."""
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """GPU state from `nvidia-smi -q -x` (element names as in NVIDIA's nvsmi DTD, drivers 550+)."""
+
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET

@@ -1,4 +1,5 @@
 """Xid events from the kernel log (`journalctl -k -b` or `dmesg`: since boot)."""
+
 from __future__ import annotations
 
 import re

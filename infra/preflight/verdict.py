@@ -1,4 +1,5 @@
 """The verdict: drain the node when any check failed, print a summary, pick the exit code."""
+
 from __future__ import annotations
 
 import json
@@ -32,7 +33,9 @@ def drain_command(node: str, reason: str, config: DrainConfig) -> list[str]:
 def drain_node(command: list[str], timeout_s: float = 30.0) -> str | None:
     """Runs scontrol; returns an error text, or None when it worked."""
     try:
-        done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+        done = subprocess.run(
+            command, check=False, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL
+        )
     except FileNotFoundError:
         return f"{command[0]} not found"
     except subprocess.TimeoutExpired:

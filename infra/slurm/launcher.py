@@ -24,8 +24,9 @@ from pathlib import Path
 import jinja2
 
 TEMPLATE = Path(__file__).with_name("train.sbatch.j2")
-TERMINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
-                             "BOOT_FAIL", "DEADLINE"})
+TERMINAL_STATES = frozenset(
+    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+)
 
 
 def next_action(attempt: int, cap: int, exit_code: int) -> str:
@@ -68,11 +69,21 @@ class SlurmLauncher:
 
     def render(self, config_path: str | Path, run_dir: str | Path) -> str:
         values = {
-            "job_name": self.job_name, "partition": self.partition, "nodes": self.nodes, "gpus_per_node": self.gpus_per_node,
-            "time_limit": self.time_limit, "run_dir": str(Path(run_dir).absolute()), "workdir": str(Path(self.workdir).absolute()),
-            "config": str(Path(config_path).absolute()), "python": self.python, "max_attempts": self.max_attempts,
-            "in_place_restarts": self.in_place_restarts, "nproc_per_node": max(self.gpus_per_node, 1),
-            "rdzv_port": self.rdzv_port, "signal_before_s": self.signal_before_s, "extra_sbatch": list(self.extra_sbatch),
+            "job_name": self.job_name,
+            "partition": self.partition,
+            "nodes": self.nodes,
+            "gpus_per_node": self.gpus_per_node,
+            "time_limit": self.time_limit,
+            "run_dir": str(Path(run_dir).absolute()),
+            "workdir": str(Path(self.workdir).absolute()),
+            "config": str(Path(config_path).absolute()),
+            "python": self.python,
+            "max_attempts": self.max_attempts,
+            "in_place_restarts": self.in_place_restarts,
+            "nproc_per_node": max(self.gpus_per_node, 1),
+            "rdzv_port": self.rdzv_port,
+            "signal_before_s": self.signal_before_s,
+            "extra_sbatch": list(self.extra_sbatch),
         }
         if self.nodes < 1 or self.max_attempts < 1 or self.in_place_restarts < 0:
             raise ValueError("nodes and max_attempts must be >= 1, in_place_restarts >= 0")
@@ -92,8 +103,9 @@ class SlurmLauncher:
     def state(self, job_id: str) -> JobInfo:
         """From slurmctld while it still knows the job (``scontrol``), else from accounting (``sacct``)."""
         try:
-            fields = dict(kv.split("=", 1) for kv in _run(["scontrol", "-o", "show", "job", job_id]).split()
-                          if "=" in kv)
+            fields = dict(
+                kv.split("=", 1) for kv in _run(["scontrol", "-o", "show", "job", job_id]).split() if "=" in kv
+            )
             return JobInfo(job_id, fields["JobState"], int(fields.get("Restarts", 0)), fields.get("ExitCode"))
         except (subprocess.CalledProcessError, KeyError):
             pass

@@ -6,18 +6,28 @@ import random
 import pytest
 from sqlalchemy import delete, select, update
 
-from dyna_resources.catalog import changelog, pg_logical, schema as t
+from dyna_resources.catalog import changelog, pg_logical
+from dyna_resources.catalog import schema as t
 from dyna_resources.catalog.cdc import consumer_name, drop_consumer, sync
 from dyna_resources.catalog.registry import Registry
 from dyna_resources.catalog.warehouse import Warehouse
 
 
 def row(i: int, rng: random.Random) -> dict:
-    return {"episode_id": f"ep-{i:05d}", "source_path": f"site/ep-{i:05d}.h5", "batch_key": f"b-{i % 7}",
-            "status": rng.choice(["accepted", "transcoded", "quarantined"]), "source_bytes": rng.randint(1, 10**9),
-            "duration_s": rng.uniform(1, 60), "task": rng.choice(["pick", "fold", "o'hare; DROP TABLE x"]),
-            "success": rng.choice([True, False, None]), "camera_dead": rng.choice([True, False]),
-            "cameras": '["a", "b"]', "updated_at": rng.uniform(0, 1e9), "pipeline_version": "1.0"}
+    return {
+        "episode_id": f"ep-{i:05d}",
+        "source_path": f"site/ep-{i:05d}.h5",
+        "batch_key": f"b-{i % 7}",
+        "status": rng.choice(["accepted", "transcoded", "quarantined"]),
+        "source_bytes": rng.randint(1, 10**9),
+        "duration_s": rng.uniform(1, 60),
+        "task": rng.choice(["pick", "fold", "o'hare; DROP TABLE x"]),
+        "success": rng.choice([True, False, None]),
+        "camera_dead": rng.choice([True, False]),
+        "cameras": '["a", "b"]',
+        "updated_at": rng.uniform(0, 1e9),
+        "pipeline_version": "1.0",
+    }
 
 
 def source_rows(reg: Registry) -> list[dict]:
@@ -36,9 +46,15 @@ def storm(reg: Registry, rng: random.Random, live: set[int], n_ops: int, next_id
                 live.add(i)
             elif op < 0.85:
                 i = rng.choice(sorted(live))
-                c.execute(update(t.episodes).where(t.episodes.c.episode_id == f"ep-{i:05d}")
-                          .values(status=rng.choice(["transcoded", "quarantined"]), mcap_bytes=rng.randint(1, 10**8),
-                                  quality_ok=rng.choice([True, False, None])))
+                c.execute(
+                    update(t.episodes)
+                    .where(t.episodes.c.episode_id == f"ep-{i:05d}")
+                    .values(
+                        status=rng.choice(["transcoded", "quarantined"]),
+                        mcap_bytes=rng.randint(1, 10**8),
+                        quality_ok=rng.choice([True, False, None]),
+                    )
+                )
             else:
                 i = rng.choice(sorted(live))
                 c.execute(delete(t.episodes).where(t.episodes.c.episode_id == f"ep-{i:05d}"))
@@ -70,7 +86,7 @@ def test_storm_with_crashes_leaves_the_warehouse_equal_to_the_source(registry, t
     wh_path = tmp_path / "warehouse.duckdb"
     live, next_id = set(), [0]
     crashes = 0
-    for round_ in range(12):
+    for _round in range(12):
         storm(reg, rng, live, rng.randint(1, 400), next_id)
         wh = Warehouse(wh_path)
         if rng.random() < 0.4:  # the sync dies inside a warehouse transaction, rows written, position not
@@ -137,8 +153,12 @@ def test_a_dropped_consumer_keeps_no_changes_and_a_new_sync_starts_afresh(regist
             c.execute(t.episodes.insert().values(**row(2, rng)))
         if registry.backend == "postgresql":
             with registry.engine.connect() as c:
-                assert c.exec_driver_sql("SELECT count(*) FROM pg_replication_slots "
-                                         "WHERE database = current_database()").scalar_one() == 0
+                assert (
+                    c.exec_driver_sql(
+                        "SELECT count(*) FROM pg_replication_slots WHERE database = current_database()"
+                    ).scalar_one()
+                    == 0
+                )
         else:
             assert consumer_name(gone) not in changelog.consumers(registry.engine)
             sync(registry, kept)  # the only consumer left: the log is pruned behind it
@@ -166,9 +186,11 @@ def test_sync_killed_with_sigkill_resumes_from_its_last_applied_position(tmp_pat
         storm(reg, rng, live, 2000, next_id)
     first_change = changelog.read_changes(reg.engine, 0, 1)[0].seq
     last_change = changelog.head(reg.engine)
-    script = ("import sys; from dyna_resources.catalog.registry import Registry; "
-              "from dyna_resources.catalog.warehouse import Warehouse; from dyna_resources.catalog.cdc import sync; "
-              "sync(Registry.sqlite(sys.argv[1]), Warehouse(sys.argv[2]), batch=100)")
+    script = (
+        "import sys; from dyna_resources.catalog.registry import Registry; "
+        "from dyna_resources.catalog.warehouse import Warehouse; from dyna_resources.catalog.cdc import sync; "
+        "sync(Registry.sqlite(sys.argv[1]), Warehouse(sys.argv[2]), batch=100)"
+    )
     proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "r.sqlite"), str(tmp_path / "w.duckdb")])
     deadline = time.monotonic() + 120
     while changelog.read_changes(reg.engine, 0, 1)[0].seq == first_change:  # until it has applied and pruned some
@@ -286,8 +308,11 @@ def _sqlite_registry_with_late_values(tmp_path, n: int = 300) -> Registry:
     rng = random.Random(3)
     with reg.engine.begin() as c:
         c.execute(t.episodes.insert(), [row(i, rng) for i in range(n)])
-        c.execute(update(t.episodes).where(t.episodes.c.episode_id >= f"ep-{n - 10:05d}")
-                  .values(review_verdict="accept", reviewed_by="ana", reviewed_at=1.5e9, review_note="o'k"))
+        c.execute(
+            update(t.episodes)
+            .where(t.episodes.c.episode_id >= f"ep-{n - 10:05d}")
+            .values(review_verdict="accept", reviewed_by="ana", reviewed_at=1.5e9, review_note="o'k")
+        )
     return reg
 
 
@@ -302,8 +327,7 @@ def test_a_sqlite_first_sync_is_read_by_a_child_process_whatever_its_first_batch
     reg.close()
 
 
-def test_a_sqlite_snapshot_the_child_cannot_read_is_read_through_sqlite3_and_says_why(tmp_path, caplog,
-                                                                                       monkeypatch):
+def test_a_sqlite_snapshot_the_child_cannot_read_is_read_through_sqlite3_and_says_why(tmp_path, caplog, monkeypatch):
     from dyna_resources.catalog import arrow_reads
 
     reg = _sqlite_registry_with_late_values(tmp_path)
@@ -328,9 +352,15 @@ def test_a_sqlite_snapshot_whose_child_dies_mid_stream_fails_naming_the_file(tmp
     with arrow_reads.sqlite_snapshot(path, arrow_columns(), 64) as (position, batches):
         assert position == changelog.head(reg.engine)
         assert next(batches).num_rows == 64
-        (child,) = [int(p) for p in os.listdir("/proc") if p.isdigit() and _cmdline(p).startswith(
-            b"%s\0-m\0dyna_resources.catalog.arrow_reads\0snapshot\0%s\0" % (os.fsencode(arrow_reads.sys.executable),
-                                                                    os.fsencode(str(path))))]
+        (child,) = [
+            int(p)
+            for p in os.listdir("/proc")
+            if p.isdigit()
+            and _cmdline(p).startswith(
+                b"%s\0-m\0dyna_resources.catalog.arrow_reads\0snapshot\0%s\0"
+                % (os.fsencode(arrow_reads.sys.executable), os.fsencode(str(path)))
+            )
+        ]
         os.kill(child, signal.SIGKILL)
         with pytest.raises(arrow_reads.SqliteReadError, match=f"reading {path} failed"):
             sum(b.num_rows for b in batches)

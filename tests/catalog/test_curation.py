@@ -9,12 +9,29 @@ S = 1_000_000_000
 
 
 def ep(i, **kw):
-    base = {"episode_id": f"ep-{i}", "source_path": f"ep-{i}.h5", "batch_key": "b1", "status": "transcoded",
-            "source_bytes": 1, "duration_s": 5.0, "task": "pick_place", "robot_id": "arm-1", "robot_model": "a1",
-            "site": "sfo-lab", "success": True, "camera_dead": False, "start_ns": 100 * S, "end_ns": 105 * S,
-            "n_steps": 1000, "mcap_path": f"/data/ep-{i}.mcap", "mcap_uri": f"file:///data/ep-{i}.mcap",
-            "pipeline_version": "1.0", "schema_version": "1.0",
-            "updated_at": 0.0, "cameras": "[]"}
+    base = {
+        "episode_id": f"ep-{i}",
+        "source_path": f"ep-{i}.h5",
+        "batch_key": "b1",
+        "status": "transcoded",
+        "source_bytes": 1,
+        "duration_s": 5.0,
+        "task": "pick_place",
+        "robot_id": "arm-1",
+        "robot_model": "a1",
+        "site": "sfo-lab",
+        "success": True,
+        "camera_dead": False,
+        "start_ns": 100 * S,
+        "end_ns": 105 * S,
+        "n_steps": 1000,
+        "mcap_path": f"/data/ep-{i}.mcap",
+        "mcap_uri": f"file:///data/ep-{i}.mcap",
+        "pipeline_version": "1.0",
+        "schema_version": "1.0",
+        "updated_at": 0.0,
+        "cameras": "[]",
+    }
     base.update(kw)
     base["duration_s"] = (base["end_ns"] - base["start_ns"]) / S
     return base
@@ -23,29 +40,44 @@ def ep(i, **kw):
 @pytest.fixture
 def wh(tmp_path):
     w = Warehouse(tmp_path / "w.duckdb")
-    w.apply(source="test", position="1", deletes=[], upserts=[
-        ep(1),
-        ep(2, task="fold_towel"),
-        ep(3, success=False),
-        ep(4, camera_dead=None),  # unknown flag
-        ep(5, camera_dead=True),
-        ep(6, status="quarantined"),
-        ep(7, end_ns=101 * S),  # shorter than a segment
-        ep(8, site="nyc-lab", task="o'hare'); DROP TABLE episodes; --"),
-    ])
+    w.apply(
+        source="test",
+        position="1",
+        deletes=[],
+        upserts=[
+            ep(1),
+            ep(2, task="fold_towel"),
+            ep(3, success=False),
+            ep(4, camera_dead=None),  # unknown flag
+            ep(5, camera_dead=True),
+            ep(6, status="quarantined"),
+            ep(7, end_ns=101 * S),  # shorter than a segment
+            ep(8, site="nyc-lab", task="o'hare'); DROP TABLE episodes; --"),
+        ],
+    )
     yield w
     w.close()
 
 
 def test_spec_selects_the_expected_segments_in_a_deterministic_order(wh):
-    spec = CurationSpec.from_mapping({
-        "name": "pp-real", "where": {"task": {"in": ["pick_place", "fold_towel"]}, "success": True,
-                                     "camera_dead": {"!=": True}, "site": {"like": "sfo-%"}},
-        "segments": {"length_s": 2.0, "stride_s": 1.5}, "weights": {"by": "task", "values": {"fold_towel": 3.0}}})
+    spec = CurationSpec.from_mapping(
+        {
+            "name": "pp-real",
+            "where": {
+                "task": {"in": ["pick_place", "fold_towel"]},
+                "success": True,
+                "camera_dead": {"!=": True},
+                "site": {"like": "sfo-%"},
+            },
+            "segments": {"length_s": 2.0, "stride_s": 1.5},
+            "weights": {"by": "task", "values": {"fold_towel": 3.0}},
+        }
+    )
     rows = curate(wh, spec).read_all().to_pylist()
     # 5 s episodes, 2 s segments every 1.5 s: starts at 0, 1.5, 3.0 -> 3 segments each
     assert [(r["episode_id"], (r["start_ns"] - 100 * S) / S) for r in rows] == [
-        (e, t) for e in ("ep-1", "ep-2", "ep-4") for t in (0.0, 1.5, 3.0)]
+        (e, t) for e in ("ep-1", "ep-2", "ep-4") for t in (0.0, 1.5, 3.0)
+    ]
     assert all(r["end_ns"] - r["start_ns"] == 2 * S and r["n_steps"] == 400 for r in rows)
     assert {r["episode_id"]: r["weight"] for r in rows} == {"ep-1": 1.0, "ep-2": 3.0, "ep-4": 1.0}
     assert rows[0]["uri"] == "file:///data/ep-1.mcap"
@@ -58,8 +90,11 @@ def test_few_valued_columns_leave_as_dictionaries_and_text_as_large_strings(wh):
     t = curate(wh, CurationSpec.from_mapping({"name": "all"})).read_all()
     assert pa.types.is_dictionary(t.schema.field("task").type)
     assert t.schema.field("uri").type == pa.large_string()
-    assert sorted(set(t.column("task").to_pylist())) == ["fold_towel", "o'hare'); DROP TABLE episodes; --",
-                                                        "pick_place"]
+    assert sorted(set(t.column("task").to_pylist())) == [
+        "fold_towel",
+        "o'hare'); DROP TABLE episodes; --",
+        "pick_place",
+    ]
 
 
 def test_manifest_bytes_depend_on_its_rows_only(wh, tmp_path):
@@ -96,20 +131,23 @@ def test_values_are_bound_never_spliced(wh):
     assert wh.count() == 8
 
 
-@pytest.mark.parametrize("spec, field", [
-    ({"name": "x", "where": {"tsk": "a"}}, "where.tsk"),
-    ({"name": "x", "where": {"task": {"~": "a"}}}, "where.task"),
-    ({"name": "x", "where": {"task": {"in": "a"}}}, "where.task"),
-    ({"name": "x", "where": {"task; DROP TABLE episodes": "a"}}, "where.task; DROP TABLE episodes"),
-    ({"name": "x", "where": {"success": None}}, "where.success"),
-    ({"name": "x", "segments": {"length_s": -1}}, "segments.length_s"),
-    ({"name": "x", "weights": {"by": "nope"}}, "weights.by"),
-    ({"name": "x", "weights": {"by": "task", "values": {"a": "heavy"}}}, "weights.values.a"),
-    ({"name": "../etc"}, "name"),
-    ({"name": "a..b"}, "name"),
-    ({"name": "x\n"}, "name"),  # "$" in a regex matches before a trailing newline
-    ({"name": "x", "filters": {}}, "filters"),
-])
+@pytest.mark.parametrize(
+    "spec, field",
+    [
+        ({"name": "x", "where": {"tsk": "a"}}, "where.tsk"),
+        ({"name": "x", "where": {"task": {"~": "a"}}}, "where.task"),
+        ({"name": "x", "where": {"task": {"in": "a"}}}, "where.task"),
+        ({"name": "x", "where": {"task; DROP TABLE episodes": "a"}}, "where.task; DROP TABLE episodes"),
+        ({"name": "x", "where": {"success": None}}, "where.success"),
+        ({"name": "x", "segments": {"length_s": -1}}, "segments.length_s"),
+        ({"name": "x", "weights": {"by": "nope"}}, "weights.by"),
+        ({"name": "x", "weights": {"by": "task", "values": {"a": "heavy"}}}, "weights.values.a"),
+        ({"name": "../etc"}, "name"),
+        ({"name": "a..b"}, "name"),
+        ({"name": "x\n"}, "name"),  # "$" in a regex matches before a trailing newline
+        ({"name": "x", "filters": {}}, "filters"),
+    ],
+)
 def test_bad_specs_are_rejected_naming_the_field(spec, field):
     with pytest.raises(CurationSpecError) as e:
         CurationSpec.from_mapping(spec)

@@ -15,12 +15,29 @@ S = 1_000_000_000
 
 
 def episode(i: int, seconds: float = 5.0, **kw) -> dict:
-    row = {"episode_id": f"ep-{i}", "source_path": f"ep-{i}.h5", "batch_key": "b1", "status": "transcoded",
-           "source_bytes": 1, "duration_s": seconds, "task": "pick_place", "robot_id": "arm-1",
-           "robot_model": "a1", "site": "sfo-lab", "success": True, "sim": False, "start_ns": 100 * S,
-           "end_ns": 100 * S + int(seconds * S), "n_steps": int(seconds * 50), "mcap_path": f"/data/ep-{i}.mcap",
-           "mcap_uri": f"file:///data/ep-{i}.mcap", "pipeline_version": "1.0", "schema_version": "1.0",
-           "updated_at": 0.0, "cameras": "[]"}
+    row = {
+        "episode_id": f"ep-{i}",
+        "source_path": f"ep-{i}.h5",
+        "batch_key": "b1",
+        "status": "transcoded",
+        "source_bytes": 1,
+        "duration_s": seconds,
+        "task": "pick_place",
+        "robot_id": "arm-1",
+        "robot_model": "a1",
+        "site": "sfo-lab",
+        "success": True,
+        "sim": False,
+        "start_ns": 100 * S,
+        "end_ns": 100 * S + int(seconds * S),
+        "n_steps": int(seconds * 50),
+        "mcap_path": f"/data/ep-{i}.mcap",
+        "mcap_uri": f"file:///data/ep-{i}.mcap",
+        "pipeline_version": "1.0",
+        "schema_version": "1.0",
+        "updated_at": 0.0,
+        "cameras": "[]",
+    }
     row.update(kw)
     return row
 
@@ -41,9 +58,16 @@ def build(home, spec_yaml: str):
     (home / "curation" / "s.yaml").write_text(spec_yaml)
     with DagsterInstance.ephemeral() as instance:
         instance.add_dynamic_partitions("curation_specs", ["s"])
-        return materialize([manifests], instance=instance, partition_key="s", raise_on_error=False,
-                           resources={"home": HomeResource(root=str(home)),
-                                      "warehouse": WarehouseResource(home=HomeResource(root=str(home)))})
+        return materialize(
+            [manifests],
+            instance=instance,
+            partition_key="s",
+            raise_on_error=False,
+            resources={
+                "home": HomeResource(root=str(home)),
+                "warehouse": WarehouseResource(home=HomeResource(root=str(home))),
+            },
+        )
 
 
 def refusal(home, spec_yaml: str) -> str:
@@ -58,8 +82,12 @@ def refusal(home, spec_yaml: str) -> str:
 
 TYPE_MISMATCHES = [
     # (spec, field, value as shown, expected)
-    ("where: {duration_s: {'>=': four}}", "where.duration_s", "'four' (str)",
-     "expected a number (duration_s is DOUBLE)"),
+    (
+        "where: {duration_s: {'>=': four}}",
+        "where.duration_s",
+        "'four' (str)",
+        "expected a number (duration_s is DOUBLE)",
+    ),
     ("where: {robot_id: 7}", "where.robot_id", "7 (int)", "expected text (robot_id is VARCHAR)"),
     ("where: {pipeline_version: 1.0}", "where.pipeline_version", "1.0 (float)", "quote it in YAML: '1.0'"),
     ("where: {success: 'yes'}", "where.success", "'yes' (str)", "expected true or false (success is BOOLEAN)"),
@@ -67,8 +95,12 @@ TYPE_MISMATCHES = [
     ("where: {duration_s: {like: '4%'}}", "where.duration_s", "", "like applies to text columns; duration_s is DOUBLE"),
     ("where: {duration_s: {'>': .nan}}", "where.duration_s", "nan (float)", "expected a number"),
     ("steps: {where: {step_index: {'>': two}}}", "steps.where.step_index", "'two' (str)", "step_index is INTEGER"),
-    ("weights: {by: pipeline_version, values: {1.0: 2.0}}", "weights.values.1.0", "1.0 (float)",
-     "a key: expected text"),
+    (
+        "weights: {by: pipeline_version, values: {1.0: 2.0}}",
+        "weights.values.1.0",
+        "1.0 (float)",
+        "a key: expected text",
+    ),
 ]
 
 

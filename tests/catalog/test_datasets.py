@@ -38,8 +38,9 @@ def manifest(dest, name, episodes):
 
 
 def publish(reg, name, version, info, sidecar, spec_text="name: s\n", notes=""):
-    return reg.publish(name, version, "s", spec_text, sidecar, arrow_url=info.arrow, parquet_url=info.parquet,
-                       notes=notes)
+    return reg.publish(
+        name, version, "s", spec_text, sidecar, arrow_url=info.arrow, parquet_url=info.parquet, notes=notes
+    )
 
 
 @pytest.fixture
@@ -62,7 +63,10 @@ def test_publish_resolve_same_hash_and_immutable_copy(reg, tmp_path):
         got = reg.resolve(r)
         assert got.sha256 == info.sha256
     assert Path(ref.arrow_url.removeprefix("file://")).read_bytes() == original
-    assert resolve_manifest_url("mix@1.0.0", f"sqlite:///{tmp_path / 'registry.sqlite'}") == (ref.arrow_url, info.sha256)
+    assert resolve_manifest_url("mix@1.0.0", f"sqlite:///{tmp_path / 'registry.sqlite'}") == (
+        ref.arrow_url,
+        info.sha256,
+    )
 
 
 def test_published_copy_loads_through_the_trainer_verifier(reg, tmp_path):
@@ -97,9 +101,23 @@ def test_manifest_changed_under_the_sidecar_is_refused(reg, tmp_path):
 
 def test_semver_ordering_and_latest(reg, tmp_path):
     info, sc = manifest(tmp_path / "m", "s", [("e1", "pick", [1])])
-    order = ["0.9.0", "1.0.0-alpha", "1.0.0-alpha.1", "1.0.0-alpha.beta", "1.0.0-beta.2", "1.0.0-beta.11",
-             "1.0.0-rc.1", "1.0.0", "1.2.0", "1.10.0", "2.0.0-rc.1"]
-    assert sorted(["1.10.0", "1.0.0-beta.11", *order[:5], "2.0.0-rc.1", "1.0.0", "1.2.0", "1.0.0-rc.1"], key=semver_key) == order
+    order = [
+        "0.9.0",
+        "1.0.0-alpha",
+        "1.0.0-alpha.1",
+        "1.0.0-alpha.beta",
+        "1.0.0-beta.2",
+        "1.0.0-beta.11",
+        "1.0.0-rc.1",
+        "1.0.0",
+        "1.2.0",
+        "1.10.0",
+        "2.0.0-rc.1",
+    ]
+    assert (
+        sorted(["1.10.0", "1.0.0-beta.11", *order[:5], "2.0.0-rc.1", "1.0.0", "1.2.0", "1.0.0-rc.1"], key=semver_key)
+        == order
+    )
     for v in ["1.2.0", "1.10.0", "1.0.0-rc.1", "0.9.0"]:
         publish(reg, "mix", v, info, sc)
     assert reg.versions("mix") == ["0.9.0", "1.0.0-rc.1", "1.2.0", "1.10.0"]
@@ -109,8 +127,10 @@ def test_semver_ordering_and_latest(reg, tmp_path):
     assert reg.previous("mix@1.2.0").version == "1.0.0-rc.1"
 
 
-@pytest.mark.parametrize("bad", ["", "@1.0.0", "mix@", "mix@1.0", "mix@01.0.0", "mix@1.0.0+build", "a@b@c",
-                                 "mi x@1.0.0", "mix@v1.0.0", None, 3])
+@pytest.mark.parametrize(
+    "bad",
+    ["", "@1.0.0", "mix@", "mix@1.0", "mix@01.0.0", "mix@1.0.0+build", "a@b@c", "mi x@1.0.0", "mix@v1.0.0", None, 3],
+)
 def test_malformed_refs(reg, bad):
     with pytest.raises(DatasetError):
         parse_ref(bad)
@@ -186,8 +206,12 @@ def test_a_changed_parquet_copy_fails_resolve_naming_the_file(reg, tmp_path):
     ref, _ = publish(reg, "mix", "1.1.0", b, sb)
     _tamper(ref.parquet_url)
     actual = _sha(ref.parquet_url)
-    for call in (lambda: reg.resolve("mix@1.1.0"), lambda: reg.resolve("mix"), lambda: reg.diff("mix@1.0.0", "mix"),
-                 lambda: resolve_manifest_url("mix@1.1.0", f"sqlite:///{tmp_path / 'registry.sqlite'}")):
+    for call in (
+        lambda: reg.resolve("mix@1.1.0"),
+        lambda: reg.resolve("mix"),
+        lambda: reg.diff("mix@1.0.0", "mix"),
+        lambda: resolve_manifest_url("mix@1.1.0", f"sqlite:///{tmp_path / 'registry.sqlite'}"),
+    ):
         with pytest.raises(ManifestIntegrityError) as e:
             call()
         msg = str(e.value)
@@ -202,8 +226,11 @@ def test_a_changed_or_missing_arrow_copy_fails_resolve(reg, tmp_path):
     info, sc = manifest(tmp_path / "m", "s", [("e1", "pick", [1])])
     ref, _ = publish(reg, "mix", "1.0.0", info, sc)
     _tamper(ref.arrow_url)
-    with pytest.raises(ManifestIntegrityError, match=rf"Arrow IPC manifest {ref.arrow_url} has SHA-256 \w+, but "
-                                                     rf"{ref.sha256} was recorded"):
+    with pytest.raises(
+        ManifestIntegrityError,
+        match=rf"Arrow IPC manifest {ref.arrow_url} has SHA-256 \w+, but "
+        rf"{ref.sha256} was recorded",
+    ):
         reg.resolve("mix@1.0.0")
     Path(ref.arrow_url.removeprefix("file://")).unlink()
     with pytest.raises(ManifestIntegrityError, match="does not exist"):

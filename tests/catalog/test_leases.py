@@ -28,14 +28,23 @@ def test_a_lease_is_alive_while_held_and_gone_once_released(registry):
 
 def test_a_lease_whose_holder_is_killed_is_gone_at_once(registry, tmp_path):
     url = registry.url.render_as_string(hide_password=False)
-    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
         import sys, time
         from dyna_resources.catalog.leases import RunLease
         from dyna_resources.catalog.registry import Registry
         RunLease(Registry({url!r}), "run-9:post:p9").hold()
         print("held", flush=True)
         time.sleep(600)
-    """)], stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
+    """),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=os.getcwd(),
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         assert RunLease(registry, "run-9:post:p9").alive()

@@ -21,11 +21,15 @@ def batches(sizes):
     start = 0
     for size in sizes:
         i = np.arange(start, start + size)
-        yield pa.record_batch({
-            "episode_id": pa.array([f"ep-{k // 3:05d}" for k in i], pa.large_string()),
-            "start_ns": i * 10**9, "end_ns": i * 10**9 + 2 * 10**9,
-            "task": pa.DictionaryArray.from_arrays(pa.array(i % 3, pa.int8()), task.dictionary),
-            "row": i})
+        yield pa.record_batch(
+            {
+                "episode_id": pa.array([f"ep-{k // 3:05d}" for k in i], pa.large_string()),
+                "start_ns": i * 10**9,
+                "end_ns": i * 10**9 + 2 * 10**9,
+                "task": pa.DictionaryArray.from_arrays(pa.array(i % 3, pa.int8()), task.dictionary),
+                "row": i,
+            }
+        )
         start += size
 
 
@@ -81,12 +85,16 @@ def test_plain_strings_become_large_strings(tmp_path):
 def test_remote_destination_gets_all_three_files_and_no_local_leftovers(tmp_path, monkeypatch):
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # where the files are staged before the upload
     import tempfile
+
     monkeypatch.setattr(tempfile, "tempdir", None)
     fs = fsspec.filesystem("memory")
     info = write_manifest(reader(IRREGULAR), "memory://store/manifests", "m", batch_rows=1024)
     assert info.arrow.startswith("memory://") and info.arrow.endswith("/store/manifests/m.arrow")
-    assert sorted(p.rsplit("/", 1)[1] for p in fs.ls("/store/manifests", detail=False)) == ["m.arrow", "m.json",
-                                                                                             "m.parquet"]
+    assert sorted(p.rsplit("/", 1)[1] for p in fs.ls("/store/manifests", detail=False)) == [
+        "m.arrow",
+        "m.json",
+        "m.parquet",
+    ]
     data = fs.cat_file("/store/manifests/m.arrow")
     assert hashlib.sha256(data).hexdigest() == info.sha256 and len(data) == info.arrow_bytes
     assert not list(tmp_path.iterdir())
@@ -110,7 +118,10 @@ def test_gs_round_trip_through_the_emulator(gcs, tmp_path):
     info = write_manifest(reader(IRREGULAR), gcs.url("manifests/run-1"), "m", batch_rows=1024, fs=gcs.fs)
     assert info.arrow == gcs.url("manifests/run-1/m.arrow")
     assert sorted(p.rsplit("/", 1)[1] for p in gcs.fs.ls(f"{gcs.bucket}/manifests/run-1", detail=False)) == [
-        "m.arrow", "m.json", "m.parquet"]
+        "m.arrow",
+        "m.json",
+        "m.parquet",
+    ]
     local = local_copy(info.arrow, tmp_path / "node", fs=gcs.fs)
     assert hashlib.sha256(local.read_bytes()).hexdigest() == info.sha256
     assert open_manifest(local).column("row").to_pylist() == list(range(N))

@@ -25,31 +25,68 @@ def outcomes(seed: int, n_files: int = 40) -> list[Outcome]:
     out = []
     for i in range(n_files):
         path, unit = f"site-a/ep-{i:04d}.h5", f"20261201T10-{i % 4:06d}"
-        gates = [{"gate": g, "passed": rng.random() > 0.2, "action": rng.choice(["quarantine", "flag"]),
-                  "detail": rng.choice(["", "x' OR 1=1; --"]), "pipeline_version": "1.5"} for g in GATES[:4]]
+        gates = [
+            {
+                "gate": g,
+                "passed": rng.random() > 0.2,
+                "action": rng.choice(["quarantine", "flag"]),
+                "detail": rng.choice(["", "x' OR 1=1; --"]),
+                "pipeline_version": "1.5",
+            }
+            for g in GATES[:4]
+        ]
         held = rng.random() < 0.2
-        episode = {"episode_id": f"ep-{i:04d}", "status": "rejected" if held else ACCEPTED, "source_bytes": 1000 + i,
-                   "duration_s": rng.uniform(1, 90), "task": rng.choice(["pick", "fold"]), "cameras": ["a", "b"]}
+        episode = {
+            "episode_id": f"ep-{i:04d}",
+            "status": "rejected" if held else ACCEPTED,
+            "source_bytes": 1000 + i,
+            "duration_s": rng.uniform(1, 90),
+            "task": rng.choice(["pick", "fold"]),
+            "cameras": ["a", "b"],
+        }
         q = {"gate": "readable", "reason": "bad", "pipeline_version": "1.5"} if held else None
         out.append(Outcome(path, unit, "pre", gates, episode, q, True))
     for i in rng.sample(range(n_files), n_files // 2) * 2:  # every chosen file twice: the later outcome wins
         path, unit = f"site-a/ep-{i:04d}.h5", f"20261201T10-{i % 4:06d}"
         ok = rng.random() > 0.3
-        gates = [{"gate": g, "passed": ok or rng.random() > 0.5, "action": "quarantine", "detail": "",
-                  "pipeline_version": "1.5"} for g in GATES[4:]]
-        episode = {"episode_id": f"ep-{i:04d}", "status": TRANSCODED if ok else QUARANTINED, "pipeline_version": "1.5",
-                   "schema_version": "1.0", "mcap_uri": f"file:///o/ep-{i:04d}.mcap" if ok else None,
-                   "mcap_bytes": rng.randint(1, 10**6) if ok else None}
-        q = None if ok else {"gate": "decodable", "reason": f"unit {rng.randint(0, 9)} bad", "stage": "post",
-                             "pipeline_version": "1.5"}
+        gates = [
+            {
+                "gate": g,
+                "passed": ok or rng.random() > 0.5,
+                "action": "quarantine",
+                "detail": "",
+                "pipeline_version": "1.5",
+            }
+            for g in GATES[4:]
+        ]
+        episode = {
+            "episode_id": f"ep-{i:04d}",
+            "status": TRANSCODED if ok else QUARANTINED,
+            "pipeline_version": "1.5",
+            "schema_version": "1.0",
+            "mcap_uri": f"file:///o/ep-{i:04d}.mcap" if ok else None,
+            "mcap_bytes": rng.randint(1, 10**6) if ok else None,
+        }
+        q = (
+            None
+            if ok
+            else {
+                "gate": "decodable",
+                "reason": f"unit {rng.randint(0, 9)} bad",
+                "stage": "post",
+                "pipeline_version": "1.5",
+            }
+        )
         out.append(Outcome(path, unit, "post", gates, episode, q, True))
     return out
 
 
 def dump(registry) -> dict:
     with registry.engine.begin() as c:
-        return {tab.name: sorted(tuple(r) for r in c.execute(select(tab)))
-                for tab in (t.episodes, t.gate_results, t.quarantine)}
+        return {
+            tab.name: sorted(tuple(r) for r in c.execute(select(tab)))
+            for tab in (t.episodes, t.gate_results, t.quarantine)
+        }
 
 
 def wipe(registry) -> None:
@@ -63,9 +100,16 @@ def test_bulk_outcomes_equal_one_at_a_time(registry, seed, copy_from, monkeypatc
     monkeypatch.setattr(bulk, "COPY_FROM", copy_from)  # 2: PostgreSQL's bulk writes go through COPY and staging
     todo = outcomes(seed)
     for o in todo:
-        registry.record_outcome(source_path=o.source_path, batch_key=o.batch_key, stage=o.stage, gates=o.gates,
-                                episode=o.episode, quarantine=o.quarantine, release_quarantine=o.release_quarantine,
-                                now=NOW)
+        registry.record_outcome(
+            source_path=o.source_path,
+            batch_key=o.batch_key,
+            stage=o.stage,
+            gates=o.gates,
+            episode=o.episode,
+            quarantine=o.quarantine,
+            release_quarantine=o.release_quarantine,
+            now=NOW,
+        )
     one_by_one = dump(registry)
     assert len(one_by_one["episodes"]) == 40 and one_by_one["quarantine"] and one_by_one["gate_results"]
     wipe(registry)
@@ -79,8 +123,13 @@ def test_bulk_outcomes_equal_one_at_a_time(registry, seed, copy_from, monkeypatc
 
 def test_a_refused_value_in_a_bulk_write_writes_nothing(registry):
     todo = outcomes(3, n_files=10)[:10]
-    bad = Outcome("site-a/ok.h5", "u", "pre", [], {"episode_id": "e" * 129, "status": ACCEPTED,
-                                                   "source_bytes": 1, "duration_s": 1.0})
+    bad = Outcome(
+        "site-a/ok.h5",
+        "u",
+        "pre",
+        [],
+        {"episode_id": "e" * 129, "status": ACCEPTED, "source_bytes": 1, "duration_s": 1.0},
+    )
     with pytest.raises(FieldValueError, match="episodes.episode_id"):
         registry.record_outcomes(todo + [bad], now=NOW)
     assert registry.counts()["episodes"] == registry.counts()["gate_results"] == 0
@@ -116,8 +165,18 @@ def test_outcome_buffer_commits_a_unit_once_or_groups_quick_outcomes(tmp_path):
     reg.close()
 
 
-TRICKY = ["", "tab\there", "new\nline", "cr\rhere", "back\\slash \\N", "\\.", "quote ' \" ;--", "\u00e9\u6f22\U0001f916",
-          "%s %(x)s", "\\t literal"]
+TRICKY = [
+    "",
+    "tab\there",
+    "new\nline",
+    "cr\rhere",
+    "back\\slash \\N",
+    "\\.",
+    "quote ' \" ;--",
+    "\u00e9\u6f22\U0001f916",
+    "%s %(x)s",
+    "\\t literal",
+]
 
 
 def test_copy_round_trips_every_kind_of_value(registry, monkeypatch):
@@ -126,24 +185,48 @@ def test_copy_round_trips_every_kind_of_value(registry, monkeypatch):
     import math
 
     monkeypatch.setattr(bulk, "COPY_FROM", 2)
-    rows = [{"episode_id": f"ep-{i:04d}", "status": ACCEPTED, "source_bytes": 2**40 + i if i % 3 else -7,
-             "duration_s": [1.5, math.inf, -math.inf, 1e-300, 0.1 + 0.2][i % 5], "task": TRICKY[i % len(TRICKY)],
-             "operator": TRICKY[(i + 3) % len(TRICKY)], "mcap_uri": None if i % 2 else TRICKY[i % len(TRICKY)],
-             "success": [True, False, None][i % 3], "sim": i % 2 == 1, "batch_key": "u", "source_path": f"p/{i}", "updated_at": NOW}
-            for i in range(25)]
+    rows = [
+        {
+            "episode_id": f"ep-{i:04d}",
+            "status": ACCEPTED,
+            "source_bytes": 2**40 + i if i % 3 else -7,
+            "duration_s": [1.5, math.inf, -math.inf, 1e-300, 0.1 + 0.2][i % 5],
+            "task": TRICKY[i % len(TRICKY)],
+            "operator": TRICKY[(i + 3) % len(TRICKY)],
+            "mcap_uri": None if i % 2 else TRICKY[i % len(TRICKY)],
+            "success": [True, False, None][i % 3],
+            "sim": i % 2 == 1,
+            "batch_key": "u",
+            "source_path": f"p/{i}",
+            "updated_at": NOW,
+        }
+        for i in range(25)
+    ]
     with registry.engine.begin() as c:
         bulk.upsert(c, registry.backend, t.episodes, rows, ["episode_id"])
-        bulk.update_by_key(c, registry.backend, t.episodes,
-                           [{"episode_id": r["episode_id"], "site": TRICKY[::-1][i % len(TRICKY)]} for i, r in enumerate(rows)],
-                           "episode_id")
+        bulk.update_by_key(
+            c,
+            registry.backend,
+            t.episodes,
+            [{"episode_id": r["episode_id"], "site": TRICKY[::-1][i % len(TRICKY)]} for i, r in enumerate(rows)],
+            "episode_id",
+        )
     got = {r["episode_id"]: r for r in registry.episodes()}
     assert len(got) == 25
     for i, r in enumerate(rows):
         g = got[r["episode_id"]]
         assert (g["task"], g["operator"], g["mcap_uri"], g["site"]) == (
-            r["task"], r["operator"], r["mcap_uri"], TRICKY[::-1][i % len(TRICKY)])
+            r["task"],
+            r["operator"],
+            r["mcap_uri"],
+            TRICKY[::-1][i % len(TRICKY)],
+        )
         assert (g["source_bytes"], g["success"], g["sim"], g["duration_s"]) == (
-            r["source_bytes"], r["success"], r["sim"], r["duration_s"])
+            r["source_bytes"],
+            r["success"],
+            r["sim"],
+            r["duration_s"],
+        )
 
 
 @pytest.mark.parametrize("copy_from", [bulk.COPY_FROM, 2])
@@ -157,8 +240,10 @@ def test_scores_follow_the_rule_exactly_on_either_backend(registry, copy_from, m
     for i, (n, f) in enumerate(pairs):
         path, unit, eid = f"site-a/s-{i:04d}.h5", "20261201T10-000000", f"s-{i:04d}"
         pre_n = n // 2
-        gates = [{"gate": f"g{k}", "passed": k >= f, "action": "flag", "detail": "", "pipeline_version": "1.5"}
-                 for k in range(n)]
+        gates = [
+            {"gate": f"g{k}", "passed": k >= f, "action": "flag", "detail": "", "pipeline_version": "1.5"}
+            for k in range(n)
+        ]
         episode = {"episode_id": eid, "status": ACCEPTED, "source_bytes": 1, "duration_s": 1.0}
         pre.append(Outcome(path, unit, "pre", gates[:pre_n], episode, None, True))
         post.append(Outcome(path, unit, "post", gates[pre_n:], {"episode_id": eid, "status": TRANSCODED}, None, True))
@@ -195,8 +280,13 @@ def test_a_call_written_in_parts_leaves_what_one_part_leaves(registry, monkeypat
 def test_a_refused_value_in_a_later_part_writes_nothing(registry, monkeypatch):
     monkeypatch.setattr(registry_module, "OUTCOME_PART", 4)
     todo = outcomes(3, n_files=20)
-    bad = Outcome("site-a/ok.h5", "u", "pre", [], {"episode_id": "e" * 129, "status": ACCEPTED,
-                                                   "source_bytes": 1, "duration_s": 1.0})
+    bad = Outcome(
+        "site-a/ok.h5",
+        "u",
+        "pre",
+        [],
+        {"episode_id": "e" * 129, "status": ACCEPTED, "source_bytes": 1, "duration_s": 1.0},
+    )
     with pytest.raises(FieldValueError, match="episodes.episode_id"):
         registry.record_outcomes(todo + [bad], now=NOW)  # the earlier parts ran before the last was built
     assert registry.counts()["episodes"] == registry.counts()["gate_results"] == 0
@@ -245,12 +335,23 @@ def test_a_files_pre_and_post_outcomes_written_at_once_both_count_in_its_score(r
     path, unit, eid = "site-a/race.h5", "20261205T01-000000", "ep-race"
 
     def gates(n: int, failed: int) -> list[dict]:
-        return [{"gate": f"g{k}", "passed": k >= failed, "action": "flag", "detail": "", "pipeline_version": "1.5"}
-                for k in range(n)]
+        return [
+            {"gate": f"g{k}", "passed": k >= failed, "action": "flag", "detail": "", "pipeline_version": "1.5"}
+            for k in range(n)
+        ]
 
-    registry.record_outcomes([Outcome(path, unit, "pre", [], {"episode_id": eid, "status": "accepted",
-                                                              "source_bytes": 1, "duration_s": 1.0},
-                                      {"gate": "readable", "reason": "held", "pipeline_version": "1.5"})])
+    registry.record_outcomes(
+        [
+            Outcome(
+                path,
+                unit,
+                "pre",
+                [],
+                {"episode_id": eid, "status": "accepted", "source_bytes": 1, "duration_s": 1.0},
+                {"gate": "readable", "reason": "held", "pipeline_version": "1.5"},
+            )
+        ]
+    )
     from dyna_resources.catalog.registry import Registry
 
     other = Registry(registry.url.render_as_string(hide_password=False))
@@ -259,15 +360,22 @@ def test_a_files_pre_and_post_outcomes_written_at_once_both_count_in_its_score(r
     def write(reg, outcome):
         try:
             reg.record_outcomes([outcome])
-        except BaseException as e:  # noqa: BLE001  (handed to the test's thread)
+        except BaseException as e:
             failed.append(e)
 
     pre = threading.Thread(target=write, args=(registry, Outcome(path, unit, "pre", gates(4, 1))))  # releases
-    post = threading.Thread(target=write, args=(other, Outcome(path, unit, "post", gates(6, 2),
-                                                               {"episode_id": eid, "status": "transcoded"},
-                                                               release_quarantine=False)))
-    waiting = text("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                   "AND wait_event_type = 'Lock'")
+    post = threading.Thread(
+        target=write,
+        args=(
+            other,
+            Outcome(
+                path, unit, "post", gates(6, 2), {"episode_id": eid, "status": "transcoded"}, release_quarantine=False
+            ),
+        ),
+    )
+    waiting = text(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    )
     holder = registry.engine.connect()
     try:
         holder.execute(text("SELECT 1 FROM quarantine WHERE source_path = :p FOR UPDATE"), {"p": path})

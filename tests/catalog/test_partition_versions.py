@@ -15,13 +15,27 @@ T0 = 1_793_000_000.0
 
 def truth(registry) -> list[dict]:
     """The summary recomputed from the rows of record."""
-    q = ("SELECT COALESCE(b.partition_key, '') AS partition_key, e.status, COALESCE(e.pipeline_version, '') AS pv, "
-         "COALESCE(e.schema_version, '') AS sv, COALESCE(e.ladder_version, '') AS lv, count(*) AS n "
-         "FROM episodes e LEFT JOIN ingest_batches b ON b.batch_key = e.batch_key GROUP BY 1, 2, 3, 4, 5")
+    q = (
+        "SELECT COALESCE(b.partition_key, '') AS partition_key, e.status, COALESCE(e.pipeline_version, '') AS pv, "
+        "COALESCE(e.schema_version, '') AS sv, COALESCE(e.ladder_version, '') AS lv, count(*) AS n "
+        "FROM episodes e LEFT JOIN ingest_batches b ON b.batch_key = e.batch_key GROUP BY 1, 2, 3, 4, 5"
+    )
     with registry.engine.connect() as c:
         rows = c.execute(text(q)).all()
-    return sorted(({"partition_key": r[0], "status": r[1], "pipeline_version": r[2], "schema_version": r[3],
-                    "ladder_version": r[4], "episodes": r[5]} for r in rows), key=_order)
+    return sorted(
+        (
+            {
+                "partition_key": r[0],
+                "status": r[1],
+                "pipeline_version": r[2],
+                "schema_version": r[3],
+                "ladder_version": r[4],
+                "episodes": r[5],
+            }
+            for r in rows
+        ),
+        key=_order,
+    )
 
 
 def summary(registry) -> list[dict]:
@@ -38,15 +52,32 @@ def files(n: int, start: int = 0) -> list[LandedFile]:
 
 def inventory(registry, f: LandedFile, unit: str) -> str:
     eid = "ep-" + f.path[-8:-3]
-    registry.record_outcome(source_path=f.path, batch_key=unit, stage="pre", gates=[], now=T0,
-                            episode={"episode_id": eid, "status": ACCEPTED, "source_bytes": f.bytes, "duration_s": 1.0})
+    registry.record_outcome(
+        source_path=f.path,
+        batch_key=unit,
+        stage="pre",
+        gates=[],
+        now=T0,
+        episode={"episode_id": eid, "status": ACCEPTED, "source_bytes": f.bytes, "duration_s": 1.0},
+    )
     return eid
 
 
 def transcoded(registry, f: LandedFile, unit: str, eid: str, pv: str, status: str = TRANSCODED) -> None:
-    registry.record_outcome(source_path=f.path, batch_key=unit, stage="post", gates=[], now=T0,
-                            episode={"episode_id": eid, "status": status, "pipeline_version": pv,
-                                     "schema_version": "1.0", "mcap_uri": f"file:///o/{eid}.mcap"})
+    registry.record_outcome(
+        source_path=f.path,
+        batch_key=unit,
+        stage="post",
+        gates=[],
+        now=T0,
+        episode={
+            "episode_id": eid,
+            "status": status,
+            "pipeline_version": pv,
+            "schema_version": "1.0",
+            "mcap_uri": f"file:///o/{eid}.mcap",
+        },
+    )
 
 
 def test_summary_follows_every_kind_of_write(registry):
@@ -119,8 +150,13 @@ def test_a_registry_made_before_the_summary_is_back_filled(registry, tmp_path):
                 c.execute(text(f"DROP TRIGGER {name}"))
         c.execute(text("DROP TABLE partition_versions"))
         # written while no trigger existed, as older code wrote it
-        c.execute(text("UPDATE episodes SET status = 'transcoded', pipeline_version = '1.0', schema_version = '1.0' "
-                       "WHERE episode_id = :e"), {"e": ids[1]})
+        c.execute(
+            text(
+                "UPDATE episodes SET status = 'transcoded', pipeline_version = '1.0', schema_version = '1.0' "
+                "WHERE episode_id = :e"
+            ),
+            {"e": ids[1]},
+        )
 
     reopened = Registry(registry.url.render_as_string(hide_password=False))
     try:
@@ -142,10 +178,18 @@ def test_a_postgres_registry_with_the_row_level_trigger_gets_the_statement_trigg
     with registry.engine.begin() as c:  # the trigger of older registries (its body is not needed here)
         for name in partition_versions._PG_TRIGGERS[:3]:
             c.execute(text(f"DROP TRIGGER {name} ON episodes"))
-        c.execute(text("CREATE FUNCTION dyna_episodes_pv() RETURNS trigger LANGUAGE plpgsql AS "
-                       "$$ BEGIN RAISE EXCEPTION 'the old trigger ran'; END $$"))
-        c.execute(text("CREATE TRIGGER episodes_pv AFTER INSERT OR DELETE OR UPDATE ON episodes "
-                       "FOR EACH ROW EXECUTE FUNCTION dyna_episodes_pv()"))
+        c.execute(
+            text(
+                "CREATE FUNCTION dyna_episodes_pv() RETURNS trigger LANGUAGE plpgsql AS "
+                "$$ BEGIN RAISE EXCEPTION 'the old trigger ran'; END $$"
+            )
+        )
+        c.execute(
+            text(
+                "CREATE TRIGGER episodes_pv AFTER INSERT OR DELETE OR UPDATE ON episodes "
+                "FOR EACH ROW EXECUTE FUNCTION dyna_episodes_pv()"
+            )
+        )
     reopened = Registry(registry.url.render_as_string(hide_password=False))
     try:
         with reopened.engine.begin() as c:
@@ -172,11 +216,19 @@ def test_sqlite_triggers_without_the_bulk_writes_clause_are_made_again(registry)
     ids = [inventory(registry, f, unit.key) for f in fs[:3]]
     with registry.engine.begin() as c:  # as older registries had them: no WHEN clause
         c.execute(text("DROP TRIGGER episodes_pv_insert"))
-        c.execute(text("CREATE TRIGGER episodes_pv_insert AFTER INSERT ON episodes BEGIN "
-                       "INSERT INTO partition_versions VALUES ('old', 'old', '', '', '', 1); END"))
+        c.execute(
+            text(
+                "CREATE TRIGGER episodes_pv_insert AFTER INSERT ON episodes BEGIN "
+                "INSERT INTO partition_versions VALUES ('old', 'old', '', '', '', 1); END"
+            )
+        )
         c.execute(text("DROP TRIGGER episodes_cdc_insert"))
-        c.execute(text("CREATE TRIGGER episodes_cdc_insert AFTER INSERT ON episodes BEGIN "
-                       "INSERT INTO change_log (tbl, op, pk) VALUES ('episodes', 'I', 'old-' || NEW.episode_id); END"))
+        c.execute(
+            text(
+                "CREATE TRIGGER episodes_cdc_insert AFTER INSERT ON episodes BEGIN "
+                "INSERT INTO change_log (tbl, op, pk) VALUES ('episodes', 'I', 'old-' || NEW.episode_id); END"
+            )
+        )
     reopened = Registry(registry.url.render_as_string(hide_password=False))
     try:
         for f in fs[3:]:
@@ -206,24 +258,45 @@ def test_a_bulk_write_folds_the_summary_and_logs_each_key_once(registry, monkeyp
     ids = [inventory(registry, f, units[0].key) for f in fs[:2]]
 
     def whole(i, unit):
-        return Outcome(fs[i].path, unit, "pre", [], {"episode_id": f"ep-{i:05d}", "status": ACCEPTED,
-                                                     "source_bytes": 1000, "duration_s": 1.0})
+        return Outcome(
+            fs[i].path,
+            unit,
+            "pre",
+            [],
+            {"episode_id": f"ep-{i:05d}", "status": ACCEPTED, "source_bytes": 1000, "duration_s": 1.0},
+        )
 
     def post(i, unit, pv, eid=None):
-        return Outcome(fs[i].path, unit, "post", [], {"episode_id": eid or f"ep-{i:05d}", "status": TRANSCODED,
-                                                      "pipeline_version": pv, "schema_version": "1.0"})
+        return Outcome(
+            fs[i].path,
+            unit,
+            "post",
+            [],
+            {"episode_id": eid or f"ep-{i:05d}", "status": TRANSCODED, "pipeline_version": pv, "schema_version": "1.0"},
+        )
+
     start = _log_head(registry) if registry.backend == "sqlite" else 0
     registry.record_outcomes([whole(0, units[0].key), whole(3, units[1].key), whole(4, units[1].key)], now=T0)
-    registry.record_outcomes([post(0, units[0].key, "0.9"), post(1, units[0].key, "1.0"), post(3, units[1].key, "1.0"),
-                              post(3, units[1].key, "1.1"), post(5, units[1].key, "1.0", eid="ep-absent")], now=T0)
+    registry.record_outcomes(
+        [
+            post(0, units[0].key, "0.9"),
+            post(1, units[0].key, "1.0"),
+            post(3, units[1].key, "1.0"),
+            post(3, units[1].key, "1.1"),
+            post(5, units[1].key, "1.0", eid="ep-absent"),
+        ],
+        now=T0,
+    )
     assert summary(registry) == truth(registry)
     assert registry.outdated_partitions(schema_version="1.0", pipeline_version="1.0") == [
-        _partition_of(registry, u.key) for u in units]
+        _partition_of(registry, u.key) for u in units
+    ]
     assert registry.episode_by_id("ep-00003")["pipeline_version"] == "1.1"  # the later outcome of the call won
     if registry.backend != "sqlite":
         return  # PostgreSQL: statement-level triggers, and the change log is the WAL
-    assert sorted(_log_since(registry, start)) == sorted([("U", ids[0]), ("I", "ep-00003"), ("I", "ep-00004"),
-                                                         ("U", "ep-00000"), ("U", "ep-00001"), ("U", "ep-00003")])
+    assert sorted(_log_since(registry, start)) == sorted(
+        [("U", ids[0]), ("I", "ep-00003"), ("I", "ep-00004"), ("U", "ep-00000"), ("U", "ep-00001"), ("U", "ep-00003")]
+    )
 
     # a bulk write that fails inside its transaction leaves no marker: the next hand-run write is counted
     run = bulk.run
@@ -232,6 +305,7 @@ def test_a_bulk_write_folds_the_summary_and_logs_each_key_once(registry, monkeyp
         if write.table is t.episodes and "UPDATE" in write.sql:  # the transcode outcome's update
             raise RuntimeError("the disk is gone")
         run(conn, write)
+
     monkeypatch.setattr(bulk, "run", boom)
     try:
         registry.record_outcomes([whole(2, units[0].key), post(4, units[1].key, "1.0")], now=T0)
@@ -258,8 +332,9 @@ def _log_head(registry) -> int:
 
 def _log_since(registry, seq: int) -> list[tuple]:
     with registry.engine.begin() as c:
-        return [tuple(r) for r in c.execute(text("SELECT op, pk FROM change_log WHERE seq > :s ORDER BY seq"),
-                                            {"s": seq})]
+        return [
+            tuple(r) for r in c.execute(text("SELECT op, pk FROM change_log WHERE seq > :s ORDER BY seq"), {"s": seq})
+        ]
 
 
 def test_a_postgres_registry_with_the_older_update_function_gets_this_one(registry):
@@ -270,8 +345,12 @@ def test_a_postgres_registry_with_the_older_update_function_gets_this_one(regist
     [unit] = registry.create_batches([fs], target_bytes=2000, now=T0)
     ids = [inventory(registry, f, unit.key) for f in fs]
     with registry.engine.begin() as c:  # as older registries had it (its body is not needed here)
-        c.execute(text("CREATE OR REPLACE FUNCTION dyna_episodes_pv_update() RETURNS trigger LANGUAGE plpgsql AS "
-                       "$$ BEGIN RAISE EXCEPTION 'the old function ran'; END $$"))
+        c.execute(
+            text(
+                "CREATE OR REPLACE FUNCTION dyna_episodes_pv_update() RETURNS trigger LANGUAGE plpgsql AS "
+                "$$ BEGIN RAISE EXCEPTION 'the old function ran'; END $$"
+            )
+        )
     reopened = Registry(registry.url.render_as_string(hide_password=False))
     try:
         for f, eid in zip(fs, ids, strict=True):
@@ -301,8 +380,13 @@ def test_an_outcome_write_that_deadlocks_is_written_again(registry, monkeypatch,
     monkeypatch.setattr(registry_module, "OUTCOME_PART", 1)  # one outcome a part: one statement a partition
 
     def episode(f, unit):
-        return Outcome(f.path, unit, "pre", [], {"episode_id": "ep-" + f.path[-8:-3], "status": ACCEPTED,
-                                                "source_bytes": f.bytes, "duration_s": 1.0})
+        return Outcome(
+            f.path,
+            unit,
+            "pre",
+            [],
+            {"episode_id": "ep-" + f.path[-8:-3], "status": ACCEPTED, "source_bytes": f.bytes, "duration_s": 1.0},
+        )
 
     failed = []
 
@@ -319,8 +403,9 @@ def test_an_outcome_write_that_deadlocks_is_written_again(registry, monkeypatch,
         other.execute(bump, {"p": p2.key})
         writer = threading.Thread(target=write)
         writer.start()
-        waiting = text("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                       "AND wait_event_type = 'Lock'")
+        waiting = text(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
         with registry.engine.connect() as watch:
             while writer.is_alive() and not watch.execute(waiting).scalar_one():
                 watch.rollback()  # a fresh snapshot of pg_stat_activity each time

@@ -44,8 +44,10 @@ def table_names(registry) -> set[str]:
 
 
 def landed(n: int, start: int = 0, site: str = "site-a") -> list[LandedFile]:
-    return [LandedFile(f"{site}/2026/ep-{i:06d}.h5", 1000 + i, 1_700_000_000_000_000_000 + i)
-            for i in range(start, start + n)]
+    return [
+        LandedFile(f"{site}/2026/ep-{i:06d}.h5", 1000 + i, 1_700_000_000_000_000_000 + i)
+        for i in range(start, start + n)
+    ]
 
 
 def gate(name: str, passed: bool = True, action: str = "quarantine", detail: str = "", pv: str = "1.0") -> dict:
@@ -54,9 +56,17 @@ def gate(name: str, passed: bool = True, action: str = "quarantine", detail: str
 
 def episode_row(episode_id: str, status: str = ACCEPTED, **extra) -> dict:
     """A whole episode row, as the pre stage (inventory) writes it."""
-    row = {"episode_id": episode_id, "status": status, "source_bytes": 123_456, "duration_s": 4.0,
-           "source_sha256": "ab" * 32, "schema_version": None, "pipeline_version": None,
-           "mcap_path": None, "mcap_bytes": None}
+    row = {
+        "episode_id": episode_id,
+        "status": status,
+        "source_bytes": 123_456,
+        "duration_s": 4.0,
+        "source_sha256": "ab" * 32,
+        "schema_version": None,
+        "pipeline_version": None,
+        "mcap_path": None,
+        "mcap_bytes": None,
+    }
     row.update(extra)
     return row
 
@@ -67,6 +77,7 @@ def counts(**nonzero) -> dict[str, int]:
 
 # -- the fixture itself ------------------------------------------------------------------------
 
+
 def test_fixture_gives_an_empty_registry_on_the_requested_backend(registry, request):
     assert registry.engine.dialect.name == request.node.callspec.params["registry"]
     registry.ping()
@@ -76,6 +87,7 @@ def test_fixture_gives_an_empty_registry_on_the_requested_backend(registry, requ
 
 
 # -- landing -----------------------------------------------------------------------------------
+
 
 def test_register_files_is_idempotent(registry):
     files = landed(5)
@@ -120,6 +132,7 @@ def test_unbatched_files_lists_files_outside_batches_and_the_oldest(registry):
 
 # -- batches -----------------------------------------------------------------------------------
 
+
 def test_batch_key_format_is_sortable():
     assert batch_key(1, T0) == f"{HOUR}-000001"
     assert batch_key(123456, T0 + 3600) == "20261102T09-123456"
@@ -154,8 +167,9 @@ def test_create_batches_keys_seq_and_membership(registry):
     assert registry.create_batches([files[0:3]], target_bytes=5000, now=T0) == []
     assert registry.create_batches([], target_bytes=5000, now=T0) == []
     registry.register_files(landed(1, start=6), now=T0)
-    assert registry.create_batches([landed(1, start=6)], target_bytes=5000, now=T0) == \
-        [Batch(4, f"{HOUR}-000004", 1, 1006)]
+    assert registry.create_batches([landed(1, start=6)], target_bytes=5000, now=T0) == [
+        Batch(4, f"{HOUR}-000004", 1, 1006)
+    ]
 
 
 def test_create_batches_never_moves_a_batched_file(registry):
@@ -203,6 +217,7 @@ def test_unknown_batch_raises_key_error(registry):
 
 # -- episodes, gates, quarantine ---------------------------------------------------------------
 
+
 def _one_batch(registry, n: int = 1) -> tuple[list[LandedFile], str]:
     files = landed(n)
     registry.register_files(files, now=T0)
@@ -213,24 +228,63 @@ def _one_batch(registry, n: int = 1) -> tuple[list[LandedFile], str]:
 def test_episode_row_round_trips_every_column(registry):
     [f], key = _one_batch(registry)
     episode = episode_row(
-        "ep-000001", robot_id="arm-07", robot_model="dyna-a1", robot_sw_version="4.2.1", task="pick_place",
-        site="sfo-lab", operator="op-3", success=True, started_at="2026-11-02T08:15:00Z",
-        cameras=["wrist", "head"], timestamps_ok=True, camera_dropped=False, camera_dead=False,
-        frame_drop_fraction=0.25, quality_ok=True, source_bytes=2**40 + 7, duration_s=12.5, ingested_at=T0,
-        start_ns=1_793_000_000_123_456_789, end_ns=1_793_000_012_623_456_789, n_steps=2500, n_frames=1125,
-        dropped_cameras='["wrist"]', sim=False, mcap_uri="gs://bucket/mcap/ep-000001.mcap", mcap_version="1765432100123456",
+        "ep-000001",
+        robot_id="arm-07",
+        robot_model="dyna-a1",
+        robot_sw_version="4.2.1",
+        task="pick_place",
+        site="sfo-lab",
+        operator="op-3",
+        success=True,
+        started_at="2026-11-02T08:15:00Z",
+        cameras=["wrist", "head"],
+        timestamps_ok=True,
+        camera_dropped=False,
+        camera_dead=False,
+        frame_drop_fraction=0.25,
+        quality_ok=True,
+        source_bytes=2**40 + 7,
+        duration_s=12.5,
+        ingested_at=T0,
+        start_ns=1_793_000_000_123_456_789,
+        end_ns=1_793_000_012_623_456_789,
+        n_steps=2500,
+        n_frames=1125,
+        dropped_cameras='["wrist"]',
+        sim=False,
+        mcap_uri="gs://bucket/mcap/ep-000001.mcap",
+        mcap_version="1765432100123456",
         dark_frame_fraction=0.5,
         frozen_frame_fraction=0.125,
-        smoothness_score=0.95, sensor_health_score=0.75, task_score=1.0, quality_verdict="review",
-        quality_reasons='[{"check": "frame_drop_fraction", "detail": "x"}]', review_verdict="accept",
-        reviewed_by="ann", reviewed_at=T0 + 1, review_note="ok", step_ladder='[{"name": "reach"}]',
-        ladder_version="heuristic-1.0123456789", failed_step="grasp", ladder_error="no procedure")
-    registry.record_outcome(source_path=f.path, batch_key=key, stage="pre", gates=[gate("readable")],
-                            episode=episode, now=T0 + 5)
+        smoothness_score=0.95,
+        sensor_health_score=0.75,
+        task_score=1.0,
+        quality_verdict="review",
+        quality_reasons='[{"check": "frame_drop_fraction", "detail": "x"}]',
+        review_verdict="accept",
+        reviewed_by="ann",
+        reviewed_at=T0 + 1,
+        review_note="ok",
+        step_ladder='[{"name": "reach"}]',
+        ladder_version="heuristic-1.0123456789",
+        failed_step="grasp",
+        ladder_error="no procedure",
+    )
+    registry.record_outcome(
+        source_path=f.path, batch_key=key, stage="pre", gates=[gate("readable")], episode=episode, now=T0 + 5
+    )
 
     row = registry.episode_by_id("ep-000001")
-    expected = {**episode, "cameras": json.dumps(["wrist", "head"]), "source_path": f.path,
-                "batch_key": key, "updated_at": T0 + 5, "gates_checked": 1, "gates_failed": 0, "quality_score": 1.0}
+    expected = {
+        **episode,
+        "cameras": json.dumps(["wrist", "head"]),
+        "source_path": f.path,
+        "batch_key": key,
+        "updated_at": T0 + 5,
+        "gates_checked": 1,
+        "gates_failed": 0,
+        "quality_score": 1.0,
+    }
     assert row == expected
     assert json.loads(row["cameras"]) == ["wrist", "head"]
     assert registry.episodes() == [expected]
@@ -241,14 +295,28 @@ def test_episode_row_round_trips_every_column(registry):
     # Columns left out take their defaults.
     registry.register_files(landed(1, start=1), now=T0)
     [b2] = registry.create_batches([landed(1, start=1)], target_bytes=10_000, now=T0)
-    registry.record_outcome(source_path=landed(1, start=1)[0].path, batch_key=b2.key, stage="pre", gates=[],
-                            episode={"episode_id": "ep-000002", "status": ACCEPTED, "source_bytes": 10,
-                                     "duration_s": 1.0}, now=T0 + 6)
+    registry.record_outcome(
+        source_path=landed(1, start=1)[0].path,
+        batch_key=b2.key,
+        stage="pre",
+        gates=[],
+        episode={"episode_id": "ep-000002", "status": ACCEPTED, "source_bytes": 10, "duration_s": 1.0},
+        now=T0 + 6,
+    )
     minimal = registry.episode_by_id("ep-000002")
-    assert {k: minimal[k] for k in ("robot_id", "robot_model", "robot_sw_version", "task", "site", "operator",
-                                    "started_at", "cameras")} == {
-        "robot_id": "", "robot_model": "", "robot_sw_version": "", "task": "", "site": "", "operator": "",
-        "started_at": "", "cameras": "[]"}
+    assert {
+        k: minimal[k]
+        for k in ("robot_id", "robot_model", "robot_sw_version", "task", "site", "operator", "started_at", "cameras")
+    } == {
+        "robot_id": "",
+        "robot_model": "",
+        "robot_sw_version": "",
+        "task": "",
+        "site": "",
+        "operator": "",
+        "started_at": "",
+        "cameras": "[]",
+    }
     assert minimal["success"] is None and minimal["source_sha256"] is None and minimal["quality_ok"] is None
 
 
@@ -259,13 +327,22 @@ def test_values_one_backend_would_refuse_are_refused_on_both_naming_the_column(r
     before = registry.counts()
 
     def record(**kw):
-        args = {"source_path": f.path, "batch_key": key, "stage": "pre", "gates": [gate("readable")],
-                "episode": episode_row("ep-000001")}
+        args = {
+            "source_path": f.path,
+            "batch_key": key,
+            "stage": "pre",
+            "gates": [gate("readable")],
+            "episode": episode_row("ep-000001"),
+        }
         registry.record_outcome(**{**args, **kw})
 
-    with pytest.raises(FieldValueError, match=r"^episodes\.task: 10000000 characters, the registry stores at most 256$"):
+    with pytest.raises(
+        FieldValueError, match=r"^episodes\.task: 10000000 characters, the registry stores at most 256$"
+    ):
         record(episode=episode_row("ep-000001", task="x" * 10_000_000))
-    with pytest.raises(FieldValueError, match=r"^episodes\.site: 129 characters, the registry stores at most 128$") as e:
+    with pytest.raises(
+        FieldValueError, match=r"^episodes\.site: 129 characters, the registry stores at most 128$"
+    ) as e:
         record(episode=episode_row("ep-000001", site="s" * 129))
     assert (e.value.table, e.value.column) == ("episodes", "site")
     with pytest.raises(FieldValueError, match=r"^episodes\.operator: contains a NUL character"):
@@ -276,8 +353,10 @@ def test_values_one_backend_would_refuse_are_refused_on_both_naming_the_column(r
         record(gates=[gate("g" * 65)])
     assert registry.counts() == before  # nothing half-written: not even the gate results
 
-    record(episode=episode_row("ep-000001", task="t" * 256, operator="o" * 128), quarantine={
-        "gate": "readable", "reason": "\u00e9" * 100_000, "stream": "/" * 256, "pipeline_version": "1.0"})
+    record(
+        episode=episode_row("ep-000001", task="t" * 256, operator="o" * 128),
+        quarantine={"gate": "readable", "reason": "\u00e9" * 100_000, "stream": "/" * 256, "pipeline_version": "1.0"},
+    )
     row = registry.episode_by_id("ep-000001")
     assert (row["task"], row["operator"]) == ("t" * 256, "o" * 128)  # at the limit: stored whole on both
     (q,) = registry.quarantined()
@@ -288,16 +367,25 @@ def test_values_one_backend_would_refuse_are_refused_on_both_naming_the_column(r
 
 def test_record_outcome_is_idempotent(registry):
     [f], key = _one_batch(registry)
-    gates = [gate("readable"), gate("timestamps", passed=False, detail="non-monotonic ts at 1.5s"),
-             gate("camera_drop", passed=False, action="flag", detail="head: 3 frames")]
+    gates = [
+        gate("readable"),
+        gate("timestamps", passed=False, detail="non-monotonic ts at 1.5s"),
+        gate("camera_drop", passed=False, action="flag", detail="head: 3 frames"),
+    ]
     episode = episode_row("ep-000001", status=REJECTED, cameras=["head"], timestamps_ok=False)
-    q = {"gate": "timestamps", "reason": "non-monotonic ts at 1.5s", "stream": "/joint_states",
-         "pipeline_version": "1.0"}
+    q = {
+        "gate": "timestamps",
+        "reason": "non-monotonic ts at 1.5s",
+        "stream": "/joint_states",
+        "pipeline_version": "1.0",
+    }
     for _ in range(2):
-        registry.record_outcome(source_path=f.path, batch_key=key, stage="pre", gates=gates, episode=episode,
-                                quarantine=q, now=T0 + 10)
-    assert registry.counts() == counts(landed_files=1, ingest_batches=1, episodes=1, gate_results=1,
-                                       quarantine=1)  # one row per file and stage
+        registry.record_outcome(
+            source_path=f.path, batch_key=key, stage="pre", gates=gates, episode=episode, quarantine=q, now=T0 + 10
+        )
+    assert registry.counts() == counts(
+        landed_files=1, ingest_batches=1, episodes=1, gate_results=1, quarantine=1
+    )  # one row per file and stage
 
     results = registry.gate_results(key)
     assert [(r["gate"], r["stage"], r["passed"], r["action"], r["detail"], r["episode_id"]) for r in results] == [
@@ -305,10 +393,19 @@ def test_record_outcome_is_idempotent(registry):
         ("readable", "pre", True, "quarantine", "", "ep-000001"),
         ("timestamps", "pre", False, "quarantine", "non-monotonic ts at 1.5s", "ep-000001"),
     ]
-    assert registry.quarantined() == [{
-        "source_path": f.path, "batch_key": key, "episode_id": "ep-000001", "stage": "pre", "gate": "timestamps",
-        "reason": "non-monotonic ts at 1.5s", "stream": "/joint_states", "pipeline_version": "1.0",
-        "quarantined_at": T0 + 10}]
+    assert registry.quarantined() == [
+        {
+            "source_path": f.path,
+            "batch_key": key,
+            "episode_id": "ep-000001",
+            "stage": "pre",
+            "gate": "timestamps",
+            "reason": "non-monotonic ts at 1.5s",
+            "stream": "/joint_states",
+            "pipeline_version": "1.0",
+            "quarantined_at": T0 + 10,
+        }
+    ]
     assert registry.quarantined(key) == registry.quarantined()
     assert registry.episode_by_id("ep-000001")["status"] == REJECTED
     scored = registry.episode_by_id("ep-000001")
@@ -316,12 +413,21 @@ def test_record_outcome_is_idempotent(registry):
 
     # A replay after the file was fixed: gates overwrite their rows, the quarantine is released.
     fixed = [gate("readable"), gate("timestamps"), gate("camera_drop", action="flag")]
-    registry.record_outcome(source_path=f.path, batch_key=key, stage="pre", gates=fixed,
-                            episode=episode_row("ep-000001", status=ACCEPTED, timestamps_ok=True), quarantine=None,
-                            now=T0 + 20)
+    registry.record_outcome(
+        source_path=f.path,
+        batch_key=key,
+        stage="pre",
+        gates=fixed,
+        episode=episode_row("ep-000001", status=ACCEPTED, timestamps_ok=True),
+        quarantine=None,
+        now=T0 + 20,
+    )
     assert registry.counts() == counts(landed_files=1, ingest_batches=1, episodes=1, gate_results=1)
     assert [(r["gate"], r["passed"], r["detail"], r["checked_at"]) for r in registry.gate_results(key, "pre")] == [
-        ("camera_drop", True, "", T0 + 20), ("readable", True, "", T0 + 20), ("timestamps", True, "", T0 + 20)]
+        ("camera_drop", True, "", T0 + 20),
+        ("readable", True, "", T0 + 20),
+        ("timestamps", True, "", T0 + 20),
+    ]
     assert registry.gate_results(key, "post") == []
     assert registry.quarantined() == []
     row = registry.episode_by_id("ep-000001")
@@ -332,60 +438,134 @@ def test_record_outcome_is_idempotent(registry):
 
 def test_post_stage_updates_the_episode_without_source_bytes(registry):
     [f], key = _one_batch(registry)
-    registry.record_outcome(source_path=f.path, batch_key=key, stage="pre", gates=[gate("readable")],
-                            episode=episode_row("ep-000001", robot_id="arm-07", quality_ok=True), now=T0)
-    update = {"episode_id": "ep-000001", "status": TRANSCODED, "schema_version": "1.0", "pipeline_version": "2.0",
-              "mcap_path": "/out/ep-000001.mcap", "mcap_bytes": 55_000, "quality_ok": True}
+    registry.record_outcome(
+        source_path=f.path,
+        batch_key=key,
+        stage="pre",
+        gates=[gate("readable")],
+        episode=episode_row("ep-000001", robot_id="arm-07", quality_ok=True),
+        now=T0,
+    )
+    update = {
+        "episode_id": "ep-000001",
+        "status": TRANSCODED,
+        "schema_version": "1.0",
+        "pipeline_version": "2.0",
+        "mcap_path": "/out/ep-000001.mcap",
+        "mcap_bytes": 55_000,
+        "quality_ok": True,
+    }
     for _ in range(2):
-        registry.record_outcome(source_path=f.path, batch_key=key, stage="post", gates=[gate("decodable", pv="2.0")],
-                                episode=update, now=T0 + 30)
+        registry.record_outcome(
+            source_path=f.path,
+            batch_key=key,
+            stage="post",
+            gates=[gate("decodable", pv="2.0")],
+            episode=update,
+            now=T0 + 30,
+        )
     row = registry.episode_by_id("ep-000001")
     assert {k: row[k] for k in (*update, "robot_id", "source_bytes", "duration_s", "updated_at")} == {
-        **update, "robot_id": "arm-07", "source_bytes": 123_456, "duration_s": 4.0, "updated_at": T0 + 30}
+        **update,
+        "robot_id": "arm-07",
+        "source_bytes": 123_456,
+        "duration_s": 4.0,
+        "updated_at": T0 + 30,
+    }
     assert registry.counts() == counts(landed_files=1, ingest_batches=1, episodes=1, gate_results=2)
     assert [(r["stage"], r["gate"], r["pipeline_version"]) for r in registry.gate_results(key)] == [
-        ("post", "decodable", "2.0"), ("pre", "readable", "1.0")]
+        ("post", "decodable", "2.0"),
+        ("pre", "readable", "1.0"),
+    ]
     assert (row["gates_checked"], row["gates_failed"], row["quality_score"]) == (2, 0, 1.0)  # both stages
 
     # An update for an episode the registry does not know adds no row.
-    registry.record_outcome(source_path="site-a/unknown.h5", batch_key=key, stage="post", gates=[],
-                            episode={"episode_id": "ep-404", "status": TRANSCODED}, now=T0 + 40)
+    registry.record_outcome(
+        source_path="site-a/unknown.h5",
+        batch_key=key,
+        stage="post",
+        gates=[],
+        episode={"episode_id": "ep-404", "status": TRANSCODED},
+        now=T0 + 40,
+    )
     assert registry.episode_by_id("ep-404") is None
     assert registry.counts()["episodes"] == 1
 
 
 def test_quarantine_release_only_when_asked(registry):
     [f], key = _one_batch(registry)
-    registry.record_outcome(source_path=f.path, batch_key=key, stage="pre", gates=[gate("readable")],
-                            episode=episode_row("ep-000001"), now=T0)
-    q = {"gate": "transcode", "stage": "transcode", "reason": "h264 encoder failed", "stream": "/cam/head",
-         "pipeline_version": "2.0"}
-    registry.record_outcome(source_path=f.path, batch_key=key, stage="post", gates=[],
-                            episode={"episode_id": "ep-000001", "status": QUARANTINED, "pipeline_version": "2.0",
-                                     "schema_version": "1.0"}, quarantine=q, now=T0 + 1)
+    registry.record_outcome(
+        source_path=f.path,
+        batch_key=key,
+        stage="pre",
+        gates=[gate("readable")],
+        episode=episode_row("ep-000001"),
+        now=T0,
+    )
+    q = {
+        "gate": "transcode",
+        "stage": "transcode",
+        "reason": "h264 encoder failed",
+        "stream": "/cam/head",
+        "pipeline_version": "2.0",
+    }
+    registry.record_outcome(
+        source_path=f.path,
+        batch_key=key,
+        stage="post",
+        gates=[],
+        episode={"episode_id": "ep-000001", "status": QUARANTINED, "pipeline_version": "2.0", "schema_version": "1.0"},
+        quarantine=q,
+        now=T0 + 1,
+    )
     [held] = registry.quarantined(key)
-    assert (held["stage"], held["gate"], held["stream"], held["episode_id"]) == \
-        ("transcode", "transcode", "/cam/head", "ep-000001")
+    assert (held["stage"], held["gate"], held["stream"], held["episode_id"]) == (
+        "transcode",
+        "transcode",
+        "/cam/head",
+        "ep-000001",
+    )
 
     # A newer failure replaces the record (still one row per file).
-    registry.record_outcome(source_path=f.path, batch_key=key, stage="post", gates=[gate("decodable", False)],
-                            quarantine={**q, "reason": "decode mismatch", "gate": "decodable", "stage": "post"},
-                            now=T0 + 2)
+    registry.record_outcome(
+        source_path=f.path,
+        batch_key=key,
+        stage="post",
+        gates=[gate("decodable", False)],
+        quarantine={**q, "reason": "decode mismatch", "gate": "decodable", "stage": "post"},
+        now=T0 + 2,
+    )
     [held] = registry.quarantined(key)
-    assert (held["stage"], held["gate"], held["reason"], held["quarantined_at"]) == \
-        ("post", "decodable", "decode mismatch", T0 + 2)
+    assert (held["stage"], held["gate"], held["reason"], held["quarantined_at"]) == (
+        "post",
+        "decodable",
+        "decode mismatch",
+        T0 + 2,
+    )
     assert held["episode_id"] is None  # neither episode nor quarantine named one this time
 
     # release_quarantine=False keeps the record untouched.
-    registry.record_outcome(source_path=f.path, batch_key=key, stage="pre", gates=[gate("readable")],
-                            episode=episode_row("ep-000001", status=QUARANTINED), quarantine=None,
-                            release_quarantine=False, now=T0 + 3)
+    registry.record_outcome(
+        source_path=f.path,
+        batch_key=key,
+        stage="pre",
+        gates=[gate("readable")],
+        episode=episode_row("ep-000001", status=QUARANTINED),
+        quarantine=None,
+        release_quarantine=False,
+        now=T0 + 3,
+    )
     assert registry.quarantined(key) == [held]
 
     # The default releases it; other files' records are untouched.
-    registry.record_outcome(source_path="site-a/other.h5", batch_key=key, stage="pre", gates=[],
-                            quarantine={"gate": "readable", "reason": "truncated", "pipeline_version": "2.0"},
-                            now=T0 + 4)
+    registry.record_outcome(
+        source_path="site-a/other.h5",
+        batch_key=key,
+        stage="pre",
+        gates=[],
+        quarantine={"gate": "readable", "reason": "truncated", "pipeline_version": "2.0"},
+        now=T0 + 4,
+    )
     registry.record_outcome(source_path=f.path, batch_key=key, stage="post", gates=[], now=T0 + 5)
     assert [r["source_path"] for r in registry.quarantined()] == ["site-a/other.h5"]
     assert registry.quarantined()[0]["stream"] is None
@@ -394,24 +574,43 @@ def test_quarantine_release_only_when_asked(registry):
 
 # -- drift ------------------------------------------------------------------------------------
 
-def _stage(registry, path: str, key: str, episode_id: str, status: str, pv: str | None = None,
-           sv: str | None = "1.0") -> None:
+
+def _stage(
+    registry, path: str, key: str, episode_id: str, status: str, pv: str | None = None, sv: str | None = "1.0"
+) -> None:
     """Pre stage writes the row, then (for transcoded/quarantined) the post stage stamps versions."""
     pre_status = REJECTED if status == REJECTED else ACCEPTED
-    registry.record_outcome(source_path=path, batch_key=key, stage="pre", gates=[gate("readable")],
-                            episode=episode_row(episode_id, status=pre_status), now=T0)
+    registry.record_outcome(
+        source_path=path,
+        batch_key=key,
+        stage="pre",
+        gates=[gate("readable")],
+        episode=episode_row(episode_id, status=pre_status),
+        now=T0,
+    )
     if status in (TRANSCODED, QUARANTINED):
-        registry.record_outcome(source_path=path, batch_key=key, stage="post", gates=[gate("decodable", pv=pv)],
-                                episode={"episode_id": episode_id, "status": status, "pipeline_version": pv,
-                                         "schema_version": sv, "mcap_path": f"/out/{episode_id}.mcap"},
-                                now=T0 + 1)
+        registry.record_outcome(
+            source_path=path,
+            batch_key=key,
+            stage="post",
+            gates=[gate("decodable", pv=pv)],
+            episode={
+                "episode_id": episode_id,
+                "status": status,
+                "pipeline_version": pv,
+                "schema_version": sv,
+                "mcap_path": f"/out/{episode_id}.mcap",
+            },
+            now=T0 + 1,
+        )
 
 
 def test_stale_episodes_and_outdated_batches(registry):
     files = landed(12)
     registry.register_files(files, now=T0)
     a, b, c, d, e = registry.create_batches(
-        [files[0:5], files[5:8], files[8:9], files[9:10], files[10:12]], target_bytes=10_000, now=T0)
+        [files[0:5], files[5:8], files[8:9], files[9:10], files[10:12]], target_bytes=10_000, now=T0
+    )
     kw = dict(schema_version="1.0", pipeline_version="2.0")
 
     # a: every status; b: only up to date or never transcoded; c: accepted only (not drift);
@@ -448,8 +647,10 @@ def test_stale_episodes_and_outdated_batches(registry):
     assert registry.outdated_batches(**kw) == sorted([a.key, d.key])
     # At the old pipeline version the picture flips: what 2.0 wrote is the drift.
     assert registry.outdated_batches(schema_version="1.0", pipeline_version="1.0") == [a.key, b.key, d.key, e.key]
-    assert [r["episode_id"] for r in registry.stale_episodes(a.key, schema_version="1.0", pipeline_version="1.0")] \
-        == ["a-1-accepted", "a-3-transcoded-new"]
+    assert [r["episode_id"] for r in registry.stale_episodes(a.key, schema_version="1.0", pipeline_version="1.0")] == [
+        "a-1-accepted",
+        "a-3-transcoded-new",
+    ]
 
     # Re-transcoding the stale rows at the current version clears the drift.
     for f, batch, eid, status, pv, sv in plan:
@@ -466,8 +667,10 @@ def test_units_join_partitions_in_order_and_drift_is_found_per_partition(registr
     assert all(u.partition_key is None for u in units)
     # 1000-1005 bytes a unit: a partition of 2500 bytes is full at its third unit
     sealed = registry.assign_partitions(target_bytes=2500, max_wait_s=3600, now=T0)
-    assert [(p.seq, p.key, p.units, p.files) for p in sealed] == [(1, "20261102-000001", 3, 3),
-                                                                   (2, "20261102-000002", 3, 3)]
+    assert [(p.seq, p.key, p.units, p.files) for p in sealed] == [
+        (1, "20261102-000001", 3, 3),
+        (2, "20261102-000002", 3, 3),
+    ]
     assert sealed[0].bytes == sum(f.bytes for f in files[:3]) and sealed[0].sealed
     assert [u.key for u in registry.partition_units(sealed[1].key)] == [u.key for u in units[3:]]
     assert [u.partition_key for u in registry.batches_after(0)] == [sealed[0].key] * 3 + [sealed[1].key] * 3
@@ -499,9 +702,10 @@ def test_units_join_partitions_in_order_and_drift_is_found_per_partition(registr
 
 # -- input never reaches SQL as text ------------------------------------------------------------
 
+
 def test_hostile_values_are_bound_parameters(registry):
     path = "site-a/x'); DROP TABLE episodes;--.h5"
-    other = 'site-a/"quoted" %s %(x)s \\ back; DELETE FROM landed_files WHERE \'1\'=\'1.h5'
+    other = "site-a/\"quoted\" %s %(x)s \\ back; DELETE FROM landed_files WHERE '1'='1.h5"
     episode_id = "ep-'; DROP TABLE landed_files;--"
     files = [LandedFile(path, 10, 1), LandedFile(other, 20, 2)]
     assert registry.register_files(files, now=T0) == 2
@@ -511,17 +715,33 @@ def test_hostile_values_are_bound_parameters(registry):
 
     ep = episode_row(episode_id, task="pick'); DELETE FROM quarantine;--", operator='o"p', cameras=["c'); --"])
     reason = "bad header: '); DROP TABLE quarantine;--"
-    registry.record_outcome(source_path=path, batch_key=b.key, stage="pre",
-                            gates=[gate("readable", False, detail=reason)], episode=ep,
-                            quarantine={"gate": "readable", "reason": reason, "stream": "%s", "pipeline_version": "1.0"},
-                            now=T0)
-    registry.record_outcome(source_path=path, batch_key=b.key, stage="post", gates=[],
-                            episode={"episode_id": episode_id, "mcap_path": "/out/'; --.mcap"},
-                            release_quarantine=False, now=T0 + 1)
+    registry.record_outcome(
+        source_path=path,
+        batch_key=b.key,
+        stage="pre",
+        gates=[gate("readable", False, detail=reason)],
+        episode=ep,
+        quarantine={"gate": "readable", "reason": reason, "stream": "%s", "pipeline_version": "1.0"},
+        now=T0,
+    )
+    registry.record_outcome(
+        source_path=path,
+        batch_key=b.key,
+        stage="post",
+        gates=[],
+        episode={"episode_id": episode_id, "mcap_path": "/out/'; --.mcap"},
+        release_quarantine=False,
+        now=T0 + 1,
+    )
 
     row = registry.episode_by_id(episode_id)
-    assert (row["episode_id"], row["source_path"], row["task"], row["operator"], row["mcap_path"]) == \
-        (episode_id, path, "pick'); DELETE FROM quarantine;--", 'o"p', "/out/'; --.mcap")
+    assert (row["episode_id"], row["source_path"], row["task"], row["operator"], row["mcap_path"]) == (
+        episode_id,
+        path,
+        "pick'); DELETE FROM quarantine;--",
+        'o"p',
+        "/out/'; --.mcap",
+    )
     assert json.loads(row["cameras"]) == ["c'); --"]
     [q] = registry.quarantined()
     assert (q["source_path"], q["episode_id"], q["reason"], q["stream"]) == (path, episode_id, reason, "%s")
@@ -532,11 +752,11 @@ def test_hostile_values_are_bound_parameters(registry):
         registry.batch("x' OR '1'='1")
 
     assert table_names(registry) == TABLES
-    assert registry.counts() == counts(landed_files=2, ingest_batches=1, episodes=1, gate_results=1,
-                                       quarantine=1)
+    assert registry.counts() == counts(landed_files=2, ingest_batches=1, episodes=1, gate_results=1, quarantine=1)
 
 
 # -- failures and configuration ------------------------------------------------------------------
+
 
 def test_unreachable_registry_raises_without_leaking_the_password():
     url = "postgresql+psycopg2://dyna:s3cret-pw@127.0.0.1:1/nope"  # port 1: connection refused
@@ -578,9 +798,11 @@ def test_an_older_registry_gains_new_columns_when_opened(tmp_path):
 
     path = tmp_path / "old.sqlite"
     con = sqlite3.connect(path)
-    con.execute("CREATE TABLE episodes (episode_id VARCHAR(128) PRIMARY KEY, source_path VARCHAR(1024) NOT NULL, "
-                "batch_key VARCHAR(64) NOT NULL, status VARCHAR(16) NOT NULL, source_bytes BIGINT NOT NULL, "
-                "duration_s FLOAT NOT NULL, updated_at FLOAT NOT NULL)")
+    con.execute(
+        "CREATE TABLE episodes (episode_id VARCHAR(128) PRIMARY KEY, source_path VARCHAR(1024) NOT NULL, "
+        "batch_key VARCHAR(64) NOT NULL, status VARCHAR(16) NOT NULL, source_bytes BIGINT NOT NULL, "
+        "duration_s FLOAT NOT NULL, updated_at FLOAT NOT NULL)"
+    )
     con.execute("INSERT INTO episodes VALUES ('ep-old', 'a.h5', 'b1', 'transcoded', 5, 2.0, 0.0)")
     con.commit()
     con.close()
@@ -593,13 +815,20 @@ def test_an_older_registry_gains_new_columns_when_opened(tmp_path):
 
 # -- migration from one row a gate ------------------------------------------------------------------
 
+
 def test_a_registry_with_one_row_a_gate_is_folded_into_a_row_per_stage(registry, monkeypatch):
     import dyna_resources.catalog.registry as reg_mod
 
     files, key = _one_batch(registry, 3)
     for i, f in enumerate(files):
-        registry.record_outcome(source_path=f.path, batch_key=key, stage="pre", gates=[gate("readable")],
-                                episode=episode_row(f"ep-{i:06d}"), now=T0)
+        registry.record_outcome(
+            source_path=f.path,
+            batch_key=key,
+            stage="pre",
+            gates=[gate("readable")],
+            episode=episode_row(f"ep-{i:06d}"),
+            now=T0,
+        )
     # the old layout, as a registry written before gate_results holds it
     with registry.engine.begin() as c:
         c.exec_driver_sql("DELETE FROM gate_results")
@@ -608,27 +837,61 @@ def test_a_registry_with_one_row_a_gate_is_folded_into_a_row_per_stage(registry,
             episode_id VARCHAR(128), passed BOOLEAN NOT NULL, action VARCHAR(16) NOT NULL, detail TEXT NOT NULL,
             pipeline_version VARCHAR(16) NOT NULL, checked_at FLOAT NOT NULL,
             PRIMARY KEY (source_path, stage, gate))""")
-        ins = ("INSERT INTO quality_results VALUES (%s)" % ", ".join(["?" if registry.backend == "sqlite" else "%s"] * 10))
-        legacy = [(f.path, stage, g, key, f"ep-{i:06d}", ok, "flag" if g == "frame_drops" else "quarantine",
-                   "" if ok else f"{g} failed", "1.0" if g != "zz_late" else "1.1", T0 + i)
-                  for i, f in enumerate(files) for stage, g, ok in
-                  (("pre", "readable", True), ("pre", "frame_drops", i != 1), ("pre", "zz_late", True),
-                   ("post", "decodable", i != 2))]
+        ins = "INSERT INTO quality_results VALUES (%s)" % ", ".join(
+            ["?" if registry.backend == "sqlite" else "%s"] * 10
+        )
+        legacy = [
+            (
+                f.path,
+                stage,
+                g,
+                key,
+                f"ep-{i:06d}",
+                ok,
+                "flag" if g == "frame_drops" else "quarantine",
+                "" if ok else f"{g} failed",
+                "1.0" if g != "zz_late" else "1.1",
+                T0 + i,
+            )
+            for i, f in enumerate(files)
+            for stage, g, ok in (
+                ("pre", "readable", True),
+                ("pre", "frame_drops", i != 1),
+                ("pre", "zz_late", True),
+                ("post", "decodable", i != 2),
+            )
+        ]
         c.exec_driver_sql(ins, legacy)
     monkeypatch.setattr(reg_mod, "LEGACY_PAGE", 5)  # a file's gates split across pages
     reopened = Registry(registry.engine.url.render_as_string(hide_password=False))
     try:
         assert "quality_results" not in inspect(reopened.engine).get_table_names()
         assert reopened.counts()["gate_results"] == 6  # 3 files x 2 stages
-        got = [(r["source_path"], r["stage"], r["gate"], r["passed"], r["action"], r["detail"], r["pipeline_version"],
-                r["checked_at"]) for r in reopened.gate_results(key)]
+        got = [
+            (
+                r["source_path"],
+                r["stage"],
+                r["gate"],
+                r["passed"],
+                r["action"],
+                r["detail"],
+                r["pipeline_version"],
+                r["checked_at"],
+            )
+            for r in reopened.gate_results(key)
+        ]
         assert sorted(got) == sorted((p, s, g, ok, a, d, v, at) for p, s, g, _, _, ok, a, d, v, at in legacy)
         with reopened.engine.begin() as c:
-            rows = c.exec_driver_sql("SELECT source_path, stage, checked, failed, failed_gates FROM gate_results "
-                                     "ORDER BY source_path, stage").all()
+            rows = c.exec_driver_sql(
+                "SELECT source_path, stage, checked, failed, failed_gates FROM gate_results ORDER BY source_path, stage"
+            ).all()
         assert [tuple(r) for r in rows] == [
-            (files[0].path, "post", 1, 0, "[]"), (files[0].path, "pre", 3, 0, "[]"),
-            (files[1].path, "post", 1, 0, "[]"), (files[1].path, "pre", 3, 1, '["frame_drops"]'),
-            (files[2].path, "post", 1, 1, '["decodable"]'), (files[2].path, "pre", 3, 0, "[]")]
+            (files[0].path, "post", 1, 0, "[]"),
+            (files[0].path, "pre", 3, 0, "[]"),
+            (files[1].path, "post", 1, 0, "[]"),
+            (files[1].path, "pre", 3, 1, '["frame_drops"]'),
+            (files[2].path, "post", 1, 1, '["decodable"]'),
+            (files[2].path, "pre", 3, 0, "[]"),
+        ]
     finally:
         reopened.close()

@@ -13,8 +13,9 @@ from dyna_resources.catalog.registry import QUARANTINED, REJECTED, TRANSCODED
 from dyna_resources.ingest.gates import POST_GATES, PRE_GATES
 
 # a mix with every fate present in a few hundred episodes
-SHAPE = synthetic.CorpusShape(rejected=0.05, quarantined=0.05, flagged=0.1, not_transcoded=0.05,
-                              episodes_per_unit=12, units_per_partition=4)
+SHAPE = synthetic.CorpusShape(
+    rejected=0.05, quarantined=0.05, flagged=0.1, not_transcoded=0.05, episodes_per_unit=12, units_per_partition=4
+)
 
 
 def rows(registry, drop=("batch_key", "updated_at")) -> list[tuple]:
@@ -40,8 +41,11 @@ def test_populate_writes_the_pipelines_rows_with_exact_counts(registry):
     assert len(registry.quarantined()) == held
     assert all(e["mcap_uri"].startswith("gs://") for e in eps if e["status"] == TRANSCODED)
     # every written row carries its score from the gates it ran
-    assert all(e["gates_checked"] == len(PRE_GATES) + (len(POST_GATES) if status[e["episode_id"]] in (TRANSCODED, QUARANTINED) else 0)
-               for e in eps)
+    assert all(
+        e["gates_checked"]
+        == len(PRE_GATES) + (len(POST_GATES) if status[e["episode_id"]] in (TRANSCODED, QUARANTINED) else 0)
+        for e in eps
+    )
     # the per-partition version summary the drift sensor reads saw every write
     assert sum(r["episodes"] for r in registry.partition_version_counts()) == n
 
@@ -61,8 +65,13 @@ def test_populate_is_deterministic_and_independent_of_how_it_is_chunked(registry
 
 def test_older_partitions_can_carry_an_older_pipeline_version(registry):
     per_partition = SHAPE.episodes_per_unit * SHAPE.units_per_partition
-    synthetic.populate(registry, 3 * per_partition, shape=SHAPE, units_per_call=SHAPE.units_per_partition,
-                       pipeline_version=lambda lo: "1.4" if lo < per_partition else "1.5")
+    synthetic.populate(
+        registry,
+        3 * per_partition,
+        shape=SHAPE,
+        units_per_call=SHAPE.units_per_partition,
+        pipeline_version=lambda lo: "1.4" if lo < per_partition else "1.5",
+    )
     stale = registry.outdated_partitions(schema_version="1.0", pipeline_version="1.5")
     assert len(stale) == 1 and len(registry.outdated_partitions(schema_version="1.0", pipeline_version="9.9")) == 3
 

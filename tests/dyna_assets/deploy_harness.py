@@ -60,8 +60,15 @@ def write_instance_config(dagster_home: Path, overrides: Mapping[str, Mapping] |
 def service_env(dyna_home: Path, dagster_home: Path, code_root: Path = ROOT, **extra: str) -> dict[str, str]:
     """The environment of the webserver / daemon / CLI: the embedded defaults in temporary homes."""
     env = {k: v for k, v in os.environ.items() if k not in ("DYNA_REGISTRY_URL", "DYNA_ENV")}
-    env.update(PYTHONPATH=str(code_root), DYNA_HOME=str(dyna_home), DAGSTER_HOME=str(dagster_home),
-               CI="1", DAGSTER_DISABLE_TELEMETRY="1", PYTHONUNBUFFERED="1", **extra)
+    env.update(
+        PYTHONPATH=str(code_root),
+        DYNA_HOME=str(dyna_home),
+        DAGSTER_HOME=str(dagster_home),
+        CI="1",
+        DAGSTER_DISABLE_TELEMETRY="1",
+        PYTHONUNBUFFERED="1",
+        **extra,
+    )
     return env
 
 
@@ -74,8 +81,15 @@ def copy_code(dst: Path) -> Path:
     return dst
 
 
-def wait_for(what: str, probe: Callable[[], T | None], *, deadline_s: float, every_s: float = 1.0,
-             check: Callable[[], None] | None = None, state: Callable[[], object] | None = None) -> T:
+def wait_for(
+    what: str,
+    probe: Callable[[], T | None],
+    *,
+    deadline_s: float,
+    every_s: float = 1.0,
+    check: Callable[[], None] | None = None,
+    state: Callable[[], object] | None = None,
+) -> T:
     """Poll ``probe`` until it returns something truthy (returned); after ``deadline_s`` fail naming
     ``what`` and the last ``state()``. ``check`` runs on every round (e.g. the services are alive)."""
     deadline = time.monotonic() + deadline_s
@@ -104,22 +118,40 @@ class Services:
         log = self.tmp / f"{name}.log"
         self.logs[name] = log
         with open(log, "wb") as f:
-            self.procs[name] = subprocess.Popen(argv, cwd=self.cwd, env=self.env, stdout=f, stderr=subprocess.STDOUT,
-                                                stdin=subprocess.DEVNULL, start_new_session=True)
+            self.procs[name] = subprocess.Popen(
+                argv,
+                cwd=self.cwd,
+                env=self.env,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
 
     def start_webserver(self) -> None:
-        self.start("webserver", [str(BIN / "dagster-webserver"), "-h", "127.0.0.1", "-p", str(self.port),
-                                 "-w", "workspace.yaml"])
+        self.start(
+            "webserver",
+            [str(BIN / "dagster-webserver"), "-h", "127.0.0.1", "-p", str(self.port), "-w", "workspace.yaml"],
+        )
 
     def start_daemon(self) -> None:
         self.start("daemon", [str(BIN / "dagster-daemon"), "run", "-w", "workspace.yaml"])
 
     def cli(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
         """``dagster ARGS`` in the services' environment; a non-zero exit fails with its output."""
-        done = subprocess.run([str(BIN / "dagster"), *args], cwd=self.cwd, env=self.env, capture_output=True,
-                              text=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False)
-        assert done.returncode == 0, f"dagster {' '.join(args)} exited {done.returncode}:\n" \
-                                     f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        done = subprocess.run(
+            [str(BIN / "dagster"), *args],
+            cwd=self.cwd,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
+        assert done.returncode == 0, (
+            f"dagster {' '.join(args)} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        )
         return done
 
     def check_alive(self) -> None:
@@ -151,8 +183,9 @@ class Services:
     # -- GraphQL --------------------------------------------------------------------------------
     def gql(self, query: str, variables: dict | None = None, timeout: float = 60) -> dict:
         body = json.dumps({"query": query, "variables": variables or {}}).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/graphql", data=body,
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/graphql", data=body, headers={"Content-Type": "application/json"}
+        )
         with _HTTP.open(req, timeout=timeout) as r:
             out = json.load(r)
         assert not out.get("errors"), f"GraphQL errors: {out['errors']}"
@@ -179,8 +212,14 @@ class Services:
                 assert loc["__typename"] == "RepositoryLocation", f"code location {e['name']}: {loc}"
             return entries
 
-        return wait_for("webserver serving the workspace", loaded, deadline_s=deadline_s, every_s=0.5,
-                        check=self.check_alive, state=lambda: last)
+        return wait_for(
+            "webserver serving the workspace",
+            loaded,
+            deadline_s=deadline_s,
+            every_s=0.5,
+            check=self.check_alive,
+            state=lambda: last,
+        )
 
 
 WORKSPACE = """

@@ -7,7 +7,8 @@ from dyna_assets.cache.sensors import DATA_VERSION_TAG, manifest_prewarm_sensor
 
 def record(instance, partition: str, version: str) -> None:
     instance.report_runless_asset_event(
-        AssetMaterialization(asset_key="manifests", partition=partition, tags={DATA_VERSION_TAG: version}))
+        AssetMaterialization(asset_key="manifests", partition=partition, tags={DATA_VERSION_TAG: version})
+    )
 
 
 def tick(instance, cursor):

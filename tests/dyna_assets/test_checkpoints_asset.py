@@ -15,13 +15,18 @@ def test_checkpoints_asset_trains_through_pipes_and_records_lineage(tmp_path, mc
     _, manifest = mcap_fleet
     home = tmp_path / "home"
     write_manifest(manifest, home / "manifests", "spec-t")
-    res = {"home": HomeResource(root=str(home)), "cache": CacheResource(home=HomeResource(root=str(home))),
-           "trainer": TrainerResource(nproc_per_node=1, max_restarts=0, steps=6, batch_size=2, workers=0,
-                                      checkpoint_every=3, image_size=32)}
+    res = {
+        "home": HomeResource(root=str(home)),
+        "cache": CacheResource(home=HomeResource(root=str(home))),
+        "trainer": TrainerResource(
+            nproc_per_node=1, max_restarts=0, steps=6, batch_size=2, workers=0, checkpoint_every=3, image_size=32
+        ),
+    }
     with DagsterInstance.ephemeral() as instance:
         instance.add_dynamic_partitions("curation_specs", ["spec-t"])
-        result = materialize([defs.get_assets_def("checkpoints")], instance=instance, partition_key="spec-t",
-                             resources=res)
+        result = materialize(
+            [defs.get_assets_def("checkpoints")], instance=instance, partition_key="spec-t", resources=res
+        )
         assert result.success
         (m,) = result.asset_materializations_for_node("checkpoints")
         md = {k: getattr(v, "value", v) for k, v in m.metadata.items()}
@@ -33,8 +38,9 @@ def test_checkpoints_asset_trains_through_pipes_and_records_lineage(tmp_path, mc
         assert lineage["pipeline_version"] and lineage["code_commit"]
         done = json.loads((Path(md["checkpoints_dir"]) / "step-000000006" / "COMPLETE.json").read_text())
         assert done["extra"]["lineage"] == lineage
-        again = materialize([defs.get_assets_def("checkpoints")], instance=instance, partition_key="spec-t",
-                            resources=res)
+        again = materialize(
+            [defs.get_assets_def("checkpoints")], instance=instance, partition_key="spec-t", resources=res
+        )
         (m2,) = again.asset_materializations_for_node("checkpoints")
         assert m2.metadata["steps"].value == 6 and m2.metadata["checkpoints_dir"].value == md["checkpoints_dir"]
 
@@ -59,14 +65,19 @@ def test_an_object_gone_from_the_store_fails_training_by_name_and_torchrun_does_
     home = tmp_path / "home"
     write_manifest(segment_rows(copies), home / "manifests", "spec-gone")
     copies[1].unlink()
-    res = {"home": HomeResource(root=str(home)), "cache": CacheResource(home=HomeResource(root=str(home))),
-           "trainer": TrainerResource(nproc_per_node=1, max_restarts=2, steps=6, batch_size=2, workers=0,
-                                      checkpoint_every=3, image_size=32)}
+    res = {
+        "home": HomeResource(root=str(home)),
+        "cache": CacheResource(home=HomeResource(root=str(home))),
+        "trainer": TrainerResource(
+            nproc_per_node=1, max_restarts=2, steps=6, batch_size=2, workers=0, checkpoint_every=3, image_size=32
+        ),
+    }
     with DagsterInstance.ephemeral() as instance:
         instance.add_dynamic_partitions("curation_specs", ["spec-gone"])
         with pytest.raises(Failure) as failed:
-            materialize([defs.get_assets_def("checkpoints")], instance=instance, partition_key="spec-gone",
-                        resources=res)
+            materialize(
+                [defs.get_assets_def("checkpoints")], instance=instance, partition_key="spec-gone", resources=res
+            )
     gone = copies[1].resolve().as_uri()
     assert failed.value.description.startswith(f"training stopped: {gone} is gone from its store")
     assert failed.value.metadata["object"].value == gone and failed.value.allow_retries is False

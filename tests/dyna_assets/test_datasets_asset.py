@@ -18,8 +18,12 @@ H = 3_600_000_000_000
 
 
 def write(home, episodes):
-    rows = {"episode_id": [e for e, _, _ in episodes], "task": [t for _, t, _ in episodes],
-            "start_ns": [0] * len(episodes), "end_ns": [int(h * H) for _, _, h in episodes]}
+    rows = {
+        "episode_id": [e for e, _, _ in episodes],
+        "task": [t for _, t, _ in episodes],
+        "start_ns": [0] * len(episodes),
+        "end_ns": [int(h * H) for _, _, h in episodes],
+    }
     return write_manifest(pa.table(rows), home / "manifests", "spec-a", count_by=("task",))
 
 
@@ -29,8 +33,9 @@ def declare(home, version):
 
 
 def run(home, instance):
-    return materialize([datasets], instance=instance, partition_key="spec-a",
-                       resources={"home": HomeResource(root=str(home))})
+    return materialize(
+        [datasets], instance=instance, partition_key="spec-a", resources={"home": HomeResource(root=str(home))}
+    )
 
 
 @pytest.fixture
@@ -69,11 +74,18 @@ def test_publish_versions_diff_and_immutability(home):
 
         # the manifest is rebuilt with other rows while the declaration still says 1.1.0: refused
         write(home, [("e9", "wipe", 3)])
-        result = materialize([datasets], instance=instance, partition_key="spec-a", raise_on_error=False,
-                             resources={"home": HomeResource(root=str(home))})
+        result = materialize(
+            [datasets],
+            instance=instance,
+            partition_key="spec-a",
+            raise_on_error=False,
+            resources={"home": HomeResource(root=str(home))},
+        )
         assert not result.success
         (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
-        assert "mix@1.1.0" in str(failure.step_failure_data.error) and "immutable" in str(failure.step_failure_data.error)
+        assert "mix@1.1.0" in str(failure.step_failure_data.error) and "immutable" in str(
+            failure.step_failure_data.error
+        )
 
     reg = DatasetRegistry(f"sqlite:///{home / 'registry.sqlite'}")
     try:
@@ -96,7 +108,9 @@ def test_training_names_its_data_by_dataset_version(home):
         run(home, instance)
     write(home, [("e9", "pick", 3)])  # the spec's manifest moves on; the dataset version does not
     h = HomeResource(root=str(home))
-    training = TrainerResource(dataset="mix@1.0.0").prepare(h, CacheResource(home=HomeResource(root=str(home))), "spec-a")
+    training = TrainerResource(dataset="mix@1.0.0").prepare(
+        h, CacheResource(home=HomeResource(root=str(home))), "spec-a"
+    )
     assert training.config["lineage"]["dataset"] == "mix@1.0.0"
     assert training.config["lineage"]["manifest_sha256"] == v1.sha256
     assert "/datasets/mix/1.0.0/" in training.config["manifest"]

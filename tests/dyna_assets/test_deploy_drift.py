@@ -13,14 +13,14 @@ from dagster import AssetKey, DagsterInstance, DagsterRunStatus, RunsFilter, mat
 
 from dyna_assets.dagster_private import FINISHED, BulkActionStatus, requested_partitions
 from dyna_assets.definitions import defs
+from dyna_assets.deployment import embedded_resources
 from dyna_assets.ingest.sensors import DRIFT_TAG
 from dyna_resources import versions
 from dyna_resources.catalog.registry import TRANSCODED, Registry
 from dyna_resources.episodes.mcap_reader import EpisodeReader
-from dyna_assets.deployment import embedded_resources
-from dyna_resources.resources import IngestResource
 from dyna_resources.ingest.landing import LandingZone
 from dyna_resources.ingest.tick import LandingCursor, LandingSettings, landing_tick
+from dyna_resources.resources import IngestResource
 
 from .deploy_harness import Services, copy_code, service_env, wait_for, write_instance_config
 
@@ -31,8 +31,9 @@ NEW_VERSION = f"{versions.PIPELINE_VERSION}.drift-check"
 
 def _bump_pipeline_version(code: Path) -> None:
     path = code / "dyna_resources" / "versions.py"
-    text, n = re.subn(r'^PIPELINE_VERSION = "[^"]*"', f'PIPELINE_VERSION = "{NEW_VERSION}"', path.read_text(),
-                      flags=re.MULTILINE)
+    text, n = re.subn(
+        r'^PIPELINE_VERSION = "[^"]*"', f'PIPELINE_VERSION = "{NEW_VERSION}"', path.read_text(), flags=re.MULTILINE
+    )
     assert n == 1, "versions.py defines PIPELINE_VERSION once"
     path.write_text(text)
 
@@ -48,7 +49,8 @@ def _mcaps(registry: Registry, batch: str) -> dict[str, tuple[str, int]]:
 
 
 def test_daemon_backfills_exactly_the_stale_batches_after_a_pipeline_version_bump(
-        episode_factory, tmp_path, monkeypatch):
+    episode_factory, tmp_path, monkeypatch
+):
     dyna_home, dagster_home, code = tmp_path / "dyna", tmp_path / "dagster_home", tmp_path / "code"
     write_instance_config(dagster_home)  # the project's instance config, as is
     _bump_pipeline_version(copy_code(code))
@@ -92,26 +94,39 @@ def test_daemon_backfills_exactly_the_stale_batches_after_a_pipeline_version_bum
         services.cli("sensor", "start", "version_drift_sensor", "-w", "workspace.yaml")
         services.start_daemon()
         with DagsterInstance.get() as instance:
+
             def drift_backfills():
                 return [b for b in instance.get_backfills() if b.tags.get(DRIFT_TAG) == "true"]
 
             def sensor_ticks():
-                return [(t.status.value, t.skip_reason, t.error and t.error.message)
-                        for s in instance.all_instigator_state() for t in instance.get_ticks(
-                            s.instigator_origin_id, s.selector_id, limit=3)]
+                return [
+                    (t.status.value, t.skip_reason, t.error and t.error.message)
+                    for s in instance.all_instigator_state()
+                    for t in instance.get_ticks(s.instigator_origin_id, s.selector_id, limit=3)
+                ]
 
-            (launched,) = wait_for("the drift sensor launching a backfill", drift_backfills, deadline_s=180,
-                                   check=services.check_alive, state=sensor_ticks)
-            done = wait_for("the drift backfill finished",
-                            lambda: [b for b in drift_backfills() if b.status in FINISHED],
-                            deadline_s=300, every_s=2, check=services.check_alive,
-                            state=lambda: [(b.backfill_id, b.status) for b in drift_backfills()])
+            (launched,) = wait_for(
+                "the drift sensor launching a backfill",
+                drift_backfills,
+                deadline_s=180,
+                check=services.check_alive,
+                state=sensor_ticks,
+            )
+            done = wait_for(
+                "the drift backfill finished",
+                lambda: [b for b in drift_backfills() if b.status in FINISHED],
+                deadline_s=300,
+                every_s=2,
+                check=services.check_alive,
+                state=lambda: [(b.backfill_id, b.status) for b in drift_backfills()],
+            )
             (backfill,) = done
             assert backfill.backfill_id == launched.backfill_id
             assert backfill.status == BulkActionStatus.COMPLETED_SUCCESS, backfill
             assert backfill.tags["dyna/pipeline_version"] == NEW_VERSION  # the new revision's sensor
             assert requested_partitions(backfill) == {
-                (AssetKey(a), b) for a in ("mcap_episodes", "step_ladders") for b in stale}
+                (AssetKey(a), b) for a in ("mcap_episodes", "step_ladders") for b in stale
+            }
             runs = instance.get_runs(RunsFilter(tags={"dagster/backfill": backfill.backfill_id}))
             assert runs and all(r.status == DagsterRunStatus.SUCCESS for r in runs), runs
     except BaseException:

@@ -14,11 +14,11 @@ from pathlib import Path
 from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, materialize
 
 from dyna_assets.definitions import defs
-from dyna_resources.catalog.registry import TRANSCODED, Registry
 from dyna_assets.deployment import embedded_resources
-from dyna_resources.resources import IngestResource
+from dyna_resources.catalog.registry import TRANSCODED, Registry
 from dyna_resources.ingest.landing import LandingZone
 from dyna_resources.ingest.tick import LandingCursor, LandingSettings, landing_tick
+from dyna_resources.resources import IngestResource
 
 from .deploy_harness import Services, service_env, wait_for, write_instance_config
 
@@ -39,8 +39,12 @@ mutation Launch($params: ExecutionParams!) {
 
 def _launch(services: Services, location: str, repository: str, batch: str) -> str:
     params = {
-        "selector": {"repositoryLocationName": location, "repositoryName": repository,
-                     "jobName": "__ASSET_JOB", "assetSelection": [{"path": ["mcap_episodes"]}]},
+        "selector": {
+            "repositoryLocationName": location,
+            "repositoryName": repository,
+            "jobName": "__ASSET_JOB",
+            "assetSelection": [{"path": ["mcap_episodes"]}],
+        },
         # one episode at a time: the kill lands between two finished episodes
         "runConfigData": {"resources": {"transcode": {"config": {"workers": 1}}}},
         "executionMetadata": {"tags": [{"key": "dagster/partition", "value": batch}]},
@@ -104,15 +108,20 @@ def _deployment(episode_factory, tmp_path, monkeypatch, seed: int) -> tuple[Path
         g = episode_factory(episode_id=f"ep-kill9-{i}", seed=seed + i, duration_s=2.0)
         shutil.copyfile(g.path, landing / f"ep-kill9-{i}.h5")
     registry = Registry.sqlite(dyna_home / "registry.sqlite")
-    plan = landing_tick(LandingCursor(), LandingZone(dyna_home / "landing"), registry,
-                        LandingSettings(settle_s=0, target_batch_bytes=1 << 40, max_wait_s=0, reconcile_every=0))
+    plan = landing_tick(
+        LandingCursor(),
+        LandingZone(dyna_home / "landing"),
+        registry,
+        LandingSettings(settle_s=0, target_batch_bytes=1 << 40, max_wait_s=0, reconcile_every=0),
+    )
     (batch,) = [b.key for b in plan.sealed]
     with DagsterInstance.get() as instance:
         instance.add_dynamic_partitions("ingest_partitions", [batch])
         res = embedded_resources({"DYNA_HOME": str(dyna_home)})
         res["ingest"] = IngestResource(home=res["home"], units_on="process")  # setup, in this process
-        assert materialize([defs.get_assets_def("raw_episodes")], instance=instance, partition_key=batch,
-                           resources=res).success
+        assert materialize(
+            [defs.get_assets_def("raw_episodes")], instance=instance, partition_key=batch, resources=res
+        ).success
     return dyna_home, env, registry, batch
 
 
@@ -126,7 +135,8 @@ def _serve(services: Services) -> tuple[str, str]:
 
 
 def test_kill_9_of_a_run_worker_fails_the_run_frees_its_slot_and_the_relaunch_completes(
-        episode_factory, tmp_path, monkeypatch):
+    episode_factory, tmp_path, monkeypatch
+):
     dyna_home, env, registry, batch = _deployment(episode_factory, tmp_path, monkeypatch, seed=500)
 
     services = Services(tmp_path, env)
@@ -134,12 +144,19 @@ def test_kill_9_of_a_run_worker_fails_the_run_frees_its_slot_and_the_relaunch_co
         location, repository = _serve(services)
 
         with DagsterInstance.get() as instance:
+
             def status(run_id: str) -> DagsterRunStatus:
                 return instance.get_run_by_id(run_id).status
 
             first = _launch(services, location, repository, batch)
-            wait_for("the first run's transcode step started", lambda: _started_step(instance, first, "mcap_episodes"),
-                     deadline_s=180, every_s=0.2, check=services.check_alive, state=lambda: status(first))
+            wait_for(
+                "the first run's transcode step started",
+                lambda: _started_step(instance, first, "mcap_episodes"),
+                deadline_s=180,
+                every_s=0.2,
+                check=services.check_alive,
+                state=lambda: status(first),
+            )
             assert status(first) == DagsterRunStatus.STARTED
             assert _slot_holders(instance) == {first}  # its transcode step holds the pool's only slot
             pid = _run_worker_pid(instance, first)
@@ -153,20 +170,39 @@ def test_kill_9_of_a_run_worker_fails_the_run_frees_its_slot_and_the_relaunch_co
                 except ProcessLookupError:
                     pass
 
-            wait_for("the killed run marked FAILED", lambda: status(first) == DagsterRunStatus.FAILURE,
-                     deadline_s=60, check=services.check_alive, state=lambda: status(first))
+            wait_for(
+                "the killed run marked FAILED",
+                lambda: status(first) == DagsterRunStatus.FAILURE,
+                deadline_s=60,
+                check=services.check_alive,
+                state=lambda: status(first),
+            )
             # freed by the monitoring daemon (run_monitoring.free_slots_after_run_end_seconds)
-            wait_for("the dead run's transcode slot freed", lambda: not _slot_holders(instance),
-                     deadline_s=120, check=services.check_alive, state=lambda: _slot_holders(instance))
+            wait_for(
+                "the dead run's transcode slot freed",
+                lambda: not _slot_holders(instance),
+                deadline_s=120,
+                check=services.check_alive,
+                state=lambda: _slot_holders(instance),
+            )
 
             second = _launch(services, location, repository, batch)
-            wait_for("the relaunch finished", lambda: status(second) in (
-                DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED),
-                deadline_s=240, check=services.check_alive, state=lambda: status(second))
+            wait_for(
+                "the relaunch finished",
+                lambda: (
+                    status(second) in (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
+                ),
+                deadline_s=240,
+                check=services.check_alive,
+                state=lambda: status(second),
+            )
             assert status(second) == DagsterRunStatus.SUCCESS
             assert not _slot_holders(instance)
-            failure = [e for e in instance.all_logs(first, of_type=DagsterEventType.ENGINE_EVENT)
-                       if "terminated by signal 9" in e.message]
+            failure = [
+                e
+                for e in instance.all_logs(first, of_type=DagsterEventType.ENGINE_EVENT)
+                if "terminated by signal 9" in e.message
+            ]
             assert failure, "the killed run names its signal"
 
         eps = registry.partition_episodes(batch)
@@ -198,7 +234,8 @@ def _processes_of(home: Path) -> dict[int, str]:
 
 
 def test_kill_9_of_the_run_worker_alone_leaves_nothing_of_the_run_running_and_nothing_written_after_it(
-        episode_factory, tmp_path, monkeypatch):
+    episode_factory, tmp_path, monkeypatch
+):
     """Only the run worker is killed (the OOM killer's choice), its work units on Ray mid-episode. Its step
     dies with it; the units find the run's lease gone and stop before publishing; the episode processes die
     with their unit. Once the run is marked FAILED nothing of it runs (checked by process, across Ray's
@@ -209,45 +246,71 @@ def test_kill_9_of_the_run_worker_alone_leaves_nothing_of_the_run_running_and_no
         location, repository = _serve(services)
         baseline = set(_processes_of(dyna_home))  # the services and their code servers
         with DagsterInstance.get() as instance:
+
             def status(run_id: str) -> DagsterRunStatus:
                 return instance.get_run_by_id(run_id).status
 
             first = _launch(services, location, repository, batch)
 
             def episode_in_flight():  # an episode process with its raw file open, below a Ray unit
-                for pid, cmd in _processes_of(dyna_home).items():
+                for pid in _processes_of(dyna_home):
                     try:
-                        if any(f.endswith(".h5") for f in (os.readlink(fd) for fd in
-                                                          (f"/proc/{pid}/fd/{n}" for n in os.listdir(f"/proc/{pid}/fd")))):
+                        if any(
+                            f.endswith(".h5")
+                            for f in (
+                                os.readlink(fd) for fd in (f"/proc/{pid}/fd/{n}" for n in os.listdir(f"/proc/{pid}/fd"))
+                            )
+                        ):
                             return pid
                     except (FileNotFoundError, ProcessLookupError, PermissionError):
                         continue
                 return None
 
-            wait_for("an episode of the first run in flight", episode_in_flight, deadline_s=240, every_s=0.1,
-                     check=services.check_alive, state=lambda: status(first))
+            wait_for(
+                "an episode of the first run in flight",
+                episode_in_flight,
+                deadline_s=240,
+                every_s=0.1,
+                check=services.check_alive,
+                state=lambda: status(first),
+            )
             pid = _run_worker_pid(instance, first)
             assert pid is not None and pid != os.getpid()
             # the worker and all it started: its step, the step's Ray cluster and workers, their episode processes
             of_the_run = {pid, *_descendants(pid)}
             assert episode_in_flight() in of_the_run and not of_the_run & baseline, (of_the_run, baseline)
             os.kill(pid, signal.SIGKILL)  # the run worker alone
-            wait_for("the killed run marked FAILED", lambda: status(first) == DagsterRunStatus.FAILURE,
-                     deadline_s=60, check=services.check_alive, state=lambda: status(first))
+            wait_for(
+                "the killed run marked FAILED",
+                lambda: status(first) == DagsterRunStatus.FAILURE,
+                deadline_s=60,
+                check=services.check_alive,
+                state=lambda: status(first),
+            )
             failed_at = instance.get_run_record_by_id(first).end_time
             assert failed_at is not None
             # Ray's agents notice their raylet is gone by polling: seconds, longer on a loaded machine
-            wait_for("no process of the failed run left", lambda: not (set(_processes_of(dyna_home)) & of_the_run),
-                     deadline_s=120, every_s=0.2,
-                     state=lambda: {p: c for p, c in _processes_of(dyna_home).items() if p in of_the_run})
+            wait_for(
+                "no process of the failed run left",
+                lambda: not (set(_processes_of(dyna_home)) & of_the_run),
+                deadline_s=120,
+                every_s=0.2,
+                state=lambda: {p: c for p, c in _processes_of(dyna_home).items() if p in of_the_run},
+            )
             written = {p.name: p.stat().st_mtime for p in (dyna_home / "mcap").glob("*.mcap")}
             assert all(t <= failed_at for t in written.values()), (failed_at, written)
             assert registry.quarantined() == []
 
             second = _launch(services, location, repository, batch)
-            wait_for("the relaunch finished", lambda: status(second) in (
-                DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED),
-                deadline_s=240, check=services.check_alive, state=lambda: status(second))
+            wait_for(
+                "the relaunch finished",
+                lambda: (
+                    status(second) in (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
+                ),
+                deadline_s=240,
+                check=services.check_alive,
+                state=lambda: status(second),
+            )
             assert status(second) == DagsterRunStatus.SUCCESS
         eps = registry.partition_episodes(batch)
         assert len(eps) == N and all(e["status"] == TRANSCODED for e in eps) and registry.quarantined() == []

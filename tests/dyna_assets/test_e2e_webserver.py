@@ -118,6 +118,7 @@ def _land(zone: LandingZone, generated, key: str) -> None:
 
 # -- the test -----------------------------------------------------------------------------------
 
+
 def test_backfill_launched_through_the_webserver_runs_on_the_daemon(episode_factory, tmp_path, monkeypatch):
     dyna_home, dagster_home = tmp_path / "dyna", tmp_path / "dagster_home"
     # The project's instance config, with a faster run queue for the test.
@@ -135,8 +136,10 @@ def test_backfill_launched_through_the_webserver_runs_on_the_daemon(episode_fact
     registry = Registry(registry_url_from_env(dyna_home))
     try:
         cursor, batches = LandingCursor(), []
-        arrivals = [[("a/ep-e2e-0.h5", good[0]), ("a/ep-e2e-1.h5", good[1]), ("a/ep-e2e-trunc.h5", truncated)],
-                    [("b/ep-e2e-2.h5", good[2]), ("b/ep-e2e-3.h5", good[3])]]
+        arrivals = [
+            [("a/ep-e2e-0.h5", good[0]), ("a/ep-e2e-1.h5", good[1]), ("a/ep-e2e-trunc.h5", truncated)],
+            [("b/ep-e2e-2.h5", good[2]), ("b/ep-e2e-3.h5", good[3])],
+        ]
         for wave in arrivals:
             for key, g in wave:
                 _land(zone, g, key)
@@ -162,11 +165,16 @@ def test_backfill_launched_through_the_webserver_runs_on_the_daemon(episode_fact
         t_ready = time.monotonic()
 
         # -- the backfill dialog: both partitions, both assets ------------------------------------
-        launched = services.gql(LAUNCH, {"params": {
-            "partitionNames": batches,
-            "assetSelection": [{"path": [a]} for a in ASSETS],
-            "fromFailure": False,
-        }})["launchPartitionBackfill"]
+        launched = services.gql(
+            LAUNCH,
+            {
+                "params": {
+                    "partitionNames": batches,
+                    "assetSelection": [{"path": [a]} for a in ASSETS],
+                    "fromFailure": False,
+                }
+            },
+        )["launchPartitionBackfill"]
         assert launched["__typename"] == "LaunchBackfillSuccess", launched
         backfill_id = launched["backfillId"]
 
@@ -184,8 +192,10 @@ def test_backfill_launched_through_the_webserver_runs_on_the_daemon(episode_fact
             assert time.monotonic() < deadline, f"backfill still {bf['status']} after 300 s: {bf}"
             time.sleep(1)
         t_done = time.monotonic()
-        print(f"\nwebserver serving after {t_ready - t0:.1f} s; backfill {bf['status']} {t_done - t_ready:.1f} s "
-              "after the launch")
+        print(
+            f"\nwebserver serving after {t_ready - t0:.1f} s; backfill {bf['status']} {t_done - t_ready:.1f} s "
+            "after the launch"
+        )
 
         # -- the backfill ------------------------------------------------------------------------
         assert bf["status"] == "COMPLETED_SUCCESS", bf
@@ -195,8 +205,12 @@ def test_backfill_launched_through_the_webserver_runs_on_the_daemon(episode_fact
         assert set(counts) == {(a,) for a in ASSETS}, counts
         for a in ASSETS:
             c = counts[(a,)]
-            assert (c["numPartitionsTargeted"], c["numPartitionsMaterialized"], c["numPartitionsFailed"],
-                    c["numPartitionsInProgress"]) == (2, 2, 0, 0), c
+            assert (
+                c["numPartitionsTargeted"],
+                c["numPartitionsMaterialized"],
+                c["numPartitionsFailed"],
+                c["numPartitionsInProgress"],
+            ) == (2, 2, 0, 0), c
         # BackfillPolicy.multi_run(max_partitions_per_run=16): both batches (and both assets, same
         # partitioning and policy) go into ONE ranged run; nothing is run twice.
         (run,) = bf["runs"]
@@ -204,20 +218,26 @@ def test_backfill_launched_through_the_webserver_runs_on_the_daemon(episode_fact
         assert run["status"] == "SUCCESS", run
         assert tags["dagster/backfill"] == backfill_id
         assert (tags["dagster/asset_partition_range_start"], tags["dagster/asset_partition_range_end"]) == (
-            bad_batch, clean_batch), tags
+            bad_batch,
+            clean_batch,
+        ), tags
         assert "dagster/partition" not in tags, tags
         run_id = run["runId"]
 
         # -- per-partition materialization status and metadata ------------------------------------
-        nodes = {a: services.gql(ASSET, {"key": {"path": [a]}, "partitions": batches})["assetNodeOrError"]
-                 for a in ASSETS}
+        nodes = {
+            a: services.gql(ASSET, {"key": {"path": [a]}, "partitions": batches})["assetNodeOrError"] for a in ASSETS
+        }
         for a, node in nodes.items():
             assert node["__typename"] == "AssetNode", node
             assert sorted(node["partitionKeys"]) == batches
             st = node["assetPartitionStatuses"]
             assert st["__typename"] == "DefaultPartitionStatuses", st
             assert sorted(st["materializedPartitions"]) == batches, (a, st)
-            assert st["failedPartitions"] == st["unmaterializedPartitions"] == st["materializingPartitions"] == [], (a, st)
+            assert st["failedPartitions"] == st["unmaterializedPartitions"] == st["materializingPartitions"] == [], (
+                a,
+                st,
+            )
             latest = {m["partition"]: m for m in node["latestMaterializationByPartition"]}
             assert set(latest) == set(batches), (a, latest)
             for b in batches:
@@ -226,7 +246,9 @@ def test_backfill_launched_through_the_webserver_runs_on_the_daemon(episode_fact
                 assert latest[b]["runId"] == run_id
                 assert md["quarantined"] == n_bad, (a, b, md)
                 assert (md["dyna/pipeline_version"], md["dyna/schema_version"]) == (
-                    versions.PIPELINE_VERSION, versions.SCHEMA_VERSION), (a, b, md)
+                    versions.PIPELINE_VERSION,
+                    versions.SCHEMA_VERSION,
+                ), (a, b, md)
                 if n_bad:
                     (reason,) = md["quarantined_reasons"]
                     assert (reason["path"], reason["gate"], reason["stage"]) == ("a/ep-e2e-trunc.h5", "readable", "pre")
@@ -268,7 +290,11 @@ def test_backfill_launched_through_the_webserver_runs_on_the_daemon(episode_fact
             ev = result["evaluation"]
             assert (result["status"], result["partition"], result["stepKey"]) == (status, None, asset), result
             assert (ev["checkName"], ev["success"], ev["severity"], ev["partition"]) == (
-                gate, status == "SUCCEEDED", "ERROR" if status == "SUCCEEDED" else "WARN", None), ev
+                gate,
+                status == "SUCCEEDED",
+                "ERROR" if status == "SUCCEEDED" else "WARN",
+                None,
+            ), ev
             # a failure under the batch limit is a WARN: nothing downstream was blocked
             assert ev["targetMaterialization"]["runId"] == run_id, ev
             md = _meta(ev["metadataEntries"])
@@ -291,22 +317,33 @@ def test_backfill_launched_through_the_webserver_runs_on_the_daemon(episode_fact
                 assert set(eps) == good_ids[b], eps
                 for eid, e in eps.items():
                     assert (e["status"], e["pipeline_version"], e["schema_version"]) == (
-                        TRANSCODED, versions.PIPELINE_VERSION, versions.SCHEMA_VERSION), e
+                        TRANSCODED,
+                        versions.PIPELINE_VERSION,
+                        versions.SCHEMA_VERSION,
+                    ), e
                     assert Path(e["mcap_path"]) == mcap_dir / f"{eid}.mcap" and Path(e["mcap_path"]).is_file(), e
                     assert e["mcap_bytes"] == Path(e["mcap_path"]).stat().st_size, e
                     with EpisodeReader(e["mcap_path"]) as r:
                         stamp = r.metadata()
                     assert (stamp["pipeline_version"], stamp["source_sha256"]) == (
-                        versions.PIPELINE_VERSION, e["source_sha256"]), stamp
+                        versions.PIPELINE_VERSION,
+                        e["source_sha256"],
+                    ), stamp
                 q = registry.quarantined([u.key for u in registry.partition_units(b)])
                 assert [(r["source_path"], r["gate"], r["stage"]) for r in q] == (
-                    [("a/ep-e2e-trunc.h5", "readable", "pre")] if b == bad_batch else []), q
+                    [("a/ep-e2e-trunc.h5", "readable", "pre")] if b == bad_batch else []
+                ), q
                 assert not [e for e in eps.values() if e["status"] == REJECTED]
             # exactly one output per good episode, no leftovers (temporary files are hidden names)
             assert sorted(p.name for p in mcap_dir.iterdir()) == sorted(
-                f"{eid}.mcap" for ids in good_ids.values() for eid in ids)
-            assert registry.outdated_partitions(schema_version=versions.SCHEMA_VERSION,
-                                             pipeline_version=versions.PIPELINE_VERSION) == []
+                f"{eid}.mcap" for ids in good_ids.values() for eid in ids
+            )
+            assert (
+                registry.outdated_partitions(
+                    schema_version=versions.SCHEMA_VERSION, pipeline_version=versions.PIPELINE_VERSION
+                )
+                == []
+            )
         finally:
             registry.close()
     except BaseException:

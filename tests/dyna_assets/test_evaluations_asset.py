@@ -23,8 +23,14 @@ def test_evaluations_and_releases_trace_to_dataset_and_code(tmp_path, mcap_fleet
     home = tmp_path / "home"
     write_manifest(manifest, home / "manifests", "spec-e")
     base = {"home": HomeResource(root=str(home)), "cache": CacheResource(home=HomeResource(root=str(home)))}
-    trainer = {"nproc_per_node": 1, "max_restarts": 0, "batch_size": 2, "workers": 0, "checkpoint_every": 4,
-               "image_size": 32}
+    trainer = {
+        "nproc_per_node": 1,
+        "max_restarts": 0,
+        "batch_size": 2,
+        "workers": 0,
+        "checkpoint_every": 4,
+        "image_size": 32,
+    }
     with DagsterInstance.ephemeral() as instance:
         instance.add_dynamic_partitions("curation_specs", ["spec-e"])
 
@@ -32,14 +38,19 @@ def test_evaluations_and_releases_trace_to_dataset_and_code(tmp_path, mcap_fleet
             return {**base, "trainer": TrainerResource(steps=steps, **trainer)}
 
         def train(steps):
-            r = materialize([defs.get_assets_def("checkpoints")], instance=instance, partition_key="spec-e",
-                            resources=deployed(steps))
+            r = materialize(
+                [defs.get_assets_def("checkpoints")],
+                instance=instance,
+                partition_key="spec-e",
+                resources=deployed(steps),
+            )
             assert r.success
             return _md(r, "checkpoints")
 
         def evaluate_and_release(steps):
-            r = materialize([evaluations, released_models], instance=instance, partition_key="spec-e",
-                            resources=deployed(steps))
+            r = materialize(
+                [evaluations, released_models], instance=instance, partition_key="spec-e", resources=deployed(steps)
+            )
             assert r.success
             return _md(r, "evaluations"), _md(r, "released_models")
 

@@ -17,8 +17,8 @@ from dyna_assets.deployment import embedded_ray
 from dyna_assets.ingest.sensors import landing_sensor, version_drift_sensor
 from dyna_resources import versions
 from dyna_resources.episodes.mcap_reader import EpisodeReader
-from dyna_resources.resources import GatesResource, HomeResource, IngestResource, LadderResource, TranscodeResource
 from dyna_resources.ingest.ray_units import ray_cluster
+from dyna_resources.resources import GatesResource, HomeResource, IngestResource, LadderResource, TranscodeResource
 
 ASSETS = [defs.get_assets_def(k) for k in ("raw_episodes", "mcap_episodes", "step_ladders")]
 
@@ -32,8 +32,10 @@ def home(tmp_path, episode_factory):
     for i in range(4):
         g = episode_factory(episode_id=f"ep-g{i}", seed=200 + i, duration_s=2.0)
         shutil.copyfile(g.path, landing / f"ep-g{i}.h5")
-    shutil.copyfile(episode_factory(fault="truncated", episode_id="ep-trunc", seed=209, duration_s=2.0).path,
-                    landing / "ep-trunc.h5")
+    shutil.copyfile(
+        episode_factory(fault="truncated", episode_id="ep-trunc", seed=209, duration_s=2.0).path,
+        landing / "ep-trunc.h5",
+    )
     return root
 
 
@@ -53,10 +55,17 @@ def resources(home, target_bytes=None, partition_bytes=None, units_on="ray", inf
         (home / "step_ladders.yaml").write_text("# the embedded procedures and thresholds\n")
     home_res = HomeResource(root=str(home))
     return {
-        "ingest": IngestResource(home=home_res, target_batch_bytes=target_bytes or landed * 2, max_wait_s=0,
-                                 max_runs_per_tick=8, partition_bytes=partition_bytes or landed * 4,
-                                 units_on=units_on, infra_retries=infra_retries, infra_retry_wait_s=0.5,
-                                 settle_s=0),  # the fixture copies every file in whole before the first tick
+        "ingest": IngestResource(
+            home=home_res,
+            target_batch_bytes=target_bytes or landed * 2,
+            max_wait_s=0,
+            max_runs_per_tick=8,
+            partition_bytes=partition_bytes or landed * 4,
+            units_on=units_on,
+            infra_retries=infra_retries,
+            infra_retry_wait_s=0.5,
+            settle_s=0,
+        ),  # the fixture copies every file in whole before the first tick
         "gates": GatesResource(home=home_res, file=str(home / "gates.yaml"), gates=gates),
         "transcode": TranscodeResource(workers=2, preset="veryfast", gop_frames=30, unit_memory_gb=0.5),
         "ladders": LadderResource(home=home_res, file=str(home / "step_ladders.yaml"), pictures=2),
@@ -71,8 +80,9 @@ def for_sensor(sensor, res):
 
 def run_sensor(sensor, instance, res, cursor=None):
     """One evaluation of the sensor's body on a real instance, its resources set up as the daemon does."""
-    with build_sensor_context(instance=instance, cursor=cursor, definitions=defs,
-                              resources=for_sensor(sensor, res)) as ctx:
+    with build_sensor_context(
+        instance=instance, cursor=cursor, definitions=defs, resources=for_sensor(sensor, res)
+    ) as ctx:
         return sensor(ctx)
 
 
@@ -101,8 +111,10 @@ def test_landing_sensor_requests_one_run_per_new_batch_and_nothing_when_nothing_
         keys = [r.partition_key for r in first.run_requests]
         assert len(keys) == 5 == len(set(keys)) and keys == sorted(keys)
         assert first.dynamic_partitions_requests[0].partition_keys == keys
-        assert all(r.asset_selection == [AssetKey("raw_episodes"), AssetKey("mcap_episodes"), AssetKey("step_ladders")]
-                   for r in first.run_requests)
+        assert all(
+            r.asset_selection == [AssetKey("raw_episodes"), AssetKey("mcap_episodes"), AssetKey("step_ladders")]
+            for r in first.run_requests
+        )
         assert sorted(instance.get_dynamic_partitions("ingest_partitions")) == keys
         again = tick(instance, res, first.cursor)
         assert again.run_requests == [] and again.dynamic_partitions_requests == []
@@ -129,10 +141,20 @@ def test_batch_partition_materializes_with_metadata_checks_and_quarantine(home):
         assert m["quarantined_reasons"][0]["path"] == "2026-11-29/ep-trunc.h5"
         assert m["quarantined_reasons"][0]["gate"] == "readable"
         c = checks(result)
-        assert set(c) == {("raw_episodes", g) for g in ("readable", "required_streams", "timestamps_monotonic",
-                                                        "max_duration", "min_frames", "finite_values",
-                                                        "frame_drops", "dead_camera", "min_duration")} | {
-            ("mcap_episodes", g) for g in ("decodable", "frame_counts", "durations", "size_sanity")}
+        assert set(c) == {
+            ("raw_episodes", g)
+            for g in (
+                "readable",
+                "required_streams",
+                "timestamps_monotonic",
+                "max_duration",
+                "min_frames",
+                "finite_values",
+                "frame_drops",
+                "dead_camera",
+                "min_duration",
+            )
+        } | {("mcap_episodes", g) for g in ("decodable", "frame_counts", "durations", "size_sanity")}
         readable = c[("raw_episodes", "readable")]
         assert not readable.passed and readable.severity.value == "WARN"
         assert readable.metadata["failed"].value == 1 and readable.metadata["evaluated"].value == 5
@@ -155,8 +177,9 @@ def test_batch_partition_materializes_with_metadata_checks_and_quarantine(home):
         assert md(again, "step_ladders", batch)["segmented_this_run"] == 0
         assert reg.counts() == before
         # mcap_episodes alone can be re-materialized for a partition
-        alone = materialize([ASSETS[1]], instance=instance, partition_key=batch, resources=res,
-                            selection=[AssetKey("mcap_episodes")])
+        alone = materialize(
+            [ASSETS[1]], instance=instance, partition_key=batch, resources=res, selection=[AssetKey("mcap_episodes")]
+        )
         assert alone.success and md(alone, "mcap_episodes", batch)["episodes"] == 4
 
 
@@ -175,8 +198,7 @@ def test_one_run_ingests_every_work_unit_of_its_partition_and_logs_progress(home
         assert m["this_run_failed_units"] == {}
         assert {e["batch_key"] for e in reg.partition_episodes(req.partition_key)} <= {u.key for u in units}
         lines = [e.user_message for e in instance.all_logs(result.run_id) if e.user_message]
-        progress = [line for line in lines if line.startswith(f"{req.partition_key} post: ")
-                    and " units, " in line]
+        progress = [line for line in lines if line.startswith(f"{req.partition_key} post: ") and " units, " in line]
         assert len(progress) >= len(units) + 1  # before the first unit, then after each
         assert progress[0].startswith(f"{req.partition_key} post: 0/{len(units)} units")
         assert progress[-1].startswith(f"{req.partition_key} post: {len(units)}/{len(units)} units")
@@ -245,8 +267,12 @@ def test_a_full_mcap_volume_fails_the_run_naming_the_episodes_after_its_retries_
     for it; the episodes are pending, and a run after space is freed lands them."""
     mcap = home / "mcap"
     mcap.mkdir(parents=True)
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(mcap)],
-                                           capture_output=True).returncode:
+    if (
+        os.geteuid() != 0
+        or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(mcap)], capture_output=True
+        ).returncode
+    ):
         pytest.skip("needs root to mount a tmpfs (tests/ingest/test_faults.py covers the engine with ENOSPC injected)")
     try:
         res = resources(home, infra_retries=1)
@@ -280,11 +306,23 @@ def test_gates_switched_at_run_time_change_which_checks_run_and_what_blocks(home
     with DagsterInstance.ephemeral() as instance:
         (req,) = tick(instance, res).run_requests
         batch = req.partition_key
-        run_config = {"resources": {"gates": {"config": {"gates": {
-            "dead_camera": False, "frame_drops": False, "size_sanity": False,
-            "readable": {"max_failed_fraction": 0.1}}}}}}
-        blocked = materialize(ASSETS, instance=instance, partition_key=batch, resources=res, run_config=run_config,
-                              raise_on_error=False)
+        run_config = {
+            "resources": {
+                "gates": {
+                    "config": {
+                        "gates": {
+                            "dead_camera": False,
+                            "frame_drops": False,
+                            "size_sanity": False,
+                            "readable": {"max_failed_fraction": 0.1},
+                        }
+                    }
+                }
+            }
+        }
+        blocked = materialize(
+            ASSETS, instance=instance, partition_key=batch, resources=res, run_config=run_config, raise_on_error=False
+        )
         assert not blocked.success
         c = checks(blocked)
         assert ("raw_episodes", "dead_camera") not in c and ("raw_episodes", "frame_drops") not in c
@@ -292,8 +330,13 @@ def test_gates_switched_at_run_time_change_which_checks_run_and_what_blocks(home
         assert blocked.asset_materializations_for_node("mcap_episodes") == []
         assert res["ingest"].stores().registry.partition_episodes(batch)[0]["status"] == "accepted"
         # same code, other run config: the gate no longer blocks, the batch goes through
-        ok = materialize(ASSETS, instance=instance, partition_key=batch, resources=res,
-                         run_config={"resources": {"gates": {"config": {"gates": {"readable": {"blocking": False}}}}}})
+        ok = materialize(
+            ASSETS,
+            instance=instance,
+            partition_key=batch,
+            resources=res,
+            run_config={"resources": {"gates": {"config": {"gates": {"readable": {"blocking": False}}}}}},
+        )
         assert ok.success and md(ok, "mcap_episodes", batch)["episodes"] == 4
         assert checks(ok)[("raw_episodes", "readable")].severity.value == "WARN"
 
@@ -302,8 +345,13 @@ def test_ranged_run_records_metadata_per_partition(home):
     res = resources(home, target_bytes=1, partition_bytes=1)
     with DagsterInstance.ephemeral() as instance:
         keys = [r.partition_key for r in tick(instance, res).run_requests]
-        result = materialize(ASSETS, instance=instance, resources=res, raise_on_error=False, tags={
-            "dagster/asset_partition_range_start": keys[0], "dagster/asset_partition_range_end": keys[-1]})
+        result = materialize(
+            ASSETS,
+            instance=instance,
+            resources=res,
+            raise_on_error=False,
+            tags={"dagster/asset_partition_range_start": keys[0], "dagster/asset_partition_range_end": keys[-1]},
+        )
         assert result.success
         per = {k: md(result, "mcap_episodes", k) for k in keys}
         assert sorted(v["episodes"] for v in per.values()) == [0, 1, 1, 1, 1]
@@ -319,10 +367,12 @@ def test_drift_sensor_backfills_exactly_the_stale_partitions_once(home, monkeypa
         old = keys[:3]
         for k in old:  # the truncated file's batch fails its readable gate as a whole (1 of 1): that is fine here
             materialize(ASSETS, instance=instance, partition_key=k, resources=res, raise_on_error=False)
+
         def drift(cursor=None):
             """The sensor's result and the cursor it left on its context."""
-            with build_sensor_context(instance=instance, cursor=cursor, definitions=defs,
-                                      resources=for_sensor(version_drift_sensor, res)) as ctx:
+            with build_sensor_context(
+                instance=instance, cursor=cursor, definitions=defs, resources=for_sensor(version_drift_sensor, res)
+            ) as ctx:
                 return version_drift_sensor(ctx), ctx.cursor
 
         assert "current versions" in drift()[0].skip_message
@@ -334,7 +384,9 @@ def test_drift_sensor_backfills_exactly_the_stale_partitions_once(home, monkeypa
         got = sorted({ap.partition_key for ap in req.asset_graph_subset.iterate_asset_partitions()})
         assert got == sorted(stale_with_episodes) and len(got) >= 2
         assert {ap.asset_key for ap in req.asset_graph_subset.iterate_asset_partitions()} == {
-            AssetKey("mcap_episodes"), AssetKey("step_ladders")}  # a new MCAP gets a new ladder
+            AssetKey("mcap_episodes"),
+            AssetKey("step_ladders"),
+        }  # a new MCAP gets a new ladder
         assert req.tags["dyna/drift"] == "true"
         # same state again: never a second backfill for the same partitions and versions
         assert "already backfilled" in drift(cursor)[0].skip_message
@@ -355,6 +407,7 @@ def test_drift_sensor_resegments_only_the_ladders_when_the_ladder_config_changes
         keys = [r.partition_key for r in tick(instance, res).run_requests]
         for k in keys:
             materialize(ASSETS, instance=instance, partition_key=k, resources=res, raise_on_error=False)
+
         def drift():
             return run_sensor(version_drift_sensor, instance, res)
 
@@ -397,27 +450,33 @@ def test_drift_sensor_as_dagster_evaluates_it_requests_exactly_the_stale_partiti
         old_ladder = new_pipeline[1:]
 
         def evaluate(cursor=None):
-            with build_sensor_context(instance=instance, cursor=cursor, definitions=defs,
-                                      resources=for_sensor(version_drift_sensor, res)) as ctx:
+            with build_sensor_context(
+                instance=instance, cursor=cursor, definitions=defs, resources=for_sensor(version_drift_sensor, res)
+            ) as ctx:
                 return version_drift_sensor.evaluate_tick(ctx)
 
         data = evaluate()
         (req,) = data.run_requests
         wanted = {(ap.asset_key.path[-1], ap.partition_key) for ap in req.asset_graph_subset.iterate_asset_partitions()}
-        assert wanted == ({("mcap_episodes", k) for k in old_pipeline} | {("step_ladders", k) for k in old_pipeline}
-                          | {("step_ladders", k) for k in old_ladder})
+        assert wanted == (
+            {("mcap_episodes", k) for k in old_pipeline}
+            | {("step_ladders", k) for k in old_pipeline}
+            | {("step_ladders", k) for k in old_ladder}
+        )
         assert req.tags["dyna/pipeline_version"] == "9.9-test"
         assert "already backfilled" in evaluate(data.cursor).skip_message  # never twice for the same state
 
 
 def test_unreachable_registry_fails_the_run_and_names_it_without_the_password(home):
     res = resources(home)
-    res["ingest"] = IngestResource(home=HomeResource(root=str(home),
-                                                             registry_url="postgresql+psycopg2://dyna:s3cret@127.0.0.1:1/reg"))
+    res["ingest"] = IngestResource(
+        home=HomeResource(root=str(home), registry_url="postgresql+psycopg2://dyna:s3cret@127.0.0.1:1/reg")
+    )
     with DagsterInstance.ephemeral() as instance:
         instance.add_dynamic_partitions("ingest_partitions", ["20261129T10-000001"])
-        result = materialize(ASSETS, instance=instance, partition_key="20261129T10-000001", resources=res,
-                             raise_on_error=False)
+        result = materialize(
+            ASSETS, instance=instance, partition_key="20261129T10-000001", resources=res, raise_on_error=False
+        )
         assert not result.success
         (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
         text = str(failure.step_failure_data.error)
@@ -450,13 +509,15 @@ def test_warehouse_follows_the_registry_and_its_sensor_fires_only_when_changes_a
         res["home"] = HomeResource(root=str(home))
         (home / "curation").mkdir(exist_ok=True)
         (home / "curation" / "first-two.yaml").write_text(
-            "name: first-two\nwhere: {episode_id: {in: [ep-g0, ep-g1]}}\nsegments: {length_s: 0.5, stride_s: 0.5}\n")
+            "name: first-two\nwhere: {episode_id: {in: [ep-g0, ep-g1]}}\nsegments: {length_s: 0.5, stride_s: 0.5}\n"
+        )
         (home / "curation" / "bad name!.yaml").write_text("name: x\n")
         sr = run_sensor(curation_spec_sensor, instance, res)
         assert [r.partition_key for r in sr.run_requests] == ["first-two"]
         instance.add_dynamic_partitions("curation_specs", ["first-two"])
-        built = materialize([defs.get_assets_def("manifests")], instance=instance, resources=res,
-                            partition_key="first-two")
+        built = materialize(
+            [defs.get_assets_def("manifests")], instance=instance, resources=res, partition_key="first-two"
+        )
         m = md(built, "manifests", "first-two")
         t = open_manifest(m["arrow"])
         # 2 s episodes (just under, by the first sample's offset), 0.5 s segments every 0.5 s -> 3 or 4 each
@@ -480,11 +541,15 @@ def test_warehouse_follows_the_registry_and_its_sensor_fires_only_when_changes_a
         assert c["fetched_pages"] == c["pages"] > 0 and c["already_warm_pages"] == 0
         assert 0 < c["working_set_bytes"] <= c["page_bytes"] == c["fetched_bytes"]
         assert all(e.passed for e in warmed.get_asset_check_evaluations())
-        again = md(materialize([cache_sets], instance=instance, resources=res, partition_key="first-two"),
-                   "cache_sets", "first-two")
+        again = md(
+            materialize([cache_sets], instance=instance, resources=res, partition_key="first-two"),
+            "cache_sets",
+            "first-two",
+        )
         assert (again["fetched_pages"], again["already_warm_pages"]) == (0, c["pages"])
-        replica = materialize([defs.get_assets_def("mcap_replica")], instance=instance, resources=res,
-                              partition_key="first-two")
+        replica = materialize(
+            [defs.get_assets_def("mcap_replica")], instance=instance, resources=res, partition_key="first-two"
+        )
         r = md(replica, "mcap_replica", "first-two")
         assert r["files"] == 2 and r["failed"] == {} and r["copied"] + r["skipped_current"] == 2
 
@@ -496,8 +561,11 @@ def test_an_mcap_deleted_behind_the_registry_fails_the_partitions_check_and_no_m
     from dyna_resources.resources import HomeResource, WarehouseResource
     from trainer.manifest_loader import open_manifest
 
-    res = {**resources(home, units_on="process"), "warehouse": WarehouseResource(home=HomeResource(root=str(home))),
-           "home": HomeResource(root=str(home))}
+    res = {
+        **resources(home, units_on="process"),
+        "warehouse": WarehouseResource(home=HomeResource(root=str(home))),
+        "home": HomeResource(root=str(home)),
+    }
     with DagsterInstance.ephemeral() as instance:
         (req,) = tick(instance, res).run_requests
         part = req.partition_key
@@ -508,33 +576,44 @@ def test_an_mcap_deleted_behind_the_registry_fails_the_partitions_check_and_no_m
 
         def run_check():
             # the partition by its tag: materialize(partition_key=) asks one partitions definition of the check too
-            result = materialize([ASSETS[1], mcaps_present], instance=instance, resources=res,
-                                 tags={"dagster/partition": part}, selection=AssetSelection.checks(mcaps_present),
-                                 raise_on_error=False)
+            result = materialize(
+                [ASSETS[1], mcaps_present],
+                instance=instance,
+                resources=res,
+                tags={"dagster/partition": part},
+                selection=AssetSelection.checks(mcaps_present),
+                raise_on_error=False,
+            )
             return checks(result)[("mcap_episodes", "mcaps_present")]
 
         check = run_check()
         assert not check.passed and check.severity.value == "ERROR"
         assert check.metadata["missing"].value == 1 and check.metadata["checked"].value == 4
         (named,) = check.metadata["missing_episodes"].value
-        assert (named["episode_id"], named["mcap_uri"], named["why"]) == ("ep-g1", gone["mcap_uri"],
-                                                                          "gone from the store")
+        assert (named["episode_id"], named["mcap_uri"], named["why"]) == (
+            "ep-g1",
+            gone["mcap_uri"],
+            "gone from the store",
+        )
         assert "ep-g1" in check.description and gone["mcap_uri"] in check.description
         assert reg.episode_by_id("ep-g1")["status"] == "missing"
-        assert reg.outdated_partitions(schema_version=versions.SCHEMA_VERSION,
-                                       pipeline_version=versions.PIPELINE_VERSION) == [part]  # the drift sensor's
+        assert reg.outdated_partitions(
+            schema_version=versions.SCHEMA_VERSION, pipeline_version=versions.PIPELINE_VERSION
+        ) == [part]  # the drift sensor's
 
         # the warehouse follows; a spec that asks for it leaves it out of the manifest, naming it
         assert materialize([defs.get_assets_def("warehouse_episodes")], instance=instance, resources=res).success
         (home / "curation").mkdir(exist_ok=True)
         (home / "curation" / "g012.yaml").write_text(
-            "name: g012\nwhere: {episode_id: {in: [ep-g0, ep-g1, ep-g2]}}\nsegments: {length_s: 0.5, stride_s: 0.5}\n")
+            "name: g012\nwhere: {episode_id: {in: [ep-g0, ep-g1, ep-g2]}}\nsegments: {length_s: 0.5, stride_s: 0.5}\n"
+        )
         instance.add_dynamic_partitions("curation_specs", ["g012"])
         built = materialize([defs.get_assets_def("manifests")], instance=instance, resources=res, partition_key="g012")
         m = md(built, "manifests", "g012")
         assert set(open_manifest(m["arrow"])["episode_id"].to_pylist()) == {"ep-g0", "ep-g2"}
-        assert m["missing_excluded"] == 1 and m["missing_episodes"] == [{"episode_id": "ep-g1",
-                                                                         "mcap_uri": gone["mcap_uri"]}]
+        assert m["missing_excluded"] == 1 and m["missing_episodes"] == [
+            {"episode_id": "ep-g1", "mcap_uri": gone["mcap_uri"]}
+        ]
         # the next run of the partition transcodes it again; the check passes
         again = materialize(ASSETS[1:], instance=instance, partition_key=part, resources=res)
         assert md(again, "mcap_episodes", part)["this_run_processed"] == 1

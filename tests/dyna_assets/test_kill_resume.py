@@ -13,12 +13,12 @@ from pathlib import Path
 from dagster import AssetKey, DagsterInstance, materialize
 
 from dyna_assets.definitions import defs
-from dyna_resources.catalog.registry import TRANSCODED, Registry
 from dyna_assets.deployment import embedded_resources
-from dyna_resources.resources import IngestResource
+from dyna_resources.catalog.registry import TRANSCODED, Registry
 from dyna_resources.ingest.gates import POST_GATES, PRE_GATES
 from dyna_resources.ingest.landing import LandingZone
 from dyna_resources.ingest.tick import LandingCursor, LandingSettings, landing_tick
+from dyna_resources.resources import IngestResource
 
 REPO = Path(__file__).resolve().parents[2]
 N = 4
@@ -29,8 +29,19 @@ def _materialize_cmd(batch: str) -> list[str]:
     # a SIGKILLed driver's local cluster lives in its own session and its unit runs on to the end: safe, since each
     # record is an idempotent upsert, but no longer "mid-batch"; test_ingest_graph kills a Ray unit's worker.)
     config = {"resources": {"transcode": {"config": {"workers": 1}}, "ingest": {"config": {"units_on": "process"}}}}
-    return [str(Path(sys.executable).parent / "dagster"), "asset", "materialize", "-m", "dyna_assets.definitions",
-            "--select", "mcap_episodes", "--partition", batch, "--config-json", json.dumps(config)]
+    return [
+        str(Path(sys.executable).parent / "dagster"),
+        "asset",
+        "materialize",
+        "-m",
+        "dyna_assets.definitions",
+        "--select",
+        "mcap_episodes",
+        "--partition",
+        batch,
+        "--config-json",
+        json.dumps(config),
+    ]
 
 
 def _processes_of(home: Path) -> list[tuple[int, str]]:
@@ -57,28 +68,45 @@ def test_sigkill_mid_batch_then_relaunch_completes_without_duplicates(episode_fa
     for i in range(N):
         g = episode_factory(episode_id=f"ep-kill-{i}", seed=300 + i, duration_s=4.0)
         shutil.copyfile(g.path, home / "landing" / f"ep-kill-{i}.h5")
-    env = {**os.environ, "DYNA_HOME": str(home), "DAGSTER_HOME": str(dagster_home), "DYNA_SENSORS": "stopped",
-           "PYTHONPATH": str(REPO), "DYNA_REGISTRY_URL": ""}
+    env = {
+        **os.environ,
+        "DYNA_HOME": str(home),
+        "DAGSTER_HOME": str(dagster_home),
+        "DYNA_SENSORS": "stopped",
+        "PYTHONPATH": str(REPO),
+        "DYNA_REGISTRY_URL": "",
+    }
     for k in ("DYNA_HOME", "DAGSTER_HOME"):
         monkeypatch.setenv(k, env[k])
     monkeypatch.delenv("DYNA_REGISTRY_URL", raising=False)
 
     registry = Registry.sqlite(home / "registry.sqlite")
-    plan = landing_tick(LandingCursor(), LandingZone(home / "landing"), registry,
-                        LandingSettings(settle_s=0, target_batch_bytes=1 << 40, max_wait_s=0, reconcile_every=0))
+    plan = landing_tick(
+        LandingCursor(),
+        LandingZone(home / "landing"),
+        registry,
+        LandingSettings(settle_s=0, target_batch_bytes=1 << 40, max_wait_s=0, reconcile_every=0),
+    )
     (batch,) = [b.key for b in plan.sealed]
     with DagsterInstance.get() as instance:
         instance.add_dynamic_partitions("ingest_partitions", [batch])
         res = embedded_resources({"DYNA_HOME": str(home)})
         res["ingest"] = IngestResource(home=res["home"], units_on="process")  # setup, in this process
-        assert materialize([defs.get_assets_def("raw_episodes")], instance=instance, partition_key=batch,
-                           resources=res).success
+        assert materialize(
+            [defs.get_assets_def("raw_episodes")], instance=instance, partition_key=batch, resources=res
+        ).success
 
     def transcoded() -> list[dict]:
         return [e for e in registry.partition_episodes(batch) if e["status"] == TRANSCODED]
 
-    proc = subprocess.Popen(_materialize_cmd(batch), cwd=REPO, env=env, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        _materialize_cmd(batch),
+        cwd=REPO,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     deadline = time.monotonic() + 300
     while not transcoded():
         assert proc.poll() is None, f"run ended before the kill:\n{proc.stdout.read().decode()[-3000:]}"

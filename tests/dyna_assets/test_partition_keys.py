@@ -19,7 +19,6 @@ from dyna_resources.catalog.warehouse import Warehouse
 from dyna_resources.keys import MAX_KEY_LENGTH, UnsafeKeyError, check_key
 
 
-
 def project_assets() -> dict:
     """The graph's assets with the project's resources bound, loaded from the environment as the webserver
     and daemon load them (so after ``world`` has set ``DYNA_HOME``)."""
@@ -27,12 +26,37 @@ def project_assets() -> dict:
 
 
 # the graph's shape (which assets are partitioned, and how) does not depend on the environment
-PARTITIONED = sorted((a for a in defs.resolve_asset_graph().assets_defs if a.partitions_def is not None),
-                     key=lambda a: a.node_def.name)
-EXPECTED = {"raw_episodes", "mcap_episodes", "step_ladders", "manifests", "datasets", "cache_sets", "mcap_replica",
-            "checkpoints", "evaluations", "released_models"}
-HOSTILE = ["..", "../../elsewhere/x", "{elsewhere}/x", "{escape}", "/../../../../elsewhere/x", "a/b", "a\x00b", "",
-           ".hidden", "a\\b", "x" * (MAX_KEY_LENGTH + 1), "spec\n", "a..b", "sp ec"]
+PARTITIONED = sorted(
+    (a for a in defs.resolve_asset_graph().assets_defs if a.partitions_def is not None), key=lambda a: a.node_def.name
+)
+EXPECTED = {
+    "raw_episodes",
+    "mcap_episodes",
+    "step_ladders",
+    "manifests",
+    "datasets",
+    "cache_sets",
+    "mcap_replica",
+    "checkpoints",
+    "evaluations",
+    "released_models",
+}
+HOSTILE = [
+    "..",
+    "../../elsewhere/x",
+    "{elsewhere}/x",
+    "{escape}",
+    "/../../../../elsewhere/x",
+    "a/b",
+    "a\x00b",
+    "",
+    ".hidden",
+    "a\\b",
+    "x" * (MAX_KEY_LENGTH + 1),
+    "spec\n",
+    "a..b",
+    "sp ec",
+]
 
 
 def escape_key(home: Path, elsewhere: Path) -> str:
@@ -54,8 +78,16 @@ def test_the_graph_has_the_partitioned_assets_this_file_covers():
 @pytest.fixture
 def world(tmp_path, monkeypatch):
     """A home with an (empty) warehouse, and beside it a folder the keys aim at, holding a valid spec."""
-    for var in ("DYNA_ENV", "DYNA_REGISTRY_URL", "DYNA_MANIFEST_STORE", "DYNA_WAREHOUSE_PATH", "DYNA_CACHE_DIR",
-                "DYNA_CHECKPOINT_STORE", "DYNA_REPLICA_STORE", "DYNA_MODEL_STORE"):
+    for var in (
+        "DYNA_ENV",
+        "DYNA_REGISTRY_URL",
+        "DYNA_MANIFEST_STORE",
+        "DYNA_WAREHOUSE_PATH",
+        "DYNA_CACHE_DIR",
+        "DYNA_CHECKPOINT_STORE",
+        "DYNA_REPLICA_STORE",
+        "DYNA_MODEL_STORE",
+    ):
         monkeypatch.delenv(var, raising=False)
     home, elsewhere = tmp_path / "home", tmp_path / "elsewhere"
     (home / "curation").mkdir(parents=True)
@@ -68,8 +100,11 @@ def world(tmp_path, monkeypatch):
 
 def outside(tmp_path: Path, home: Path) -> dict:
     """Every file under ``tmp_path`` but outside the home, with its size and mtime."""
-    return {str(p.relative_to(tmp_path)): (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in tmp_path.rglob("*") if p.is_file() and home not in p.parents}
+    return {
+        str(p.relative_to(tmp_path)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in tmp_path.rglob("*")
+        if p.is_file() and home not in p.parents
+    }
 
 
 def _runnable(shape, assets: dict) -> tuple[str, list, AssetSelection | None]:
@@ -78,8 +113,11 @@ def _runnable(shape, assets: dict) -> tuple[str, list, AssetSelection | None]:
     asset = assets[shape.node_def.name]
     if isinstance(asset, AssetChecksDefinition):
         (key,) = asset.check_keys
-        return f"{key.asset_key.to_user_string()}.{key.name}", [assets[key.asset_key.path[-1]], asset], \
-            AssetSelection.checks(asset)
+        return (
+            f"{key.asset_key.to_user_string()}.{key.name}",
+            [assets[key.asset_key.path[-1]], asset],
+            AssetSelection.checks(asset),
+        )
     return asset.node_def.name, [asset], None
 
 
@@ -97,8 +135,9 @@ def test_every_partitioned_asset_refuses_unsafe_keys(world, asset):
             key = hostile(raw, home, elsewhere)
             instance.add_dynamic_partitions(asset.partitions_def.name, [key])
             # the tag, not materialize(partition_key=...), which takes "" for "no partition"
-            result = materialize(nodes, instance=instance, raise_on_error=False, selection=selection,
-                                 tags={"dagster/partition": key})
+            result = materialize(
+                nodes, instance=instance, raise_on_error=False, selection=selection, tags={"dagster/partition": key}
+            )
             assert not result.success, (name, key)
             (failure,) = failures(result)
             error = failure.step_failure_data.error
@@ -118,8 +157,7 @@ def test_manifests_no_longer_reads_or_writes_outside_the_home(world):
     with DagsterInstance.ephemeral() as instance:
         for key in (escape_key(home, elsewhere), "../../elsewhere/x", f"{elsewhere}/x"):
             instance.add_dynamic_partitions("curation_specs", [key])
-            result = materialize([assets["manifests"]], instance=instance, partition_key=key,
-                                 raise_on_error=False)
+            result = materialize([assets["manifests"]], instance=instance, partition_key=key, raise_on_error=False)
             (failure,) = failures(result)
             assert "contains a path separator" in str(failure.step_failure_data.error)
     assert sorted(p.name for p in elsewhere.iterdir()) == ["x.yaml"]
@@ -131,8 +169,12 @@ INGEST_PARTITIONED = [a for a in PARTITIONED if a.partitions_def.name == "ingest
 
 def test_the_ingest_assets_are_partitioned_by_ingest_partition():
     # mcaps_present: the partition's check that its MCAPs are in the store (an asset check, partitioned too)
-    assert sorted(a.node_def.name for a in INGEST_PARTITIONED) == ["mcap_episodes", "mcap_episodes_mcaps_present",
-                                                                   "raw_episodes", "step_ladders"]
+    assert sorted(a.node_def.name for a in INGEST_PARTITIONED) == [
+        "mcap_episodes",
+        "mcap_episodes_mcaps_present",
+        "raw_episodes",
+        "step_ladders",
+    ]
 
 
 @pytest.mark.parametrize("asset", INGEST_PARTITIONED, ids=lambda a: a.node_def.name)
@@ -142,9 +184,13 @@ def test_a_ranged_backfill_run_with_one_unsafe_key_uses_none_of_them(world, asse
     _, nodes, selection = _runnable(asset, world[3])
     with DagsterInstance.ephemeral() as instance:
         instance.add_dynamic_partitions("ingest_partitions", [good, bad])
-        result = materialize(nodes, instance=instance, raise_on_error=False, selection=selection,
-                             tags={"dagster/asset_partition_range_start": good,
-                                   "dagster/asset_partition_range_end": bad})
+        result = materialize(
+            nodes,
+            instance=instance,
+            raise_on_error=False,
+            selection=selection,
+            tags={"dagster/asset_partition_range_start": good, "dagster/asset_partition_range_end": bad},
+        )
         (failure,) = failures(result)
         assert repr(bad) in str(failure.step_failure_data.error)
         assert not result.get_asset_materialization_events()
@@ -158,32 +204,50 @@ def test_safe_keys_still_build(world):
     (home / "curation" / "pick-place.real_v2.yaml").write_text("name: pick-place.real_v2\n")
     with DagsterInstance.ephemeral() as instance:
         instance.add_dynamic_partitions("curation_specs", ["pick-place.real_v2"])
-        result = materialize([assets["manifests"]], instance=instance,
-                             partition_key="pick-place.real_v2")
+        result = materialize([assets["manifests"]], instance=instance, partition_key="pick-place.real_v2")
         assert result.success
     assert (home / "manifests" / "pick-place.real_v2.arrow").is_file()
 
 
-@pytest.mark.parametrize("key, reason", [
-    ("..", "contains '..'"), ("a/b", "path separator"), ("a\\b", "path separator"), ("a\x00b", "NUL"),
-    ("", "empty"), (".hidden", "starts with '.'"), ("x" * (MAX_KEY_LENGTH + 1), "more than 128"),
-    ("spec\n", "'\\n'"), ("-x", "start with a letter or digit"), ("é", "'é'"), (7, "not a string"),
-])
+@pytest.mark.parametrize(
+    "key, reason",
+    [
+        ("..", "contains '..'"),
+        ("a/b", "path separator"),
+        ("a\\b", "path separator"),
+        ("a\x00b", "NUL"),
+        ("", "empty"),
+        (".hidden", "starts with '.'"),
+        ("x" * (MAX_KEY_LENGTH + 1), "more than 128"),
+        ("spec\n", "'\\n'"),
+        ("-x", "start with a letter or digit"),
+        ("é", "'é'"),
+        (7, "not a string"),
+    ],
+)
 def test_check_key_names_the_reason(key, reason):
     with pytest.raises(UnsafeKeyError) as e:
         check_key(key, "ingest batch")
     assert reason in str(e.value) and str(e.value).startswith("ingest batch ")
 
 
-@pytest.mark.parametrize("asset, config, what", [
-    ("evaluations", {"heldout_manifest": "../../elsewhere/x"}, "held-out manifest name"),
-    ("released_models", {"name": "../../elsewhere/x"}, "release name"),
-])
+@pytest.mark.parametrize(
+    "asset, config, what",
+    [
+        ("evaluations", {"heldout_manifest": "../../elsewhere/x"}, "held-out manifest name"),
+        ("released_models", {"name": "../../elsewhere/x"}, "release name"),
+    ],
+)
 def test_names_from_run_config_are_checked_like_keys(world, asset, config, what):
     """Run config is API input too: a manifest or release name that would become a path is refused first."""
     with DagsterInstance.ephemeral() as instance:
         instance.add_dynamic_partitions("curation_specs", ["spec-ok"])
-        result = materialize([world[3][asset]], instance=instance, partition_key="spec-ok", raise_on_error=False,
-                             run_config={"ops": {asset: {"config": config}}})
+        result = materialize(
+            [world[3][asset]],
+            instance=instance,
+            partition_key="spec-ok",
+            raise_on_error=False,
+            run_config={"ops": {asset: {"config": config}}},
+        )
         (failure,) = failures(result)
         assert f"{what} '../../elsewhere/x' refused: contains a path separator" in str(failure.step_failure_data.error)

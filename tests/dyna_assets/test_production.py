@@ -18,10 +18,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def production_env(tmp_path, postgres_url, bucket) -> dict:
-    return {"DYNA_ENV": "production", "DYNA_HOME": str(tmp_path / "shared"), "DYNA_REGISTRY_URL": postgres_url,
-            "DYNA_WAREHOUSE_PATH": str(tmp_path / "warehouse.duckdb"),
-            "DYNA_MANIFEST_STORE": f"gs://{bucket}/manifests", "DYNA_CACHE_DIR": str(tmp_path / "nvme-cache"),
-            "DYNA_CHECKPOINT_STORE": f"gs://{bucket}/checkpoints"}
+    return {
+        "DYNA_ENV": "production",
+        "DYNA_HOME": str(tmp_path / "shared"),
+        "DYNA_REGISTRY_URL": postgres_url,
+        "DYNA_WAREHOUSE_PATH": str(tmp_path / "warehouse.duckdb"),
+        "DYNA_MANIFEST_STORE": f"gs://{bucket}/manifests",
+        "DYNA_CACHE_DIR": str(tmp_path / "nvme-cache"),
+        "DYNA_CHECKPOINT_STORE": f"gs://{bucket}/checkpoints",
+    }
 
 
 def test_missing_settings_fail_at_load_naming_each():
@@ -33,8 +38,14 @@ def test_missing_settings_fail_at_load_naming_each():
     assert "DYNA_HOME:" not in text
     with pytest.raises(ValueError, match="'staging'"):
         deployment.resources({"DYNA_ENV": "staging"})
-    proc = subprocess.run([sys.executable, "-c", "import dyna_assets.definitions"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "DYNA_ENV": "production"})
+    proc = subprocess.run(
+        [sys.executable, "-c", "import dyna_assets.definitions"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "DYNA_ENV": "production"},
+    )
     assert proc.returncode != 0 and "DYNA_REGISTRY_URL" in proc.stderr
 
 
@@ -52,9 +63,14 @@ def test_production_resources_reach_postgres_and_the_object_store(tmp_path, post
     store = Store.from_url(f"gs://{gcs.bucket}/manifests", fs=gcs.fs)  # the emulator is shared by the session
     store.put_bytes(f"probe-{tmp_path.name}.txt", b"ok")
     assert store.cat(f"probe-{tmp_path.name}.txt") == b"ok"
-    proc = subprocess.run([sys.executable, "-c", "from dyna_assets.definitions import defs; "
-                           "print(sorted(defs.resources))"], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **env})
+    proc = subprocess.run(
+        [sys.executable, "-c", "from dyna_assets.definitions import defs; print(sorted(defs.resources))"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **env},
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "trainer" in proc.stdout
 
@@ -72,9 +88,15 @@ users: [{name: test, user: {token: test}}]
 contexts: [{name: test, context: {cluster: test, user: test}}]
 current-context: test
 """)
-    for k, v in {"DAGSTER_PG_HOST": url.host, "DAGSTER_PG_PORT": str(url.port), "DAGSTER_PG_USER": url.username,
-                 "DAGSTER_PG_PASSWORD": url.password or "", "DAGSTER_PG_DB": url.database,
-                 "DYNA_K8S_NAMESPACE": "dyna", "KUBECONFIG": str(kubeconfig)}.items():
+    for k, v in {
+        "DAGSTER_PG_HOST": url.host,
+        "DAGSTER_PG_PORT": str(url.port),
+        "DAGSTER_PG_USER": url.username,
+        "DAGSTER_PG_PASSWORD": url.password or "",
+        "DAGSTER_PG_DB": url.database,
+        "DYNA_K8S_NAMESPACE": "dyna",
+        "KUBECONFIG": str(kubeconfig),
+    }.items():
         monkeypatch.setenv(k, v)
     with DagsterInstance.from_config(str(home)) as instance:
         assert type(instance.run_coordinator).__name__ == "QueuedRunCoordinator"
@@ -94,8 +116,9 @@ def test_helm_values_match_the_instance_config():
     runs = instance["concurrency"]["runs"]
     assert queued["maxConcurrentRuns"] == runs["max_concurrent_runs"]
     assert queued["dequeueIntervalSeconds"] == instance["run_queue"]["dequeue_interval_seconds"]
-    assert {(t["key"], t.get("value"), t["limit"]) for t in queued["tagConcurrencyLimits"]} == \
-        {(t["key"], t.get("value"), t["limit"]) for t in runs["tag_concurrency_limits"]}
+    assert {(t["key"], t.get("value"), t["limit"]) for t in queued["tagConcurrencyLimits"]} == {
+        (t["key"], t.get("value"), t["limit"]) for t in runs["tag_concurrency_limits"]
+    }
 
 
 def test_every_asset_asks_kubernetes_for_what_it_needs():

@@ -11,9 +11,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_workspace_validates_with_the_dagster_cli(tmp_path):
     dagster = Path(sys.executable).parent / "dagster"
-    proc = subprocess.run([str(dagster), "definitions", "validate", "-w", str(ROOT / "workspace.yaml")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=180,
-                          env={"PATH": str(dagster.parent), "DAGSTER_HOME": str(tmp_path), "HOME": str(tmp_path)})
+    proc = subprocess.run(
+        [str(dagster), "definitions", "validate", "-w", str(ROOT / "workspace.yaml")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={"PATH": str(dagster.parent), "DAGSTER_HOME": str(tmp_path), "HOME": str(tmp_path)},
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Validation successful" in proc.stdout + proc.stderr
 

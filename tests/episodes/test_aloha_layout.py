@@ -42,12 +42,13 @@ def test_the_generator_writes_the_recorders_layout(recorded):
             rows = f[f"observations/images/{cam}"][()]
             for i in (0, n - 1):
                 jpeg = rows[i, : int(cl[row, i])].tobytes()
-                assert jpeg[:2] == b"\xff\xd8" and jpeg[-2:] == b"\xff\xd9" and not rows[i, int(cl[row, i]):].any()
+                assert jpeg[:2] == b"\xff\xd8" and jpeg[-2:] == b"\xff\xd9" and not rows[i, int(cl[row, i]) :].any()
         # the rows do not follow HDF5's (sorted) order: that order cuts the JPEGs at the wrong lengths
         sorted_row = sorted(ALOHA_CAMERAS).index("cam_low")
         assert not np.array_equal(cl[sorted_row], cl[ALOHA_CAMERAS.index("cam_low")])
-        assert {k: f[k].dtype for k in ("observations/qpos", "observations/qvel", "observations/effort", "action")} \
-            == dict.fromkeys(("observations/qpos", "observations/qvel", "observations/effort", "action"), np.float32)
+        assert {
+            k: f[k].dtype for k in ("observations/qpos", "observations/qvel", "observations/effort", "action")
+        } == dict.fromkeys(("observations/qpos", "observations/qvel", "observations/effort", "action"), np.float32)
     with h5py.File(recorded[False].path) as f:
         ds = f["observations/images/cam_high"]
         assert ds.shape == (recorded[False].steps, 48, 64, 3) and ds.chunks == (1, 48, 64, 3)

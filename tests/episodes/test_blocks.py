@@ -7,7 +7,11 @@ from dyna_resources.episodes import blocks
 def _sample(n=200, seed=0):
     rng = np.random.default_rng(seed)
     ts = 1_700_000_000_000_000_000 + np.cumsum(rng.integers(4_900_000, 5_100_000, n))
-    return ts, {"position": rng.normal(size=(n, 7)), "velocity": rng.normal(size=(n, 7)), "gripper": rng.normal(size=(n, 1))}
+    return ts, {
+        "position": rng.normal(size=(n, 7)),
+        "velocity": rng.normal(size=(n, 7)),
+        "gripper": rng.normal(size=(n, 1)),
+    }
 
 
 def test_round_trip_is_exact():
@@ -38,6 +42,7 @@ def test_empty_block_and_schema_descriptor():
     got_ts, got = blocks.decode_block(blocks.encode_block(np.empty(0, np.int64), {"x": np.empty((0, 3))}))
     assert len(got_ts) == 0 and got["x"].shape == (0, 3)
     from google.protobuf import descriptor_pb2
+
     fds = descriptor_pb2.FileDescriptorSet.FromString(blocks.file_descriptor_set_bytes())
     assert [m.name for m in fds.file[0].message_type] == ["Field", "SampleBlock"]
 

@@ -19,10 +19,17 @@ from dyna_resources.episodes.encode_cost import (
 FLOOR = 35.0
 
 
-def point(preset: str, bytes_per_frame: float, cpu_ms: float, psnr: float = 36.0, crf: float = 21.0,
-          options: str = "") -> EncodePoint:
-    return EncodePoint(preset=preset, crf=crf, options=options, bytes_per_frame=bytes_per_frame, psnr_db=psnr,
-                       cpu_s_per_frame=cpu_ms / 1e3)
+def point(
+    preset: str, bytes_per_frame: float, cpu_ms: float, psnr: float = 36.0, crf: float = 21.0, options: str = ""
+) -> EncodePoint:
+    return EncodePoint(
+        preset=preset,
+        crf=crf,
+        options=options,
+        bytes_per_frame=bytes_per_frame,
+        psnr_db=psnr,
+        cpu_s_per_frame=cpu_ms / 1e3,
+    )
 
 
 SLOWER = point("slower", 15_000, 52.0)
@@ -54,8 +61,9 @@ def test_the_quality_floor_takes_points_off_the_front():
 
 
 def test_cost_is_compute_once_plus_storage_over_the_retention():
-    model = CostModel(core_hour_usd=0.04, storage_gb_month_usd=0.02, retention_months=36, copies=2,
-                      frames_per_episode_hour=324_000)
+    model = CostModel(
+        core_hour_usd=0.04, storage_gb_month_usd=0.02, retention_months=36, copies=2, frames_per_episode_hour=324_000
+    )
     cost = cost_per_episode_hour(SLOWER, model)
     assert cost.compute_usd == pytest.approx(0.052 * 324_000 / 3600 * 0.04)
     assert cost.storage_usd == pytest.approx(15_000 * 324_000 / GIB * 0.02 * 36 * 2)
@@ -116,20 +124,35 @@ def test_no_points_is_a_clear_error():
         cheapest([], CostModel(), FLOOR)
 
 
-@pytest.mark.parametrize("field, value", [
-    ("core_hour_usd", -0.01), ("storage_gb_month_usd", -1.0), ("retention_months", -3),
-    ("core_hour_usd", math.nan), ("storage_gb_month_usd", math.inf), ("copies", 0), ("copies", 1.5),
-    ("frames_per_episode_hour", 0),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("core_hour_usd", -0.01),
+        ("storage_gb_month_usd", -1.0),
+        ("retention_months", -3),
+        ("core_hour_usd", math.nan),
+        ("storage_gb_month_usd", math.inf),
+        ("copies", 0),
+        ("copies", 1.5),
+        ("frames_per_episode_hour", 0),
+    ],
+)
 def test_a_bad_price_names_its_field(field, value):
     with pytest.raises(ValueError, match=rf"^{field} must be"):
         CostModel(**{field: value})
 
 
-@pytest.mark.parametrize("field, value", [
-    ("bytes_per_frame", 0), ("bytes_per_frame", -5.0), ("cpu_s_per_frame", -0.001), ("psnr_db", math.nan),
-    ("crf", -1.0), ("preset", ""),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("bytes_per_frame", 0),
+        ("bytes_per_frame", -5.0),
+        ("cpu_s_per_frame", -0.001),
+        ("psnr_db", math.nan),
+        ("crf", -1.0),
+        ("preset", ""),
+    ],
+)
 def test_a_bad_point_names_its_field(field, value):
     kwargs = dict(preset="medium", crf=21.0, options="", bytes_per_frame=1000.0, psnr_db=36.0, cpu_s_per_frame=0.02)
     with pytest.raises(ValueError, match=rf"^{field} must be"):

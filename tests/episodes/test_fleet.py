@@ -31,9 +31,21 @@ W, H = 160, 120
 
 
 def spec_(**kw) -> EpisodeSpec:
-    base = dict(episode_id="ep-000001-test", seed=4242, task="pick_place", robot_id="arm-01", robot_model="dyna-a1",
-                robot_sw_version="4.2.1", site="sfo-lab", operator="op-1", success=True,
-                started_at="2026-11-02T08:15:00Z", duration_s=3.0, width=W, height=H)
+    base = dict(
+        episode_id="ep-000001-test",
+        seed=4242,
+        task="pick_place",
+        robot_id="arm-01",
+        robot_model="dyna-a1",
+        robot_sw_version="4.2.1",
+        site="sfo-lab",
+        operator="op-1",
+        success=True,
+        started_at="2026-11-02T08:15:00Z",
+        duration_s=3.0,
+        width=W,
+        height=H,
+    )
     base.update(kw)
     return EpisodeSpec(**base)
 
@@ -85,8 +97,9 @@ def test_different_seeds_differ():
     a, b = SimulatedEpisode(spec_()), SimulatedEpisode(spec_(seed=4243))
     for cam in a.spec.cameras:
         assert not np.array_equal(a.render_frame(cam, 10), b.render_frame(cam, 10))
-    assert not np.array_equal(a.streams()["joint_states"].fields["position"],
-                              b.streams()["joint_states"].fields["position"])
+    assert not np.array_equal(
+        a.streams()["joint_states"].fields["position"], b.streams()["joint_states"].fields["position"]
+    )
 
 
 # -- frames --------------------------------------------------------------------------------
@@ -230,8 +243,10 @@ def test_failed_episodes_visibly_fail(task):
         s = arm.script
         st = arm.world_state(9.9)
         if task == "pick_place":
-            moved = [np.linalg.norm(pos[:2] - np.array(o.place)) < 0.03 and abs(pos[2] - o.size[2] / 2) < 1e-6
-                     for o, pos, _ in st.objects]
+            moved = [
+                np.linalg.norm(pos[:2] - np.array(o.place)) < 0.03 and abs(pos[2] - o.size[2] / 2) < 1e-6
+                for o, pos, _ in st.objects
+            ]
             end[success] = all(moved)
         elif task == "fold_towel":
             end[success] = bool(st.towel_edge[0] < s.towel.centre[0])
@@ -424,8 +439,24 @@ def test_spec_is_validated():
 
 
 def test_cli(tmp_path, capsys):
-    rc = fleet_mod.main(["--out", str(tmp_path), "--episodes", "2", "--seed", "1", "--width", "48", "--height",
-                         "32", "--duration-s", "1.0", "--faults", "truncated=1"])
+    rc = fleet_mod.main(
+        [
+            "--out",
+            str(tmp_path),
+            "--episodes",
+            "2",
+            "--seed",
+            "1",
+            "--width",
+            "48",
+            "--height",
+            "32",
+            "--duration-s",
+            "1.0",
+            "--faults",
+            "truncated=1",
+        ]
+    )
     assert rc == 0
     files = sorted(tmp_path.glob("*.h5"))
     assert len(files) == 2

@@ -36,7 +36,7 @@ def _video(path, camera="wrist"):
 
 def psnr(a, b) -> float:
     mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
-    return float("inf") if mse == 0 else 10 * np.log10(255.0 ** 2 / mse)
+    return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
 
 
 def test_swscale_conversion_matches_the_reference_within_the_stated_tolerance(episode):

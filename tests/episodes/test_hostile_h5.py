@@ -65,13 +65,15 @@ def test_references_outside_the_file_are_refused_before_anything_outside_is_read
 def test_external_storage_naming_etc_passwd_is_refused(episode_factory, tmp_path):
     """The issue's reproduction: /observations/qpos stored as HDF5 external raw storage in /etc/passwd."""
     src = tmp_path / "passwd.h5"
-    shutil.copyfile(episode_factory(episode_id="ep-hostile-base", seed=61, duration_s=1.0, width=64,
-                                    height=48).path, src)
+    shutil.copyfile(
+        episode_factory(episode_id="ep-hostile-base", seed=61, duration_s=1.0, width=64, height=48).path, src
+    )
     with h5py.File(src, "a") as f:
         shape = f["observations/qpos"].shape
         del f["observations/qpos"]
-        f.create_dataset("observations/qpos", shape=shape, dtype="u1",
-                         external=[("/etc/passwd", 0, int(np.prod(shape)))])
+        f.create_dataset(
+            "observations/qpos", shape=shape, dtype="u1", external=[("/etc/passwd", 0, int(np.prod(shape)))]
+        )
     with pytest.raises(ExternalDataError, match="/etc/passwd") as e:
         RawEpisode(src)
     assert e.value.stream == "/observations/qpos"
@@ -99,6 +101,7 @@ def test_soft_links_inside_the_file_are_followed(aloha_base, tmp_path):
 def _set_attr(key, value):
     def edit(f):
         f.attrs[key] = value
+
     return edit
 
 
@@ -107,6 +110,7 @@ def _replace(key, make):
         shape = getattr(f[key], "shape", None)
         del f[key]
         make(f, key, shape)
+
     return edit
 
 
@@ -131,26 +135,56 @@ SURPRISES = {
     "success_text": (_set_attr("success", "maybe"), "success", "expected a boolean, got 'maybe'"),
     "task_array": (_set_attr("task", ["pick", "place"]), "task", "array of shape (2,)"),
     "operator_not_utf8": (_set_attr("operator", np.bytes_(b"\xff\xfeop")), "operator", "not UTF-8"),
-    "sim_compound": (_set_attr("sim", np.array((1, 2.0), dtype=[("a", "i4"), ("b", "f8")])), "sim",
-                     "expected text, a number or a boolean"),
-    "names_mismatch": (lambda f: f["observations/qpos"].attrs.__setitem__("names", ["a", "b", "c"]),
-                       "observations/qpos", "3 label(s) of shape (3,) for 14 column(s)"),
-    "qpos_is_a_group": (_replace("observations/qpos", lambda f, k, s: f.create_group(k)), "observations/qpos",
-                        "is a Group, expected a dataset"),
-    "qpos_complex": (_replace("observations/qpos", lambda f, k, s: f.create_dataset(k, shape=s, dtype="c16")),
-                     "observations/qpos", "expected a 2-D numeric array"),
-    "qpos_no_columns": (_replace("observations/qpos", lambda f, k, s: f.create_dataset(k, shape=(s[0], 0), dtype="f4")),
-                        "observations/qpos", "expected a 2-D numeric array"),
-    "images_is_a_dataset": (_replace("observations/images", lambda f, k, s: f.create_dataset(k, data=[1, 2])),
-                            "images", "expected a group of cameras"),
-    "camera_is_a_group": (_replace("observations/images/cam_high", lambda f, k, s: f.create_group(k)),
-                          "images/cam_high", "expected a dataset of frames"),
-    "camera_of_text": (_replace("observations/images/cam_high",
-                                lambda f, k, s: f.create_dataset(k, data=["x"] * s[0], dtype=h5py.string_dtype())),
-                       "images/cam_high", "unsupported image dataset"),
-    "camera_one_pixel_wide": (_replace("observations/images/cam_high",
-                                       lambda f, k, s: f.create_dataset(k, shape=(s[0], 32, 1, 3), dtype="u1")),
-                              "images/cam_high", "1x32 pixels"),
+    "sim_compound": (
+        _set_attr("sim", np.array((1, 2.0), dtype=[("a", "i4"), ("b", "f8")])),
+        "sim",
+        "expected text, a number or a boolean",
+    ),
+    "names_mismatch": (
+        lambda f: f["observations/qpos"].attrs.__setitem__("names", ["a", "b", "c"]),
+        "observations/qpos",
+        "3 label(s) of shape (3,) for 14 column(s)",
+    ),
+    "qpos_is_a_group": (
+        _replace("observations/qpos", lambda f, k, s: f.create_group(k)),
+        "observations/qpos",
+        "is a Group, expected a dataset",
+    ),
+    "qpos_complex": (
+        _replace("observations/qpos", lambda f, k, s: f.create_dataset(k, shape=s, dtype="c16")),
+        "observations/qpos",
+        "expected a 2-D numeric array",
+    ),
+    "qpos_no_columns": (
+        _replace("observations/qpos", lambda f, k, s: f.create_dataset(k, shape=(s[0], 0), dtype="f4")),
+        "observations/qpos",
+        "expected a 2-D numeric array",
+    ),
+    "images_is_a_dataset": (
+        _replace("observations/images", lambda f, k, s: f.create_dataset(k, data=[1, 2])),
+        "images",
+        "expected a group of cameras",
+    ),
+    "camera_is_a_group": (
+        _replace("observations/images/cam_high", lambda f, k, s: f.create_group(k)),
+        "images/cam_high",
+        "expected a dataset of frames",
+    ),
+    "camera_of_text": (
+        _replace(
+            "observations/images/cam_high",
+            lambda f, k, s: f.create_dataset(k, data=["x"] * s[0], dtype=h5py.string_dtype()),
+        ),
+        "images/cam_high",
+        "unsupported image dataset",
+    ),
+    "camera_one_pixel_wide": (
+        _replace(
+            "observations/images/cam_high", lambda f, k, s: f.create_dataset(k, shape=(s[0], 32, 1, 3), dtype="u1")
+        ),
+        "images/cam_high",
+        "1x32 pixels",
+    ),
     "nothing_recorded": (_all_empty, None, "no samples or frames in any stream"),
 }
 
@@ -206,13 +240,17 @@ for p in sys.argv[1:]:
 
 
 @pytest.mark.parametrize("layout", ["dyna", "aloha"])
-def test_truncated_and_garbled_files_raise_episode_errors_naming_the_file(layout, aloha_base, episode_factory,
-                                                                         tmp_path):
+def test_truncated_and_garbled_files_raise_episode_errors_naming_the_file(
+    layout, aloha_base, episode_factory, tmp_path
+):
     """Cut, bit-flipped and overwritten copies: each reads, or raises an EpisodeError naming it; any
     other exception fails the reading process. Read in a child process so that a hang inside HDF5
     fails this test (naming the file) instead of stalling the suite."""
-    base = aloha_base[True] if layout == "aloha" else \
-        episode_factory(episode_id="ep-hostile-base", seed=61, duration_s=1.0, width=64, height=48).path
+    base = (
+        aloha_base[True]
+        if layout == "aloha"
+        else episode_factory(episode_id="ep-hostile-base", seed=61, duration_s=1.0, width=64, height=48).path
+    )
     data = base.read_bytes()
     files = []
     for k in range(45):
@@ -221,8 +259,9 @@ def test_truncated_and_garbled_files_raise_episode_errors_naming_the_file(layout
             files[-1].write_bytes(_damaged(data, k))
     root = Path(__file__).resolve().parents[2]
     try:
-        proc = subprocess.run([sys.executable, "-c", _READ_ALL, *map(str, files)], cwd=root, capture_output=True,
-                              text=True, timeout=240)
+        proc = subprocess.run(
+            [sys.executable, "-c", _READ_ALL, *map(str, files)], cwd=root, capture_output=True, text=True, timeout=240
+        )
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
         started = [json.loads(line)["start"] for line in out.splitlines() if '"start"' in line]

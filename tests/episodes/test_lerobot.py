@@ -51,7 +51,7 @@ def _frames(n: int, seed: int) -> np.ndarray:
     for i in range(n):
         base = np.stack([x * 2 + i * 2 + seed * 10, y * 3 + i, (x + y) // 2 + seed * 17], -1).astype(np.uint8)
         cx = 8 + (i * 4) % (W - 24)
-        base[20:36, cx:cx + 16] = (170, 150 + seed * 10, 140)
+        base[20:36, cx : cx + 16] = (170, 150 + seed * 10, 140)
         out[i] = base
     return out
 
@@ -60,11 +60,18 @@ def _episodes(lengths=(20, 14)) -> list[LeRobotEpisode]:
     rng = np.random.default_rng(0)
     eps = []
     for k, n in enumerate(lengths):
-        eps.append(LeRobotEpisode(
-            index=k, task=f"task {k % 2}", fps=FPS, timestamps=np.arange(n) / FPS,
-            states=rng.normal(size=(n, 6)).astype(np.float32), actions=rng.normal(size=(n, 7)).astype(np.float32),
-            frames={"observation.images.top": _frames(n, k), "observation.images.wrist": _frames(n, k + 2)},
-            state_names=[f"j{i}" for i in range(6)]))
+        eps.append(
+            LeRobotEpisode(
+                index=k,
+                task=f"task {k % 2}",
+                fps=FPS,
+                timestamps=np.arange(n) / FPS,
+                states=rng.normal(size=(n, 6)).astype(np.float32),
+                actions=rng.normal(size=(n, 7)).astype(np.float32),
+                frames={"observation.images.top": _frames(n, k), "observation.images.wrist": _frames(n, k + 2)},
+                state_names=[f"j{i}" for i in range(6)],
+            )
+        )
     return eps
 
 
@@ -201,11 +208,19 @@ def test_export_reencodes_a_camera_that_is_not_one_frame_per_row(tmp_path, caplo
     top, wrist = _frames(n, 0), _frames(n, 1)
     keep = np.array([i for i in range(n) if i != 5])  # the wrist camera dropped frame 5
     meta = EpisodeMeta(episode_id="drop", robot_model="so100", task="t", started_at="1970-01-01T00:00:01Z")
-    streams = {"joint_states": SampleStream("joint_states", ts, {"position": np.arange(n * 2.0).reshape(n, 2)}),
-               "action": SampleStream("action", ts, {"command": np.arange(n * 3.0).reshape(n, 3)})}
-    write_raw_episode(tmp_path / "drop.h5", meta, {"top": (ts, [encode_jpeg(f, 100) for f in top]),
-                                                   "wrist": (ts[keep], [encode_jpeg(wrist[i], 100) for i in keep])},
-                      streams)
+    streams = {
+        "joint_states": SampleStream("joint_states", ts, {"position": np.arange(n * 2.0).reshape(n, 2)}),
+        "action": SampleStream("action", ts, {"command": np.arange(n * 3.0).reshape(n, 3)}),
+    }
+    write_raw_episode(
+        tmp_path / "drop.h5",
+        meta,
+        {
+            "top": (ts, [encode_jpeg(f, 100) for f in top]),
+            "wrist": (ts[keep], [encode_jpeg(wrist[i], 100) for i in keep]),
+        },
+        streams,
+    )
     mcap = _transcoded(tmp_path, [tmp_path / "drop.h5"])[0]
     with caplog.at_level("WARNING", logger="dyna_resources.episodes.lerobot"):
         export_lerobot([mcap.as_uri()], tmp_path / "out")
@@ -273,8 +288,17 @@ def test_statistics_as_lerobot_writes_them(tmp_path, version):
     write_lerobot(src, tmp_path / "ds", fps=FPS, version=version)
     stats = json.loads((tmp_path / "ds/meta/stats.json").read_text())
     names = {"min", "max", "mean", "std", "count", "q01", "q10", "q50", "q90", "q99"}
-    assert set(stats) == {"observation.state", "action", "observation.images.top", "observation.images.wrist",
-                          "timestamp", "frame_index", "episode_index", "index", "task_index"}
+    assert set(stats) == {
+        "observation.state",
+        "action",
+        "observation.images.top",
+        "observation.images.wrist",
+        "timestamp",
+        "frame_index",
+        "episode_index",
+        "index",
+        "task_index",
+    }
     assert all(set(s) == names for s in stats.values())
     states = np.concatenate([e.states for e in src])
     np.testing.assert_allclose(stats["observation.state"]["mean"], states.mean(0), rtol=1e-6)

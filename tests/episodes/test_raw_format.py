@@ -150,8 +150,12 @@ def test_odd_frame_sizes_lose_their_last_column_and_row_in_the_transcode(layout,
         sim = SimulatedEpisode(gen.spec)
         src, render = gen.path, lambda cam, i: sim.render_frame(cam, int(gen.frame_indices[cam][i]))
     else:
-        rec = write_aloha_episode(small_spec("odd", seed=84, duration_s=1.1, width=161, height=121),
-                                  tmp_path / "episode_3.hdf5", compress=False, camera_names=("cam_high", "cam_low"))
+        rec = write_aloha_episode(
+            small_spec("odd", seed=84, duration_s=1.1, width=161, height=121),
+            tmp_path / "episode_3.hdf5",
+            compress=False,
+            camera_names=("cam_high", "cam_low"),
+        )
         src, render = rec.path, rec.render_frame
     out = tmp_path / "odd.mcap"
     report = transcode_episode(src, out, TranscodeSettings(video=VideoSettings(gop_frames=30, preset="veryfast")))

@@ -120,12 +120,17 @@ def test_every_archive_record_kept_byte_identical(episode):
     h0, s0, m0, md0 = records(src)
     h1, s1, m1, md1 = records(dst)
     assert (h1.profile, h1.library) == (h0.profile, h0.library)
-    assert {k: (v.name, v.encoding, v.data) for k, v in s1.schemas.items()} == \
-        {k: (v.name, v.encoding, v.data) for k, v in s0.schemas.items()}
+    assert {k: (v.name, v.encoding, v.data) for k, v in s1.schemas.items()} == {
+        k: (v.name, v.encoding, v.data) for k, v in s0.schemas.items()
+    }
     for cid, c in s0.channels.items():  # same ids, topics, schemas and metadata
         d = s1.channels[cid]
-        assert (d.topic, d.message_encoding, d.schema_id, d.metadata) == \
-            (c.topic, c.message_encoding, c.schema_id, c.metadata)
+        assert (d.topic, d.message_encoding, d.schema_id, d.metadata) == (
+            c.topic,
+            c.message_encoding,
+            c.schema_id,
+            c.metadata,
+        )
     assert {t: v for t, v in m1.items() if not is_training_camera_topic(t)} == m0
     assert md1[STATS_METADATA] == md0[STATS_METADATA]
     episode_md = md1[EPISODE_METADATA]
@@ -149,8 +154,12 @@ def test_training_channels_in_their_own_chunks(episode):
     with EpisodeReader(src) as a, EpisodeReader(dst) as r:
         assert len(r.summary.chunk_indexes) == len(a.summary.chunk_indexes) + 2 + 8  # 4 s / 2 s, 4 s / 0.5 s
         for ci in r.summary.chunk_indexes:
-            names = {parse_training_camera_topic(r.channels[c].topic)[0] if is_training_camera_topic(
-                r.channels[c].topic) else "" for c in ci.message_index_offsets}
+            names = {
+                parse_training_camera_topic(r.channels[c].topic)[0]
+                if is_training_camera_topic(r.channels[c].topic)
+                else ""
+                for c in ci.message_index_offsets
+            }
             assert len(names) == 1  # no chunk mixes a training stream with anything else
             if names != {""}:
                 assert ci.compression == ""
@@ -160,7 +169,8 @@ def test_training_channels_in_their_own_chunks(episode):
                 archive_md = a.channels[a.topic_ids[camera_topic(cam)]].metadata
                 assert md["source_topic"] == camera_topic(cam) and md["training_stream"] == name
                 assert (md["height"], md["width"], md["gop_frames"]) == tuple(
-                    map(str, (spec.height, spec.width, spec.gop_frames)))
+                    map(str, (spec.height, spec.width, spec.gop_frames))
+                )
                 assert (md["frame_id"], md["rate_hz"]) == (archive_md["frame_id"], archive_md["rate_hz"])
                 rate = int(archive_md["gop_frames"]) * 1e9 / int(archive_md["gop_ns"])
                 assert int(md["gop_ns"]) == round(spec.gop_frames / rate * 1e9)
@@ -168,8 +178,11 @@ def test_training_channels_in_their_own_chunks(episode):
         for name in ("t128", "t80"):
             s = report.streams[name]
             topics = {training_camera_topic(name, c) for c in a.cameras}
-            on_disk = sum(ci.chunk_length + ci.message_index_length for ci in r.summary.chunk_indexes
-                          if {r.channels[c].topic for c in ci.message_index_offsets} <= topics)
+            on_disk = sum(
+                ci.chunk_length + ci.message_index_length
+                for ci in r.summary.chunk_indexes
+                if {r.channels[c].topic for c in ci.message_index_offsets} <= topics
+            )
             assert s.action == "added" and s.bytes == on_disk > s.video_bytes > 0
             assert s.frames == sum(r.summary.statistics.channel_message_counts[r.topic_ids[t]] for t in topics)
         assert report.frames_encoded == report.streams["t128"].frames + report.streams["t80"].frames
@@ -353,16 +366,18 @@ def test_same_name_other_spec_replaces_only_that_stream(episode, tmp_path):
             assert r.read_frames([cam], [r.start_ns + 10**9], stream="t80")[cam].images.shape == (1, 40, 64, 3)
         assert r.topic_ids == {c.topic: cid for cid, c in s_dst.channels.items()}  # same places
     recorded = json.loads(md1[EPISODE_METADATA]["training_streams"])
-    assert TrainingStreamSpec.from_dict(recorded["t80"]) == t80b and TrainingStreamSpec.from_dict(
-        recorded["t128"]) == T128
+    assert (
+        TrainingStreamSpec.from_dict(recorded["t80"]) == t80b and TrainingStreamSpec.from_dict(recorded["t128"]) == T128
+    )
     # in place: dst == src, atomically; no temporary file left behind. (Not compared byte for byte with
     # the first t80: libx264 on these VMs now and then codes a row differently, see test_transcode.)
     inplace = tmp_path / "inplace.mcap"
     shutil.copy(out, inplace)
     assert add_training_streams(inplace, inplace, [T80]).streams["t80"].action == "replaced"
     _, s2, m2, _ = records(inplace)
-    assert {t: v for t, v in m2.items() if not t.startswith("/training/t80/")} == \
-        {t: v for t, v in m1.items() if not t.startswith("/training/t80/")}
+    assert {t: v for t, v in m2.items() if not t.startswith("/training/t80/")} == {
+        t: v for t, v in m1.items() if not t.startswith("/training/t80/")
+    }
     assert {t: [x[0] for x in v] for t, v in m2.items()} == {t: [x[0] for x in v] for t, v in m_dst.items()}
     assert s2.channels == s_dst.channels
     assert sorted(p.name for p in tmp_path.iterdir()) == ["inplace.mcap", "replaced.mcap"]
@@ -412,11 +427,26 @@ def test_not_an_episode_is_refused_and_leaves_nothing(tmp_path):
 
 
 # -- specs and topics -----------------------------------------------------------------------------------
-@pytest.mark.parametrize("field, value", [
-    ("name", "t/128"), ("name", ""), ("name", "t 128"), ("name", "archive"), ("name", "../x"),
-    ("height", 127), ("height", 0), ("width", -2), ("width", 128.0), ("width", True),
-    ("gop_frames", 0), ("crf", -1), ("crf", 52), ("preset", "quick"), ("chunk_window_s", 0),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("name", "t/128"),
+        ("name", ""),
+        ("name", "t 128"),
+        ("name", "archive"),
+        ("name", "../x"),
+        ("height", 127),
+        ("height", 0),
+        ("width", -2),
+        ("width", 128.0),
+        ("width", True),
+        ("gop_frames", 0),
+        ("crf", -1),
+        ("crf", 52),
+        ("preset", "quick"),
+        ("chunk_window_s", 0),
+    ],
+)
 def test_bad_spec_values_name_the_field(field, value):
     kwargs = {"name": "t128", "height": 128, "width": 128, field: value}
     with pytest.raises(ValueError, match=f"TrainingStreamSpec.{field}"):

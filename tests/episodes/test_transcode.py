@@ -106,7 +106,12 @@ def test_keyframes_carry_sps_pps_and_no_b_frames(transcoded):
         assert len(key) >= 5
         for i in key:
             t = types[i]
-            assert NAL_SPS in t and NAL_PPS in t and t.index(NAL_SPS) < t.index(NAL_IDR) and t.index(NAL_PPS) < t.index(NAL_IDR)
+            assert (
+                NAL_SPS in t
+                and NAL_PPS in t
+                and t.index(NAL_SPS) < t.index(NAL_IDR)
+                and t.index(NAL_PPS) < t.index(NAL_IDR)
+            )
         for i, t in enumerate(types):
             assert (NAL_IDR in t) == (i in key)
         dec = av.CodecContext.create("h264", "r")
@@ -145,8 +150,12 @@ def test_our_summary_and_message_indexes_are_the_librarys(transcoded):
     assert ours.channels == theirs.channels and ours.schemas == theirs.schemas
     assert ours.statistics == theirs.statistics and ours.metadata_indexes == theirs.metadata_indexes
     assert ours.statistics.message_count == len(messages)
-    indexed = sorted((cid, t) for ci in ours.chunk_indexes for cid in ci.message_index_offsets
-                     for t in _message_index_times(out, ci, cid))
+    indexed = sorted(
+        (cid, t)
+        for ci in ours.chunk_indexes
+        for cid in ci.message_index_offsets
+        for t in _message_index_times(out, ci, cid)
+    )
     assert indexed == sorted(messages)
 
 
@@ -229,7 +238,9 @@ def test_output_bytes_are_deterministic(transcoded, tmp_path):
         transcode_episode(gen.path, again, SETTINGS)
         if any(again.read_bytes() == r.read_bytes() for r in runs):
             if len(runs) > 1:
-                warnings.warn(f"an odd transcode among {len(runs) + 1}: {_first_message_diff(runs[0], runs[1])}")
+                warnings.warn(
+                    f"an odd transcode among {len(runs) + 1}: {_first_message_diff(runs[0], runs[1])}", stacklevel=2
+                )
             return
         runs.append(again)
     pytest.fail(f"4 transcodes of one episode all differ: {_first_message_diff(runs[0], runs[1])}")
@@ -251,12 +262,15 @@ def _first_message_diff(a: Path, b: Path) -> str:
     return f"same messages ({len(ma)} vs {len(mb)}); metadata or layout differs"
 
 
-@pytest.mark.parametrize("fault,error,names", [
-    ("truncated", RawFormatError, "cannot open as HDF5"),
-    ("corrupt_jpeg", CorruptFrameError, "frame"),
-    ("non_monotonic", TimestampError, "joint_states"),
-    ("missing_stream", MissingStreamError, "action"),
-])
+@pytest.mark.parametrize(
+    "fault,error,names",
+    [
+        ("truncated", RawFormatError, "cannot open as HDF5"),
+        ("corrupt_jpeg", CorruptFrameError, "frame"),
+        ("non_monotonic", TimestampError, "joint_states"),
+        ("missing_stream", MissingStreamError, "action"),
+    ],
+)
 def test_bad_input_gives_typed_error_and_no_partial_output(episode_factory, tmp_path, fault, error, names):
     gen = episode_factory(fault=fault)
     out = tmp_path / "out" / "ep.mcap"
@@ -274,7 +288,7 @@ def test_dropped_frames_and_dead_camera_are_reported_not_fatal(episode_factory, 
     rep = transcode_episode(dropped.path, tmp_path / "d.mcap", SETTINGS)
     cams = {c: r for c, r in rep.cameras.items() if r.dropped_frames}
     assert len(cams) == 1
-    (cam, cr), = cams.items()
+    ((cam, cr),) = cams.items()
     assert cr.frames == len(dropped.frame_indices[cam]) < int(dropped.spec.duration_s * 30) + 1
     # a timestamp in the gap has no frame within one period: a clear error, not a distant frame
     idx = dropped.frame_indices[cam]
@@ -296,8 +310,10 @@ def test_dropped_frames_and_dead_camera_are_reported_not_fatal(episode_factory, 
 
 def test_memory_stays_flat_with_episode_length(episode_factory, tmp_path):
     # chunk windows shorter than both episodes: what is held is one window per group
-    profile = ReadProfile("small-windows", (TopicGroup("cameras", ("/camera/*",), "none"),
-                                            TopicGroup("proprio", ("*",), "zstd", window_s=2.0)))
+    profile = ReadProfile(
+        "small-windows",
+        (TopicGroup("cameras", ("/camera/*",), "none"), TopicGroup("proprio", ("*",), "zstd", window_s=2.0)),
+    )
     settings = TranscodeSettings(video=VideoSettings(gop_frames=30), profile=profile)
     peaks = []
     for seconds in (4.0, 16.0):
@@ -315,7 +331,9 @@ def test_rechunk_keeps_every_message(transcoded, tmp_path):
 
     def messages(p):
         with open(p, "rb") as f:
-            return sorted((c.topic, m.log_time, m.data) for _, c, m in make_reader(f, validate_crcs=True).iter_messages())
+            return sorted(
+                (c.topic, m.log_time, m.data) for _, c, m in make_reader(f, validate_crcs=True).iter_messages()
+            )
 
     with EpisodeReader(out) as r:
         topics = list(r.topic_ids)
@@ -338,11 +356,13 @@ def test_rerun_loads_the_file_as_video(transcoded, tmp_path):
     check = subprocess.run([rerun, "mcap", "check", str(out)], capture_output=True, text=True, timeout=120, env=env)
     assert check.returncode == 0, check.stdout + check.stderr
     rrd = tmp_path / "ep.rrd"
-    conv = subprocess.run([rerun, "mcap", "convert", str(out), "-o", str(rrd)], capture_output=True, text=True,
-                          timeout=120, env=env)
+    conv = subprocess.run(
+        [rerun, "mcap", "convert", str(out), "-o", str(rrd)], capture_output=True, text=True, timeout=120, env=env
+    )
     assert conv.returncode == 0, conv.stderr
-    printed = subprocess.run([rerun, "rrd", "print", str(rrd)], capture_output=True, text=True, timeout=120,
-                             env=env).stdout
+    printed = subprocess.run(
+        [rerun, "rrd", "print", str(rrd)], capture_output=True, text=True, timeout=120, env=env
+    ).stdout
     for cam in ("scene_left", "scene_right", "wrist"):
         assert any(f"/camera/{cam}" in line and "VideoStream:sample" in line for line in printed.splitlines()), cam
     assert "dyna.SampleBlock" in printed
@@ -360,8 +380,10 @@ def test_reader_handles_files_without_message_indexes(transcoded, tmp_path):
         w = Writer(fout, index_types=IndexType.CHUNK | IndexType.METADATA)
         w.start()
         ids = {sid: w.register_schema(s.name, s.encoding, s.data) for sid, s in summary.schemas.items()}
-        chans = {cid: w.register_channel(c.topic, c.message_encoding, ids[c.schema_id], c.metadata)
-                 for cid, c in summary.channels.items()}
+        chans = {
+            cid: w.register_channel(c.topic, c.message_encoding, ids[c.schema_id], c.metadata)
+            for cid, c in summary.channels.items()
+        }
         for m in reader.iter_metadata():
             w.add_metadata(m.name, m.metadata)
         for _, c, m in reader.iter_messages(log_time_order=True):

@@ -149,7 +149,7 @@ def test_secret_detector_catches_planted_secrets() -> None:
     assert secret_findings("db_password: hunter2")
     assert secret_findings("aws: AKIAABCDEFGHIJKLMNOP")
     assert secret_findings("DYNA_API_TOKEN=abc123")
-    assert not secret_findings("db_password: \"{{ vault_db_password }}\"")
+    assert not secret_findings('db_password: "{{ vault_db_password }}"')
     assert not secret_findings("torch_index_url: https://download.pytorch.org/whl/cu128")
 
 

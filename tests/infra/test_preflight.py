@@ -1,5 +1,6 @@
 """Preflight: every check on recorded-format fixtures, and the CLI end to end with fake
 nvidia-smi / journalctl / container runtime and a recording scontrol first on PATH."""
+
 from __future__ import annotations
 
 import json
@@ -136,7 +137,9 @@ def test_gpu_faults_fail_with_their_reason(nvsmi, check, reason):
 
 def test_remap_failure_fails_and_newer_split_sram_counters_are_summed():
     text = fixture("nvsmi_healthy_8xh100.xml")
-    text = text.replace("<remapped_row_failure>No</remapped_row_failure>", "<remapped_row_failure>Yes</remapped_row_failure>", 1)
+    text = text.replace(
+        "<remapped_row_failure>No</remapped_row_failure>", "<remapped_row_failure>Yes</remapped_row_failure>", 1
+    )
     # drivers 570+ split sram_uncorrectable into parity and SEC-DED counters
     text = text.replace(
         "<sram_uncorrectable>0</sram_uncorrectable>",
@@ -153,7 +156,10 @@ def test_remap_failure_fails_and_newer_split_sram_counters_are_summed():
 
 def test_driver_and_clock_mismatches_fail():
     config = config_from_dict(
-        {**NODE_CONFIG, "gpu": {**NODE_CONFIG["gpu"], "allowed_driver_versions": ["535.183.01"], "min_max_sm_clock_mhz": 2100}}
+        {
+            **NODE_CONFIG,
+            "gpu": {**NODE_CONFIG["gpu"], "allowed_driver_versions": ["535.183.01"], "min_max_sm_clock_mhz": 2100},
+        }
     )
     results = results_by_name(readings(), config)
     assert results["driver_version"].reason == "driver 550.90.07 not in 535.183.01"
@@ -191,8 +197,9 @@ def test_cache_on_the_root_disk_fails_and_a_folder_on_the_nvme_mount_passes():
     result = results_by_name(readings(cache=cache))["cache_mount"]
     assert result.reason == "cache /mnt/nvme is not on a mounted volume (it would fill the root disk)"
     nvme = MountEntry("/dev/nvme0n1", "/mnt/nvme", "xfs", ("rw",))
-    folder = CacheReadings("/mnt/nvme/dyna-cache", exists=True, is_mount=False, mount=nvme, write_error=None,
-                           usage=None)
+    folder = CacheReadings(
+        "/mnt/nvme/dyna-cache", exists=True, is_mount=False, mount=nvme, write_error=None, usage=None
+    )
     assert results_by_name(readings(cache=folder))["cache_mount"].severity != FAIL
 
 
@@ -241,7 +248,9 @@ def test_missing_container_runtime_fails():
 
 
 def test_runtime_stderr_tail_goes_into_the_reason():
-    outcome = CommandOutcome(("docker", "info"), 1, "", "Cannot connect to the Docker daemon at unix:///var/run/docker.sock\n")
+    outcome = CommandOutcome(
+        ("docker", "info"), 1, "", "Cannot connect to the Docker daemon at unix:///var/run/docker.sock\n"
+    )
     result = check_container_runtime(outcome, RuntimeConfig(command=("docker", "info")))
     assert result.reason == (
         "container runtime `docker info` exited 1: Cannot connect to the Docker daemon at unix:///var/run/docker.sock"
@@ -264,7 +273,15 @@ def test_cpu_node_skips_gpu_checks_and_never_runs_nvidia_smi():
     config = config_from_dict({"gpu": {"expected_count": 0, "nvidia_smi": ["no-such-nvidia-smi"]}})
     assert read_gpus(config.gpu) == (None, None)
     results = results_by_name(NodeReadings(), config)
-    for name in ("gpu_count", "gpu_model", "driver_version", "ecc_volatile", "row_remapping", "page_retirement", "clocks"):
+    for name in (
+        "gpu_count",
+        "gpu_model",
+        "driver_version",
+        "ecc_volatile",
+        "row_remapping",
+        "page_retirement",
+        "clocks",
+    ):
         assert results[name].severity == SKIP and results[name].reason == "no GPUs expected"
 
 
@@ -385,7 +402,9 @@ def test_cli_healthy_node_exits_0_without_draining(fake_node):
 
 
 def test_cli_faulty_node_drains_once_with_the_reasons(fake_node):
-    done, calls = fake_node(nvsmi="nvsmi_volatile_uncorrectable_ecc.xml", kernel_log="kern_xid79.log", args=["--node", "node-7"])
+    done, calls = fake_node(
+        nvsmi="nvsmi_volatile_uncorrectable_ecc.xml", kernel_log="kern_xid79.log", args=["--node", "node-7"]
+    )
     assert done.returncode == 1, done.stdout + done.stderr
     reason = (
         "preflight: GPU 3 (00000000:5D:00.0): 2 uncorrectable ECC errors since boot; "
@@ -405,7 +424,9 @@ def test_cli_dry_run_and_json_never_drain(fake_node):
     assert done.returncode == 1 and calls == []
     report = json.loads(done.stdout)
     assert report["healthy"] is False and report["drained"] is False
-    assert report["drain_command"][-1] == "Reason=preflight: GPU 5 (00000000:AB:00.0): row remap pending (needs GPU reset)"
+    assert (
+        report["drain_command"][-1] == "Reason=preflight: GPU 5 (00000000:AB:00.0): row remap pending (needs GPU reset)"
+    )
     assert {r["name"]: r["severity"] for r in report["results"]}["row_remapping"] == "fail"
 
 

@@ -30,13 +30,30 @@ def _exe(path: Path, text: str) -> Path:
 def test_render_has_requeue_cap_attempts_and_rendezvous(tmp_path, monkeypatch):
     monkeypatch.setenv("DYNA_SECRET_TOKEN", SECRET)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
-    launcher = SlurmLauncher(partition="gpu", nodes=4, gpus_per_node=8, time_limit="1-00:00:00", max_attempts=5,
-                             in_place_restarts=2, python="/opt/venv/bin/python", workdir=str(tmp_path),
-                             extra_sbatch=["--account=ml", "--exclusive"])
+    launcher = SlurmLauncher(
+        partition="gpu",
+        nodes=4,
+        gpus_per_node=8,
+        time_limit="1-00:00:00",
+        max_attempts=5,
+        in_place_restarts=2,
+        python="/opt/venv/bin/python",
+        workdir=str(tmp_path),
+        extra_sbatch=["--account=ml", "--exclusive"],
+    )
     text = launcher.render(tmp_path / "run.json", tmp_path / "run")
-    for line in ("#SBATCH --requeue", "#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8",
-                 "#SBATCH --partition=gpu", "#SBATCH --time=1-00:00:00", "#SBATCH --signal=B:USR1@120",
-                 f"#SBATCH --output={tmp_path}/run/slurm/job-%j.out", "#SBATCH --account=ml", "#SBATCH --exclusive"):
+    for line in (
+        "#SBATCH --requeue",
+        "#SBATCH --nodes=4",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --gpus-per-node=8",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --time=1-00:00:00",
+        "#SBATCH --signal=B:USR1@120",
+        f"#SBATCH --output={tmp_path}/run/slurm/job-%j.out",
+        "#SBATCH --account=ml",
+        "#SBATCH --exclusive",
+    ):
         assert line + "\n" in text, line
     assert "MAX_ATTEMPTS=5\n" in text and "IN_PLACE_RESTARTS=2\n" in text and "NPROC_PER_NODE=8\n" in text
     assert "ATTEMPT=${SLURM_RESTART_COUNT:-0}" in text
@@ -59,8 +76,16 @@ def test_render_options_off_and_quoting(tmp_path):
     assert "PYTHON='/opt/my env/python'\n" in text
 
 
-@pytest.mark.parametrize("bad", [{"extra_sbatch": ["--account=a\nrm -rf /"]}, {"workdir": "/a b"}, {"max_attempts": 0},
-                                 {"nodes": 0}, {"in_place_restarts": -1}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"extra_sbatch": ["--account=a\nrm -rf /"]},
+        {"workdir": "/a b"},
+        {"max_attempts": 0},
+        {"nodes": 0},
+        {"in_place_restarts": -1},
+    ],
+)
 def test_render_refuses_bad_values(tmp_path, bad):
     with pytest.raises(ValueError):
         SlurmLauncher(**bad).render(tmp_path / "run.json", tmp_path / "run")
@@ -81,12 +106,15 @@ def test_submit_state_wait_with_fake_commands(tmp_path, monkeypatch):
     polls = tmp_path / "polls"
     _exe(bin_dir / "sbatch", '#!/bin/bash\n[ "$1" = --parsable ] && echo "77;dynatest"\n')
     # PENDING (after a requeue) on the first poll, COMPLETED on the next; job 78 is only in sacct
-    _exe(bin_dir / "scontrol", f"""#!/bin/bash
+    _exe(
+        bin_dir / "scontrol",
+        f"""#!/bin/bash
 [ "$4" = 78 ] && exit 1
 echo x >> {polls}
 if [ $(wc -l < {polls}) -lt 2 ]; then s=PENDING; else s=COMPLETED; fi
 echo "JobId=$4 JobName=dyna-train JobState=$s Reason=None Restarts=1 ExitCode=0:0"
-""")
+""",
+    )
     _exe(bin_dir / "sacct", '#!/bin/bash\necho "FAILED|1:0"\n')
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     launcher = SlurmLauncher()
@@ -130,40 +158,61 @@ def fake_cluster(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     calls = tmp_path / "calls.txt"
-    _exe(bin_dir / "scontrol", f"""#!/bin/bash
+    _exe(
+        bin_dir / "scontrol",
+        f"""#!/bin/bash
 echo "scontrol $*" >> {calls}
 case "$1 $2" in
   "show hostnames") printf 'node-a\\nnode-b\\n' ;;
   "show job") echo "JobId=$3 JobState=RUNNING" ;;
 esac
-""")
+""",
+    )
     # srun drops its own options, then runs the step (the fake python) in place
-    _exe(bin_dir / "srun", f"""#!/bin/bash
+    _exe(
+        bin_dir / "srun",
+        f"""#!/bin/bash
 echo "srun $*" >> {calls}
 while [[ "$1" == --* ]]; do shift; done
 exec "$@"
-""")
-    python = _exe(bin_dir / "fake-python", f"""#!/bin/bash
+""",
+    )
+    python = _exe(
+        bin_dir / "fake-python",
+        f"""#!/bin/bash
 echo "python $* TORCH_DISABLE_SHARE_RDZV_TCP_STORE=$TORCH_DISABLE_SHARE_RDZV_TCP_STORE" >> {calls}
 [ -n "${{FAKE_SLEEP:-}}" ] && sleep "$FAKE_SLEEP"
 exit "$FAKE_RC"
-""")
+""",
+    )
     return bin_dir, calls, python
 
 
 def _batch(tmp_path, bin_dir, python, attempt, cap, rc, **extra_env):
     run_dir = tmp_path / f"run-{attempt}-{cap}-{rc}"
     script = tmp_path / "job.sbatch"
-    script.write_text(SlurmLauncher(nodes=2, gpus_per_node=4, max_attempts=cap, in_place_restarts=1,
-                                    python=str(python), workdir=str(tmp_path)).render(tmp_path / "run.json", run_dir))
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "4242", "SLURM_NNODES": "2",
-           "SLURM_JOB_NODELIST": "node-[a-b]", "FAKE_RC": str(rc), "SLURM_JWT": SECRET, "NCCL_AUTH_KEY": SECRET,
-           "AWS_SECRET_ACCESS_KEY": SECRET, "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
+    script.write_text(
+        SlurmLauncher(
+            nodes=2, gpus_per_node=4, max_attempts=cap, in_place_restarts=1, python=str(python), workdir=str(tmp_path)
+        ).render(tmp_path / "run.json", run_dir)
+    )
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "SLURM_JOB_ID": "4242",
+        "SLURM_NNODES": "2",
+        "SLURM_JOB_NODELIST": "node-[a-b]",
+        "FAKE_RC": str(rc),
+        "SLURM_JWT": SECRET,
+        "NCCL_AUTH_KEY": SECRET,
+        "AWS_SECRET_ACCESS_KEY": SECRET,
+        "CUDA_VISIBLE_DEVICES": "0,1,2,3",
+    }
     if attempt:  # attempt 0 also without the variable: Slurm sets it only after a requeue
         env["SLURM_RESTART_COUNT"] = str(attempt)
     env.update(extra_env)
-    proc = subprocess.Popen(["bash", str(script)], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        ["bash", str(script)], env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     return proc, run_dir / "slurm" / f"attempt-{attempt}"
 
 
@@ -276,12 +325,20 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         mp.setenv("SLURM_CONF", str(conf))
         try:
             for daemon in ("slurmctld", "slurmd"):
-                log = open(root / f"{daemon}.log", "w")  # noqa: SIM115 (closed with the process)
-                procs.append((subprocess.Popen([daemon, "-D", "-f", str(conf)], env=env, stdout=log,
-                                               stderr=subprocess.STDOUT), log))
+                log = open(root / f"{daemon}.log", "w")
+                procs.append(
+                    (
+                        subprocess.Popen(
+                            [daemon, "-D", "-f", str(conf)], env=env, stdout=log, stderr=subprocess.STDOUT
+                        ),
+                        log,
+                    )
+                )
             deadline = time.monotonic() + 60
             while True:
-                out = subprocess.run(["sinfo", "-h", "-o", "%T"], check=False, capture_output=True, text=True, timeout=10).stdout
+                out = subprocess.run(
+                    ["sinfo", "-h", "-o", "%T"], check=False, capture_output=True, text=True, timeout=10
+                ).stdout
                 if out.strip() == "idle":
                     break
                 if time.monotonic() > deadline or any(p.poll() is not None for p, _ in procs):
@@ -302,15 +359,25 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 
 def _job_python(tmp_path: Path, succeed_from: int) -> Path:
     """Stands in for the venv's python: records each attempt, fails while SLURM_RESTART_COUNT < succeed_from."""
-    return _exe(tmp_path / "fake-python", f"""#!/bin/bash
+    return _exe(
+        tmp_path / "fake-python",
+        f"""#!/bin/bash
 echo "restart=${{SLURM_RESTART_COUNT:-0}} $*" >> {tmp_path}/steps.txt
 [ "${{SLURM_RESTART_COUNT:-0}}" -ge {succeed_from} ]
-""")
+""",
+    )
 
 
 def test_real_slurm_requeues_then_succeeds(slurm, tmp_path):
-    launcher = SlurmLauncher(nodes=1, gpus_per_node=0, max_attempts=3, in_place_restarts=0, signal_before_s=0,
-                             python=str(_job_python(tmp_path, succeed_from=1)), workdir=str(tmp_path))
+    launcher = SlurmLauncher(
+        nodes=1,
+        gpus_per_node=0,
+        max_attempts=3,
+        in_place_restarts=0,
+        signal_before_s=0,
+        python=str(_job_python(tmp_path, succeed_from=1)),
+        workdir=str(tmp_path),
+    )
     run_dir = tmp_path / "run"
     script = Path(launch_command(tmp_path / "run.json", run_dir, launcher)[-1])
     job = launcher.submit(script)
@@ -332,11 +399,20 @@ def test_real_slurm_requeues_then_succeeds(slurm, tmp_path):
 
 
 def test_real_slurm_gives_up_at_the_cap(slurm, tmp_path):
-    launcher = SlurmLauncher(nodes=1, gpus_per_node=0, max_attempts=2, in_place_restarts=0, signal_before_s=0,
-                             python=str(_job_python(tmp_path, succeed_from=99)), workdir=str(tmp_path))
+    launcher = SlurmLauncher(
+        nodes=1,
+        gpus_per_node=0,
+        max_attempts=2,
+        in_place_restarts=0,
+        signal_before_s=0,
+        python=str(_job_python(tmp_path, succeed_from=99)),
+        workdir=str(tmp_path),
+    )
     run_dir = tmp_path / "run"
     cmd = launch_command(tmp_path / "run.json", run_dir, launcher)
-    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=180)  # sbatch --wait spans the requeue
+    proc = subprocess.run(
+        cmd, check=False, capture_output=True, text=True, timeout=180
+    )  # sbatch --wait spans the requeue
     assert proc.returncode != 0
     job = proc.stdout.strip().split(";")[0]
     info = launcher.state(job)
@@ -352,8 +428,9 @@ def test_trainer_resource_launches_through_the_slurm_template(tmp_path):
     config = tmp_path / "run" / "config.json"
     config.parent.mkdir()
     config.write_text("{}")
-    cmd = TrainerResource(launcher="slurm", slurm_nodes=2, slurm_gpus_per_node=8, slurm_max_attempts=4,
-                          max_restarts=2).launch_command(config)
+    cmd = TrainerResource(
+        launcher="slurm", slurm_nodes=2, slurm_gpus_per_node=8, slurm_max_attempts=4, max_restarts=2
+    ).launch_command(config)
     assert cmd[:3] == ["sbatch", "--wait", "--parsable"]
     script = Path(cmd[3]).read_text()
     assert "#SBATCH --requeue" in script and "#SBATCH --nodes=2" in script

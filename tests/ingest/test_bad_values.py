@@ -76,17 +76,25 @@ def clock_jump(f):
 def test_nan_inf_and_an_empty_camera_are_held_back_naming_the_field(episode_factory, stores):
     good = episode_factory(episode_id="ep-bv-good", seed=70, duration_s=1.5)
     land(stores, good)
-    names = {k: hostile(stores, good, f"ep-bv-{k}.h5", fn) for k, fn in
-             (("nan-joint", nan_joint), ("inf-joint", inf_joint), ("nan-actions", nan_actions),
-              ("empty-camera", empty_camera))}
+    names = {
+        k: hostile(stores, good, f"ep-bv-{k}.h5", fn)
+        for k, fn in (
+            ("nan-joint", nan_joint),
+            ("inf-joint", inf_joint),
+            ("nan-actions", nan_actions),
+            ("empty-camera", empty_camera),
+        )
+    }
     batch, pre, post = ingest(stores)
     reg = stores.registry
     q = {r["source_path"]: r for r in reg.quarantined(batch)}
     assert set(q) == set(names.values())
     assert {r["gate"] for r in q.values()} == {"finite_values", "min_frames"}
     assert q[names["nan-joint"]]["reason"] == "joint_states.position: 1 NaN (of 2100 values, first at row 5)"
-    assert q[names["inf-joint"]]["reason"] == ("joint_states.velocity: 1 +inf (of 2100 values, first at row 7); "
-                                               "joint_states.effort: 1 -inf (of 2100 values, first at row 9)")
+    assert q[names["inf-joint"]]["reason"] == (
+        "joint_states.velocity: 1 +inf (of 2100 values, first at row 7); "
+        "joint_states.effort: 1 -inf (of 2100 values, first at row 9)"
+    )
     assert q[names["nan-actions"]]["reason"] == "action.command: 600 NaN (all values, first at row 0)"
     assert q[names["empty-camera"]]["gate"] == "min_frames"
     assert q[names["empty-camera"]]["reason"] == "frames per camera {'wrist': 0} < 1"
@@ -103,8 +111,11 @@ def test_nan_inf_and_an_empty_camera_are_held_back_naming_the_field(episode_fact
     transcode_batch(batch, stores, flag, settings=FAST, workers=2)
     rows = {e["source_path"]: e for e in reg.episodes(batch)}
     assert {k: r["status"] for k, r in rows.items()} == {n: TRANSCODED for n in [good.path.name, *names.values()]}
-    assert {k for k, r in rows.items() if not r["quality_ok"]} == {names["nan-joint"], names["inf-joint"],
-                                                                    names["nan-actions"]}
+    assert {k for k, r in rows.items() if not r["quality_ok"]} == {
+        names["nan-joint"],
+        names["inf-joint"],
+        names["nan-actions"],
+    }
     assert reg.quarantined(batch) == []
     strict = GateConfig.from_mapping({"min_frames": {"params": {"min_frames": 1000}}})
     rep = inventory_batch(batch, stores, strict)
@@ -118,10 +129,13 @@ def test_a_clock_jump_is_held_back_by_max_duration_and_bounded_work_with_the_gat
     batch, _, _ = ingest(stores)
     (q,) = stores.registry.quarantined(batch)
     assert (q["source_path"], q["gate"], q["stage"]) == (jump, "max_duration", "pre")
-    assert q["reason"].startswith("timestamps span 3.15576e+09 s > 14400 s; largest step 3.15576e+09 s in "
-                                  "joint_states at index 200")
+    assert q["reason"].startswith(
+        "timestamps span 3.15576e+09 s > 14400 s; largest step 3.15576e+09 s in joint_states at index 200"
+    )
     assert {e["source_path"]: e["status"] for e in stores.registry.episodes(batch)} == {
-        good.path.name: TRANSCODED, jump: REJECTED}
+        good.path.name: TRANSCODED,
+        jump: REJECTED,
+    }
 
     # The gate off: the transcode works through the samples, not the century between them (the
     # CPU limit turns a regression into a quarantine instead of a hung test).
@@ -149,7 +163,7 @@ def test_an_attribute_too_large_for_the_registry_is_held_back_naming_it_on_both_
     assert post.processed == ["ep-big-good"]
 
 
-def test_the_new_gates_are_asset_checks_of_a_real_run(home):  # noqa: F811
+def test_the_new_gates_are_asset_checks_of_a_real_run(home):
     good = home / "landing" / "2026-11-29" / "ep-g0.h5"
     for name, edit in (("ep-nan.h5", nan_actions), ("ep-nocam.h5", empty_camera)):
         hostile(good.parent, good, name, edit)

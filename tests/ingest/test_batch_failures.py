@@ -39,9 +39,11 @@ def hostile(stores, good, name: str, edit=None) -> str:
 
 def recorder_rate(rate_hz):
     """An ALOHA recording (no /timestamps: every stream at rate_hz from started_at)."""
+
     def edit(f):
         del f["timestamps"]
         f.attrs["rate_hz"] = rate_hz
+
     return edit
 
 
@@ -49,6 +51,7 @@ def started(text):
     def edit(f):
         del f["timestamps"]
         f.attrs["started_at"] = text
+
     return edit
 
 
@@ -65,12 +68,14 @@ def frames(width: int, height: int, seed: int = 0):
         ds = f["observations/images/wrist"]
         for i in range(ds.shape[0]):
             ds[i] = np.frombuffer(pictures[i % len(pictures)], np.uint8)
+
     return edit
 
 
 def rotten_frame(index: int):
     """The wrist camera as raw RGB frames (ALOHA's uncompressed layout), one gzip chunk per frame,
     with frame ``index``'s chunk overwritten on disk: bit rot that only reading that frame finds."""
+
     def edit(f):
         ds = f["observations/images/wrist"]
         rgb = np.stack([decode_jpeg(ds[i].tobytes(), f.filename, "wrist", i) for i in range(ds.shape[0])])
@@ -81,6 +86,7 @@ def rotten_frame(index: int):
         with open(f.filename, "r+b") as raw:
             raw.seek(info.byte_offset)
             raw.write(b"\xff" * info.size)
+
     return edit
 
 
@@ -123,7 +129,8 @@ def test_files_that_raise_anything_are_quarantined_and_the_rest_of_the_batch_lan
         assert stage is None or q[name]["stage"] == stage, (name, q[name])
     assert q["d-rotten-chunk.h5"]["stage"] == "transcode" and "read" in q["d-rotten-chunk.h5"]["reason"]
     assert {e["source_path"]: e["status"] for e in reg.episodes(batch) if e["status"] == TRANSCODED} == {
-        g: TRANSCODED for g in goods}
+        g: TRANSCODED for g in goods
+    }
     assert sorted(post.processed) == [f"e-good-{i}" for i in range(4)]
     assert {r["path"] for r in pre.quarantined + post.quarantined} == set(bad)
     assert_every_output_has_its_outcome(stores, batch)
@@ -172,6 +179,8 @@ def test_joint_state_fields_that_disagree_on_the_joints_are_quarantined_naming_b
     pre, post = ingest(stores, batch)
     (q,) = stores.registry.quarantined(batch)
     assert (q["source_path"], q["stage"], q["stream"]) == (bad, "pre", "observations/qvel")
-    assert q["reason"].endswith("7 column(s) in /observations/qvel, 1 in /observations/qpos: the joint_states "
-                                "fields must describe the same joints"), q["reason"]
+    assert q["reason"].endswith(
+        "7 column(s) in /observations/qvel, 1 in /observations/qpos: the joint_states "
+        "fields must describe the same joints"
+    ), q["reason"]
     assert [e["source_path"] for e in stores.registry.episodes(batch) if e["status"] == TRANSCODED] == [fine]

@@ -33,9 +33,10 @@ def test_faulty_files_are_quarantined_with_reasons_while_good_ones_land(episode_
     good = [episode_factory(episode_id=f"ep-good-{i}", seed=10 + i, duration_s=2.0) for i in range(2)]
     for g in good:
         land(stores, g)
-    faults = {f: episode_factory(fault=f, episode_id=f"ep-{f.replace('_', '-')}", seed=40, duration_s=2.0)
-              for f in ("truncated", "corrupt_jpeg", "non_monotonic", "missing_stream", "dead_camera",
-                        "dropped_frames")}
+    faults = {
+        f: episode_factory(fault=f, episode_id=f"ep-{f.replace('_', '-')}", seed=40, duration_s=2.0)
+        for f in ("truncated", "corrupt_jpeg", "non_monotonic", "missing_stream", "dead_camera", "dropped_frames")
+    }
     for g in faults.values():
         land(stores, g)
     evil = land(stores, good[0], "evil.h5")
@@ -47,12 +48,22 @@ def test_faulty_files_are_quarantined_with_reasons_while_good_ones_land(episode_
     pre, post = ingest(stores, batch, workers=2)
     reg = stores.registry
     status = {e["episode_id"]: e["status"] for e in reg.episodes(batch)}
-    assert status == {"ep-good-0": TRANSCODED, "ep-good-1": TRANSCODED, "ep-dead-camera": TRANSCODED,
-                      "ep-dropped-frames": TRANSCODED, "ep-corrupt-jpeg": QUARANTINED}
+    assert status == {
+        "ep-good-0": TRANSCODED,
+        "ep-good-1": TRANSCODED,
+        "ep-dead-camera": TRANSCODED,
+        "ep-dropped-frames": TRANSCODED,
+        "ep-corrupt-jpeg": QUARANTINED,
+    }
     q = {r["source_path"]: r for r in reg.quarantined(batch)}
-    assert set(q) == {faults["truncated"].path.name, faults["corrupt_jpeg"].path.name,
-                      faults["non_monotonic"].path.name, faults["missing_stream"].path.name,
-                      "evil.h5", "zz-copy-of-good-1.h5"}
+    assert set(q) == {
+        faults["truncated"].path.name,
+        faults["corrupt_jpeg"].path.name,
+        faults["non_monotonic"].path.name,
+        faults["missing_stream"].path.name,
+        "evil.h5",
+        "zz-copy-of-good-1.h5",
+    }
     assert (q[faults["truncated"].path.name]["gate"], q[faults["truncated"].path.name]["stage"]) == ("readable", "pre")
     assert q[faults["non_monotonic"].path.name]["gate"] == "timestamps_monotonic"
     assert q[faults["non_monotonic"].path.name]["stream"] == "joint_states"
@@ -67,15 +78,19 @@ def test_faulty_files_are_quarantined_with_reasons_while_good_ones_land(episode_
     assert flags["ep-dropped-frames"] == (False, True, False)
     assert flags["ep-good-0"] == (False, False, True)
     # outputs: exactly the transcoded episodes, named by their safe ids, nothing outside the store
-    assert sorted(p.name for p in stores.mcap_dir.glob("*.mcap")) == sorted(f"{k}.mcap" for k, v in status.items()
-                                                                           if v == TRANSCODED)
+    assert sorted(p.name for p in stores.mcap_dir.glob("*.mcap")) == sorted(
+        f"{k}.mcap" for k, v in status.items() if v == TRANSCODED
+    )
     assert not list(tmp_path.parent.glob("outside*")) and not list(tmp_path.glob("outside*"))
     for e in reg.episodes(batch):
         if e["status"] == TRANSCODED:
             with EpisodeReader(e["mcap_path"]) as r:
                 md = r.metadata()
             assert (md["pipeline_version"], md["schema_version"], md["source_sha256"]) == (
-                versions.PIPELINE_VERSION, versions.SCHEMA_VERSION, e["source_sha256"])
+                versions.PIPELINE_VERSION,
+                versions.SCHEMA_VERSION,
+                e["source_sha256"],
+            )
     assert post.gates["decodable"].evaluated == 4 and post.gates["decodable"].failed == 0
     # what curation filters on, measured by the transcode
     by_id = {e["episode_id"]: e for e in reg.episodes(batch)}
@@ -97,14 +112,22 @@ def test_gate_settings_change_what_is_checked_and_what_is_held_back(episode_fact
     land(stores, episode_factory(fault="dead_camera", episode_id="ep-dead", seed=41, duration_s=2.0))
     land(stores, episode_factory(episode_id="ep-short", seed=42, duration_s=1.5))
     batch = one_batch(stores)
-    strict = GateConfig.from_mapping({"dead_camera": {"action": "quarantine"}, "min_duration": {"params": {"min_s": 1.8}},
-                                      "frame_drops": False, "size_sanity": False})
+    strict = GateConfig.from_mapping(
+        {
+            "dead_camera": {"action": "quarantine"},
+            "min_duration": {"params": {"min_s": 1.8}},
+            "frame_drops": False,
+            "size_sanity": False,
+        }
+    )
     pre, post = ingest(stores, batch, strict)
     assert "frame_drops" not in pre.gates and "size_sanity" not in post.gates
     q = {r["episode_id"]: r["gate"] for r in stores.registry.quarantined(batch)}
     assert q == {"ep-dead": "dead_camera", "ep-short": "min_duration"}
-    assert {e["episode_id"]: e["status"] for e in stores.registry.episodes(batch)} == {"ep-dead": REJECTED,
-                                                                                     "ep-short": REJECTED}
+    assert {e["episode_id"]: e["status"] for e in stores.registry.episodes(batch)} == {
+        "ep-dead": REJECTED,
+        "ep-short": REJECTED,
+    }
     # the defaults again: both accepted (dead camera only flagged), quarantine released, both transcoded
     pre, post = ingest(stores, batch)
     assert stores.registry.quarantined(batch) == []
@@ -137,7 +160,9 @@ def test_pipeline_version_bump_redoes_only_the_stale_batch(episode_factory, stor
     ingest(stores, a)
     monkeypatch.setattr(versions, "PIPELINE_VERSION", "9.9-test")
     land(stores, episode_factory(episode_id="ep-b1", seed=53, duration_s=2.0), "b/ep-b1.h5")
-    plan = landing_tick(LandingCursor(after="a/ep-a2.h5", last_partition=1), stores.landing, stores.registry, ALL_IN_ONE)
+    plan = landing_tick(
+        LandingCursor(after="a/ep-a2.h5", last_partition=1), stores.landing, stores.registry, ALL_IN_ONE
+    )
     (b,) = [x.key for x in plan.created]
     _, post_b = ingest(stores, b)
     assert post_b.processed == ["ep-b1"]

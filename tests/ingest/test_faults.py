@@ -16,8 +16,17 @@ import pytest
 
 from dyna_resources.catalog.registry import PENDING, QUARANTINED, TRANSCODED
 from dyna_resources.ingest.batches import inventory_batch, transcode_batch
-from dyna_resources.ingest.faults import (DATA, INFRASTRUCTURE, REASONS, WORKER_DEATH_ATTEMPTS, InfrastructureFault,
-                                          exception_class, is_infrastructure_failure, reason_class, reason_kind)
+from dyna_resources.ingest.faults import (
+    DATA,
+    INFRASTRUCTURE,
+    REASONS,
+    WORKER_DEATH_ATTEMPTS,
+    InfrastructureFault,
+    exception_class,
+    is_infrastructure_failure,
+    reason_class,
+    reason_kind,
+)
 from dyna_resources.ingest.gates import GateConfig
 from dyna_resources.storage.stores import StoreUnavailableError
 
@@ -61,8 +70,11 @@ class Killer:
         while not self._stop.is_set() and len(self.killed) < self.times:
             for child in me.children():
                 # an episode process with its raw file open: mid-episode
-                if child.pid not in self.killed and self._holds_target(child) and \
-                        (self.target is not None or any(f.path.endswith(".h5") for f in child.open_files())):
+                if (
+                    child.pid not in self.killed
+                    and self._holds_target(child)
+                    and (self.target is not None or any(f.path.endswith(".h5") for f in child.open_files()))
+                ):
                     os.kill(child.pid, 9)
                     self.killed.append(child.pid)
                     break
@@ -109,8 +121,9 @@ def test_workers_killed_on_every_attempt_with_no_other_episode_finishing_are_not
     with Killer(times=2 * WORKER_DEATH_ATTEMPTS), pytest.raises(InfrastructureFault) as fault:
         transcode_batch(batch, stores, GateConfig(), settings=FAST, workers=2)
     assert sorted(fault.value.pending) == ["ep-oom-0", "ep-oom-1"]
-    assert all("SIGKILL" in why and f"after {WORKER_DEATH_ATTEMPTS} attempts" in why
-               for why in fault.value.pending.values())
+    assert all(
+        "SIGKILL" in why and f"after {WORKER_DEATH_ATTEMPTS} attempts" in why for why in fault.value.pending.values()
+    )
     assert stores.registry.quarantined(batch) == []
     assert {e["status"] for e in stores.registry.episodes(batch)} == {PENDING}
     post = transcode_batch(batch, stores, GateConfig(), settings=FAST, workers=2)
@@ -120,12 +133,17 @@ def test_workers_killed_on_every_attempt_with_no_other_episode_finishing_are_not
 
 def _mount_tmpfs(path: Path, size: str) -> bool:
     path.mkdir(parents=True, exist_ok=True)
-    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                          capture_output=True).returncode == 0
+    return (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True
+        ).returncode
+        == 0
+    )
 
 
-def test_a_full_mcap_volume_leaves_the_episodes_pending_and_the_next_run_lands_them(episode_factory, stores,
-                                                                                    monkeypatch):
+def test_a_full_mcap_volume_leaves_the_episodes_pending_and_the_next_run_lands_them(
+    episode_factory, stores, monkeypatch
+):
     names = _landed(stores, episode_factory, 3, "ep-full", 930)
     batch = one_batch(stores)
     inventory_batch(batch, stores, GateConfig())
@@ -135,6 +153,7 @@ def test_a_full_mcap_volume_leaves_the_episodes_pending_and_the_next_run_lands_t
 
         def full(*_a, **_k):
             raise OSError(errno.ENOSPC, "No space left on device")
+
         monkeypatch.setattr(McapSink, "publish", full)
     try:
         with pytest.raises(InfrastructureFault) as fault:
@@ -153,7 +172,9 @@ def test_a_full_mcap_volume_leaves_the_episodes_pending_and_the_next_run_lands_t
             monkeypatch.undo()
         post = transcode_batch(batch, stores, GateConfig(), settings=FAST, workers=2)
         assert sorted(post.processed) == [f"ep-full-{i}" for i in range(3)]
-        assert {e["source_path"]: e["status"] for e in stores.registry.episodes(batch)} == {n: TRANSCODED for n in names}
+        assert {e["source_path"]: e["status"] for e in stores.registry.episodes(batch)} == {
+            n: TRANSCODED for n in names
+        }
         assert_every_output_has_its_outcome(stores, batch)
     finally:
         if real:
@@ -165,16 +186,26 @@ def test_a_full_mcap_volume_leaves_the_episodes_pending_and_the_next_run_lands_t
 # One reason each kind of REASONS is written for (by this version or an earlier one), and its class.
 EXAMPLES = {
     "cpu_limit": ("transcode", "the worker process died (SIGXCPU: over its CPU time limit of 2 s)", DATA),
-    "worker_died_every_attempt": ("transcode", "the worker process died on each of 3 attempts (the worker process "
-                                  "died (SIGSEGV: crashed: segmentation fault); ...) while 2 other episode(s) of its "
-                                  "unit finished on the same workers", DATA),
+    "worker_died_every_attempt": (
+        "transcode",
+        "the worker process died on each of 3 attempts (the worker process "
+        "died (SIGSEGV: crashed: segmentation fault); ...) while 2 other episode(s) of its "
+        "unit finished on the same workers",
+        DATA,
+    ),
     "worker_died": ("transcode", "the worker process died (SIGKILL: killed, e.g. out of memory)", INFRASTRUCTURE),
     "disk_full": ("transcode", "OSError: [Errno 28] No space left on device", INFRASTRUCTURE),
-    "io_error": ("readable", "cannot open as HDF5 (truncated or not HDF5): [Errno 5] Input/output error",
-                 INFRASTRUCTURE),
+    "io_error": (
+        "readable",
+        "cannot open as HDF5 (truncated or not HDF5): [Errno 5] Input/output error",
+        INFRASTRUCTURE,
+    ),
     "out_of_memory": ("transcode", "MemoryError: ", INFRASTRUCTURE),
-    "store_unavailable": ("transcode", "cannot read the raw file: StoreUnavailableError: store gs://b is "
-                          "unavailable: timed out", INFRASTRUCTURE),
+    "store_unavailable": (
+        "transcode",
+        "cannot read the raw file: StoreUnavailableError: store gs://b is unavailable: timed out",
+        INFRASTRUCTURE,
+    ),
     "vanished": ("readable", "file vanished from the landing zone", DATA),
     "duplicate_episode_id": ("readable", "duplicate episode_id 'ep-1': already landed as a/ep-1.h5", DATA),
     "publish_conflict": ("transcode", "not published: gs://b/mcap/ep.mcap changed", DATA),
@@ -230,22 +261,41 @@ def test_an_infrastructure_fault_crosses_processes_whole():
 
 # -- releasing what earlier versions quarantined for the machine's faults ------------------------------
 
+
 def _quarantined_as_before(stores, batch, source_path: str, reason: str, stage: str = "transcode") -> None:
     """A quarantine record as earlier versions wrote one (the episode held at the current versions)."""
     from dyna_resources import versions
     from dyna_resources.catalog.registry import Outcome
 
     ep = next(e for e in stores.registry.episodes(batch) if e["source_path"] == source_path)
-    stores.registry.record_outcomes([Outcome(
-        source_path, batch, "post", [],
-        {"episode_id": ep["episode_id"], "status": QUARANTINED, "schema_version": versions.SCHEMA_VERSION,
-         "pipeline_version": versions.PIPELINE_VERSION},
-        {"gate": "transcode", "stage": stage, "reason": reason, "stream": None,
-         "pipeline_version": versions.PIPELINE_VERSION})])
+    stores.registry.record_outcomes(
+        [
+            Outcome(
+                source_path,
+                batch,
+                "post",
+                [],
+                {
+                    "episode_id": ep["episode_id"],
+                    "status": QUARANTINED,
+                    "schema_version": versions.SCHEMA_VERSION,
+                    "pipeline_version": versions.PIPELINE_VERSION,
+                },
+                {
+                    "gate": "transcode",
+                    "stage": stage,
+                    "reason": reason,
+                    "stream": None,
+                    "pipeline_version": versions.PIPELINE_VERSION,
+                },
+            )
+        ]
+    )
 
 
 def test_release_of_the_infrastructure_class_re_ingests_those_episodes_and_keeps_the_verdicts(
-        episode_factory, stores, monkeypatch, capsys):
+    episode_factory, stores, monkeypatch, capsys
+):
     from dyna_resources.cli import main
     from dyna_resources.ingest.release import release_quarantined
 
@@ -298,7 +348,8 @@ def test_staged_raw_files_a_killed_worker_left_are_swept_by_the_next_unit_and_co
 
 
 def test_a_unit_whose_run_is_gone_kills_its_episodes_publishes_nothing_more_and_the_next_run_lands_them(
-        episode_factory, stores):
+    episode_factory, stores
+):
     from dyna_resources.catalog.leases import RunEnded, RunLease
 
     names = _landed(stores, episode_factory, 4, "ep-gone", 960)
@@ -321,11 +372,13 @@ def test_a_unit_whose_run_is_gone_kills_its_episodes_publishes_nothing_more_and_
         transcode_batch(batch, stores, GateConfig(), settings=FAST, workers=1, lease=lease)
     ender.join()
     assert ended.value.unit == batch and "stopped before publishing" in str(ended.value)
+
     def holds_raw_file(c: psutil.Process) -> bool:  # an episode process (others may be the test's own)
         try:
             return any(f.path.endswith(".h5") for f in c.open_files())
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             return False
+
     assert not any(holds_raw_file(c) for c in psutil.Process().children())
     published = [p for p in stores.mcap_dir.glob("*.mcap")]
     assert all(p.stat().st_mtime <= ended_at[0] + 0.2 for p in published)  # nothing published after the end
@@ -334,7 +387,8 @@ def test_a_unit_whose_run_is_gone_kills_its_episodes_publishes_nothing_more_and_
     rows = {e["source_path"]: e["status"] for e in stores.registry.episodes(batch)}
     assert set(rows.values()) <= {TRANSCODED, "accepted"} and list(rows.values()).count(TRANSCODED) < len(names)
     with RunLease(stores.registry, "run-next:post").hold():
-        transcode_batch(batch, stores, GateConfig(), settings=FAST, workers=2,
-                        lease=RunLease(stores.registry, "run-next:post"))
+        transcode_batch(
+            batch, stores, GateConfig(), settings=FAST, workers=2, lease=RunLease(stores.registry, "run-next:post")
+        )
     assert {e["source_path"]: e["status"] for e in stores.registry.episodes(batch)} == {n: TRANSCODED for n in names}
     assert_every_output_has_its_outcome(stores, batch)

@@ -29,8 +29,10 @@ def aloha_recordings(tmp_path_factory):
     """Two recorder files of one scripted session: padded JPEG + /compress_len (recorder order), raw RGB."""
     root = tmp_path_factory.mktemp("aloha")
     spec = small_spec("aloha", seed=93, duration_s=1.1, width=64, height=48)
-    return {name: write_aloha_episode(spec, root / name, compress=(name == "episode_0.hdf5"))
-            for name in ("episode_0.hdf5", "episode_1.hdf5")}
+    return {
+        name: write_aloha_episode(spec, root / name, compress=(name == "episode_0.hdf5"))
+        for name in ("episode_0.hdf5", "episode_1.hdf5")
+    }
 
 
 def _edit_attrs(path, **attrs):
@@ -43,8 +45,11 @@ def test_hostile_and_recorder_files_in_one_batch(episode_factory, aloha_recordin
     root = stores.landing.root
     good = episode_factory(episode_id="ep-hf-good", seed=71, duration_s=2.0)
     land(stores, good, "fleet/ep-hf-good.h5")
-    land(stores, episode_factory(episode_id="ep-hf-odd", seed=72, duration_s=1.5, width=161, height=121),
-         "fleet/ep-hf-odd.h5")
+    land(
+        stores,
+        episode_factory(episode_id="ep-hf-odd", seed=72, duration_s=1.5, width=161, height=121),
+        "fleet/ep-hf-odd.h5",
+    )
     for folder in ("aloha", "hostile", "bad"):
         (root / folder).mkdir()
     for name, rec in aloha_recordings.items():
@@ -58,9 +63,11 @@ def test_hostile_and_recorder_files_in_one_batch(episode_factory, aloha_recordin
         expect[key] = (REACH_OUT[kind], REACH_OUT[kind])
     # attribute surprises (ValueError / ZeroDivisionError before) and a garbled file
     aloha_padded = aloha_recordings["episode_0.hdf5"].path
-    for key, attr, value, words in (("bad/started_at.hdf5", "started_at", "yesterday", "'yesterday'"),
-                                    ("bad/rate_hz.hdf5", "rate_hz", 0, "got 0"),
-                                    ("bad/success.hdf5", "success", np.array([True, False]), "shape (2,)")):
+    for key, attr, value, words in (
+        ("bad/started_at.hdf5", "started_at", "yesterday", "'yesterday'"),
+        ("bad/rate_hz.hdf5", "rate_hz", 0, "got 0"),
+        ("bad/success.hdf5", "success", np.array([True, False]), "shape (2,)"),
+    ):
         shutil.copyfile(aloha_padded, root / key)
         _edit_attrs(root / key, **{attr: value})
         expect[key] = (attr, words)
@@ -79,12 +86,15 @@ def test_hostile_and_recorder_files_in_one_batch(episode_factory, aloha_recordin
         assert watch.touched()  # the watch works
 
     reg = stores.registry
-    status = {e["source_path"]: (e["episode_id"], e["status"]) for e in reg.episodes(batch)
-              if e["status"] == TRANSCODED}
-    assert status == {"fleet/ep-hf-good.h5": ("ep-hf-good", TRANSCODED),
-                      "fleet/ep-hf-odd.h5": ("ep-hf-odd", TRANSCODED),
-                      "aloha/episode_0.hdf5": ("episode_0", TRANSCODED),
-                      "aloha/episode_1.hdf5": ("episode_1", TRANSCODED)}
+    status = {
+        e["source_path"]: (e["episode_id"], e["status"]) for e in reg.episodes(batch) if e["status"] == TRANSCODED
+    }
+    assert status == {
+        "fleet/ep-hf-good.h5": ("ep-hf-good", TRANSCODED),
+        "fleet/ep-hf-odd.h5": ("ep-hf-odd", TRANSCODED),
+        "aloha/episode_0.hdf5": ("episode_0", TRANSCODED),
+        "aloha/episode_1.hdf5": ("episode_1", TRANSCODED),
+    }
     q = {r["source_path"]: r for r in reg.quarantined(batch)}
     assert set(q) == set(expect)
     for key, (stream, words) in expect.items():

@@ -5,16 +5,15 @@ import pytest
 from dagster import DagsterInstance
 
 from dyna_assets.definitions import defs
-from dyna_assets.deployment import PRODUCTION_SETTINGS, resources
+from dyna_assets.deployment import PRODUCTION_SETTINGS, embedded_resources, resources
 from dyna_assets.ingest.local import landing_tick_in_process
 from dyna_assets.ingest.sensors import landing_sensor
 from dyna_resources.catalog.registry import Registry
 from dyna_resources.cli import main as cli
-from dyna_assets.deployment import embedded_resources
-from dyna_resources.resources import IngestResource
 from dyna_resources.ingest import landing as landing_mod
 from dyna_resources.ingest.landing import LandingZone, StoreUnavailableError
 from dyna_resources.ingest.tick import LandingCursor, LandingSettings, landing_tick
+from dyna_resources.resources import IngestResource
 
 
 def touch(root, key, size=10):
@@ -25,8 +24,16 @@ def touch(root, key, size=10):
 
 
 def test_scan_lists_in_key_order_after_the_cursor_and_skips_hidden_and_foreign_files(tmp_path):
-    for k in ["2026-11-28/a.h5", "2026-11-28/b.hdf5", "2026-11-29/a.h5", "2026-11-29.h5", "z.h5",
-              "2026-11-29/.a.h5.123.tmp", ".hidden/x.h5", "2026-11-29/notes.txt"]:
+    for k in [
+        "2026-11-28/a.h5",
+        "2026-11-28/b.hdf5",
+        "2026-11-29/a.h5",
+        "2026-11-29.h5",
+        "z.h5",
+        "2026-11-29/.a.h5.123.tmp",
+        ".hidden/x.h5",
+        "2026-11-29/notes.txt",
+    ]:
         touch(tmp_path, k)
     zone = LandingZone(tmp_path)
     keys = [f.path for f in zone.scan()]
@@ -69,8 +76,9 @@ def test_tick_packs_units_into_sealed_partitions_and_requests_at_most_k_then_not
     for i in range(30):
         touch(zone_root, f"2026-11-29/ep-{i:03d}.h5", size=100)
     reg = Registry.sqlite(tmp_path / "r.sqlite")
-    settings = LandingSettings(settle_s=0, target_batch_bytes=500, partition_bytes=1000, max_runs_per_tick=2, max_wait_s=1e9,
-                               reconcile_every=0)
+    settings = LandingSettings(
+        settle_s=0, target_batch_bytes=500, partition_bytes=1000, max_runs_per_tick=2, max_wait_s=1e9, reconcile_every=0
+    )
     zone = LandingZone(zone_root)
     plan = landing_tick(LandingCursor(), zone, reg, settings, now=1000.0)
     assert plan.new_files == 30 and len(plan.created) == 6 and len(plan.sealed) == 3
@@ -95,8 +103,9 @@ def test_tick_packs_units_into_sealed_partitions_and_requests_at_most_k_then_not
     touch(zone_root, "2026-11-30/ep-000.h5", size=100)
     plan = landing_tick(cursor, zone, reg, settings, now=2000.0)
     assert plan.new_files == 1 and not plan.created and plan.pending_files == 1 and not plan.launch
-    late = LandingSettings(settle_s=0, target_batch_bytes=500, partition_bytes=1000, max_runs_per_tick=2, max_wait_s=60,
-                           reconcile_every=0)
+    late = LandingSettings(
+        settle_s=0, target_batch_bytes=500, partition_bytes=1000, max_runs_per_tick=2, max_wait_s=60, reconcile_every=0
+    )
     plan = landing_tick(plan.cursor, zone, reg, late, now=2061.0)
     assert [b.files for b in plan.created] == [1] and [(p.seq, p.units, p.files) for p in plan.launch] == [(4, 1, 1)]
     assert reg.counts()["landed_files"] == 31 and reg.counts()["ingest_batches"] == 7
@@ -107,7 +116,9 @@ def test_a_partition_fills_across_ticks_and_seals_when_full_or_old(tmp_path):
     zone_root = tmp_path / "landing"
     reg = Registry.sqlite(tmp_path / "r.sqlite")
     zone = LandingZone(zone_root)
-    settings = LandingSettings(settle_s=0, target_batch_bytes=100, partition_bytes=300, max_wait_s=50, reconcile_every=0)
+    settings = LandingSettings(
+        settle_s=0, target_batch_bytes=100, partition_bytes=300, max_wait_s=50, reconcile_every=0
+    )
     cursor = LandingCursor()
     for tick in range(2):  # one full unit a tick: the partition stays open
         touch(zone_root, f"d{tick}/ep.h5", size=100)
@@ -133,8 +144,9 @@ def test_reconciliation_sweeps_only_the_recent_window_a_page_a_tick(tmp_path):
     zone_root = tmp_path / "landing"
     reg = Registry.sqlite(tmp_path / "r.sqlite")
     zone = LandingZone(zone_root)
-    settings = LandingSettings(settle_s=0, target_batch_bytes=10, max_wait_s=0, reconcile_every=3, reconcile_window=2,
-                               scan_limit=2)
+    settings = LandingSettings(
+        settle_s=0, target_batch_bytes=10, max_wait_s=0, reconcile_every=3, reconcile_window=2, scan_limit=2
+    )
     touch(zone_root, "b/ep-1.h5")
     plan = landing_tick(LandingCursor(), zone, reg, settings)
     plan = landing_tick(plan.cursor, zone, reg, settings)
@@ -176,8 +188,23 @@ def test_a_short_drop_is_released_within_a_minute_embedded_and_after_an_hour_in_
         settings = _settings(environ)  # what the landing sensor of that deployment ticks with
         assert settings.max_wait_s == released_after
         home = tmp_path / (environ.get("DYNA_ENV") or "embedded")
-        assert cli(["generate", str(home / "landing"), "--episodes", "2", "--width", "32", "--height", "32",
-                    "--duration-s", "1"]) == 0
+        assert (
+            cli(
+                [
+                    "generate",
+                    str(home / "landing"),
+                    "--episodes",
+                    "2",
+                    "--width",
+                    "32",
+                    "--height",
+                    "32",
+                    "--duration-s",
+                    "1",
+                ]
+            )
+            == 0
+        )
         zone, reg = LandingZone(home / "landing"), Registry.sqlite(home / "r.sqlite")
         t0 = 1_000_000.0
         plan = landing_tick(LandingCursor(), zone, reg, settings, now=t0)  # the tick that sees the drop
@@ -198,8 +225,20 @@ def test_generated_drops_sort_after_the_landing_cursor_so_the_next_tick_sees_the
     cursor = None
     with DagsterInstance.ephemeral() as instance:
         for seed, landed in ((0, 2), (1, 4), (0, 6)):  # the same seed again: the same episode names, a new drop
-            argv = ["generate", str(home / "landing"), "--episodes", "2", "--seed", str(seed), "--width", "32",
-                    "--height", "32", "--duration-s", "1"]
+            argv = [
+                "generate",
+                str(home / "landing"),
+                "--episodes",
+                "2",
+                "--seed",
+                str(seed),
+                "--width",
+                "32",
+                "--height",
+                "32",
+                "--duration-s",
+                "1",
+            ]
             assert cli(argv) == 0
             printed = [Path(line.split()[0]) for line in capsys.readouterr().out.splitlines()]
             keys = [p.relative_to(home / "landing").as_posix() for p in printed]
@@ -225,8 +264,9 @@ def test_a_files_partition_is_deterministic_and_survives_a_tick_that_died_half_w
     for i in range(60):
         touch(zone_root, f"2026-11-{29 + i // 30}/site-{i % 3}/ep-{i:03d}.h5", size=rng.randint(50, 400))
     zone = LandingZone(zone_root)
-    settings = LandingSettings(settle_s=0, target_batch_bytes=1000, partition_bytes=3000, max_wait_s=100, scan_limit=25,
-                               reconcile_every=0)
+    settings = LandingSettings(
+        settle_s=0, target_batch_bytes=1000, partition_bytes=3000, max_wait_s=100, scan_limit=25, reconcile_every=0
+    )
 
     def run(reg: Registry, die_at: int | None = None) -> None:
         cursor, tick = LandingCursor(), 0

@@ -14,11 +14,11 @@ from dyna_assets.definitions import defs
 from dyna_assets.deployment import embedded_ray
 from dyna_assets.ingest.sensors import landing_sensor
 from dyna_resources.catalog.registry import TRANSCODED, Registry
-from dyna_resources.resources import GatesResource, HomeResource, IngestResource, LadderResource, TranscodeResource
 from dyna_resources.ingest.batches import inventory_batch
 from dyna_resources.ingest.gates import GateConfig
 from dyna_resources.ingest.landing import COMPLETION_MARKER, LandingZone
 from dyna_resources.ingest.tick import LandingCursor, LandingSettings, landing_tick
+from dyna_resources.resources import GatesResource, HomeResource, IngestResource, LadderResource, TranscodeResource
 
 SETTLE = LandingSettings(target_batch_bytes=1 << 40, max_wait_s=0, reconcile_every=0, settle_s=30)
 
@@ -103,8 +103,7 @@ def test_a_truncated_file_held_back_lands_again_as_a_new_item_when_a_new_version
     assert (ep["episode_id"], ep["status"], ep["source_bytes"]) == ("ep-reup", "accepted", len(data))
 
 
-def test_the_landing_sensor_on_a_real_instance_lands_a_slow_upload_once_whole_after_it_stops(tmp_path,
-                                                                                            episode_factory):
+def test_the_landing_sensor_on_a_real_instance_lands_a_slow_upload_once_whole_after_it_stops(tmp_path, episode_factory):
     """An episode written under its final name at ~400 KB/s while the landing sensor ticks on a real
     instance every 0.3 s: nothing is landed while it grows; once it stops it
     is landed once, at its whole size, and the run the sensor requests ingests it."""
@@ -116,18 +115,22 @@ def test_the_landing_sensor_on_a_real_instance_lands_a_slow_upload_once_whole_af
     dst.parent.mkdir(parents=True)
     (home / "gates.yaml").write_text("# every gate at its default\n")
     (home / "step_ladders.yaml").write_text("# the embedded procedures and thresholds\n")
-    ingest = IngestResource(home=HomeResource(root=str(home)), target_batch_bytes=1 << 40, max_wait_s=0, settle_s=1.0,
-                            units_on="process")
-    res = {"ingest": ingest, "gates": GatesResource(home=ingest.home, file=str(home / "gates.yaml")),
-           "transcode": TranscodeResource(workers=1, preset="veryfast", gop_frames=30),
-           "ladders": LadderResource(home=ingest.home, file=str(home / "step_ladders.yaml"), pictures=0),
-           "ray": embedded_ray()}  # units_on="process": never connected
+    ingest = IngestResource(
+        home=HomeResource(root=str(home)), target_batch_bytes=1 << 40, max_wait_s=0, settle_s=1.0, units_on="process"
+    )
+    res = {
+        "ingest": ingest,
+        "gates": GatesResource(home=ingest.home, file=str(home / "gates.yaml")),
+        "transcode": TranscodeResource(workers=1, preset="veryfast", gop_frames=30),
+        "ladders": LadderResource(home=ingest.home, file=str(home / "step_ladders.yaml"), pictures=0),
+        "ray": embedded_ray(),
+    }  # units_on="process": never connected
     chunk, rate = 40_000, 400_000  # bytes a write, bytes a second
 
     def upload():
         with open(dst, "wb") as f:
             for i in range(0, len(data), chunk):
-                f.write(data[i:i + chunk])
+                f.write(data[i : i + chunk])
                 f.flush()
                 time.sleep(chunk / rate)
 
@@ -141,8 +144,9 @@ def test_the_landing_sensor_on_a_real_instance_lands_a_slow_upload_once_whole_af
             growing = writer.is_alive()
             # the sensor's body on a real instance, as tests/dyna_assets do; its requests are resolved against
             # partitions it adds in the same result, which evaluate_tick outside the daemon does not see
-            with build_sensor_context(instance=instance, cursor=cursor, definitions=defs,
-                                      resources={"ingest": ingest}) as ctx:
+            with build_sensor_context(
+                instance=instance, cursor=cursor, definitions=defs, resources={"ingest": ingest}
+            ) as ctx:
                 result = landing_sensor(ctx)
             cursor = result.cursor
             for req in result.dynamic_partitions_requests:

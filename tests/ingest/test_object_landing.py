@@ -99,7 +99,7 @@ def gcs_api(gcs, monkeypatch):
             names = [f for f in names if f["name"] > last]
         elif "startOffset" in q:
             names = [f for f in names if f["name"] >= q["startOffset"]]
-        page = names[:int(q.get("maxResults", 1000))]
+        page = names[: int(q.get("maxResults", 1000))]
         body = {"kind": "storage#objects", "items": page}
         if len(page) < len(names):
             body["nextPageToken"] = base64.urlsafe_b64encode(page[-1]["name"].encode()).decode()
@@ -154,9 +154,18 @@ def prefix_of(store: Store) -> str:
 
 # ---- listing --------------------------------------------------------------------------------------
 def test_scan_lists_in_key_order_after_the_cursor_and_skips_hidden_and_foreign_objects(store, list_log, tmp_path):
-    names = ["2026-11-28/a.h5", "2026-11-28/b.hdf5", "2026-11-29/a.h5", "2026-11-29.h5", "z.h5",
-             "2026-11-29/.a.h5.123.tmp", ".hidden/x.h5", "2026-11-29/.uploading/c.h5", "2026-11-29/notes.txt",
-             "2026-11-29/a.h5.part"]
+    names = [
+        "2026-11-28/a.h5",
+        "2026-11-28/b.hdf5",
+        "2026-11-29/a.h5",
+        "2026-11-29.h5",
+        "z.h5",
+        "2026-11-29/.a.h5.123.tmp",
+        ".hidden/x.h5",
+        "2026-11-29/.uploading/c.h5",
+        "2026-11-29/notes.txt",
+        "2026-11-29/a.h5.part",
+    ]
     for name in names:
         put_raw(store, name)
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)

@@ -48,8 +48,11 @@ def bucket(request, monkeypatch) -> Bucket:
         return Bucket(gcs.url(f"{run}/raw"), gcs.url(f"{run}/mcap"), None)
     s3 = request.getfixturevalue("s3")
     # what a deployment does: credentials in the environment, never in a URL or a setting
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                 "AWS_DEFAULT_REGION": "us-east-1"}.items():
+    for k, v in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
         monkeypatch.setenv(k, v)
     return Bucket(s3.url(f"{run}/raw"), s3.url(f"{run}/mcap"), s3.endpoint)
 
@@ -61,18 +64,28 @@ def _ingest(stores: IngestStores, partition: str) -> None:
 
 
 def test_a_bucket_landing_zone_is_listed_incrementally_and_its_mcaps_published_in_a_bucket(
-        bucket, episode_factory, tmp_path):
+    bucket, episode_factory, tmp_path
+):
     raw = bucket.store(bucket.landing)
     for i in range(2):
-        raw.put_file(episode_factory(episode_id=f"ep-os{i}", seed=700 + i, duration_s=2.0).path,
-                     f"2026-11-29/ep-os{i}.h5")
-    raw.put_file(episode_factory(fault="truncated", episode_id="ep-os-trunc", seed=709, duration_s=2.0).path,
-                 "2026-11-29/ep-os-trunc.h5")
+        raw.put_file(
+            episode_factory(episode_id=f"ep-os{i}", seed=700 + i, duration_s=2.0).path, f"2026-11-29/ep-os{i}.h5"
+        )
+    raw.put_file(
+        episode_factory(fault="truncated", episode_id="ep-os-trunc", seed=709, duration_s=2.0).path,
+        "2026-11-29/ep-os-trunc.h5",
+    )
     registry = Registry.sqlite(tmp_path / "registry.sqlite")
     zone = landing_zone(bucket.landing, bucket.endpoint)
     assert isinstance(zone, ObjectLandingZone)
-    stores = IngestStores(registry, zone, tmp_path / "scratch" / "mcap", tmp_path / "scratch" / "quarantine",
-                          mcap_store=bucket.mcap, endpoint_url=bucket.endpoint)
+    stores = IngestStores(
+        registry,
+        zone,
+        tmp_path / "scratch" / "mcap",
+        tmp_path / "scratch" / "quarantine",
+        mcap_store=bucket.mcap,
+        endpoint_url=bucket.endpoint,
+    )
     first = landing_tick(LandingCursor(), zone, registry, ALL_IN_ONE)
     assert (first.listed, first.new_files, len(first.sealed)) == (3, 3, 1)
     _ingest(stores, first.sealed[0].key)
@@ -102,8 +115,14 @@ def test_a_rewrite_never_overwrites_an_mcap_someone_else_replaced(bucket, episod
     raw = bucket.store(bucket.landing)
     raw.put_file(episode_factory(episode_id="ep-race", seed=720, duration_s=2.0).path, "2026-11-29/ep-race.h5")
     registry = Registry.sqlite(tmp_path / "registry.sqlite")
-    stores = IngestStores(registry, landing_zone(bucket.landing, bucket.endpoint), tmp_path / "s" / "mcap",
-                          tmp_path / "s" / "quarantine", mcap_store=bucket.mcap, endpoint_url=bucket.endpoint)
+    stores = IngestStores(
+        registry,
+        landing_zone(bucket.landing, bucket.endpoint),
+        tmp_path / "s" / "mcap",
+        tmp_path / "s" / "quarantine",
+        mcap_store=bucket.mcap,
+        endpoint_url=bucket.endpoint,
+    )
     (partition,) = landing_tick(LandingCursor(), stores.landing, registry, ALL_IN_ONE).sealed
     _ingest(stores, partition.key)
     mcaps = bucket.store(bucket.mcap)
@@ -123,7 +142,8 @@ def test_a_rewrite_never_overwrites_an_mcap_someone_else_replaced(bucket, episod
 
 
 def test_an_mcap_published_by_a_killed_attempt_before_its_outcome_is_adopted_not_quarantined(
-        bucket, episode_factory, tmp_path):
+    bucket, episode_factory, tmp_path
+):
     """A worker killed between publishing an episode's MCAP and recording it: the replay writes the same
     bytes (the transcode is deterministic), finds them at the key, checks the content hash and adopts
     the object; an object with other bytes at the key is still held back (the test above)."""
@@ -134,8 +154,14 @@ def test_an_mcap_published_by_a_killed_attempt_before_its_outcome_is_adopted_not
     gen = episode_factory(episode_id="ep-adopt", seed=730, duration_s=2.0)
     raw.put_file(gen.path, "2026-12-05/ep-adopt.h5")
     registry = Registry.sqlite(tmp_path / "registry.sqlite")
-    stores = IngestStores(registry, landing_zone(bucket.landing, bucket.endpoint), tmp_path / "s" / "mcap",
-                          tmp_path / "s" / "quarantine", mcap_store=bucket.mcap, endpoint_url=bucket.endpoint)
+    stores = IngestStores(
+        registry,
+        landing_zone(bucket.landing, bucket.endpoint),
+        tmp_path / "s" / "mcap",
+        tmp_path / "s" / "quarantine",
+        mcap_store=bucket.mcap,
+        endpoint_url=bucket.endpoint,
+    )
     (partition,) = landing_tick(LandingCursor(), stores.landing, registry, ALL_IN_ONE).sealed
     ingest_partition(partition.key, UnitJob("pre", stores, GateConfig()))
     row = registry.episode_by_id("ep-adopt")
@@ -148,7 +174,9 @@ def test_an_mcap_published_by_a_killed_attempt_before_its_outcome_is_adopted_not
     version = publish_file(mcaps, killed, "ep-adopt.mcap", expect="absent").version
     assert registry.episode_by_id("ep-adopt")["status"] == "accepted"
     report = ingest_partition(partition.key, UnitJob("post", stores, GateConfig(), settings=FAST, workers=1))
-    assert report.combined.quarantined == [] and report.combined.processed == ["ep-adopt"], [q["reason"] for q in report.combined.quarantined]
+    assert report.combined.quarantined == [] and report.combined.processed == ["ep-adopt"], [
+        q["reason"] for q in report.combined.quarantined
+    ]
     row = registry.episode_by_id("ep-adopt")
     assert (row["status"], row["mcap_version"], row["mcap_uri"]) == (TRANSCODED, version, mcaps.url("ep-adopt.mcap"))
     assert mcaps.info("ep-adopt.mcap").version == version  # the object itself, untouched
@@ -166,15 +194,19 @@ def ray_with_store_env(gcs_emulator, s3_server):
     from dyna_resources.ingest.ray_units import ray_cluster
 
     with pytest.MonkeyPatch.context() as mp:
-        for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                     "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        for k, v in {
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }.items():
             mp.setenv(k, v)
         with ray_cluster("local", num_cpus=2) as cluster:
             yield cluster
 
 
-def test_the_ingest_assets_run_their_units_on_ray_against_the_buckets(ray_with_store_env, bucket, episode_factory,
-                                                                      tmp_path):
+def test_the_ingest_assets_run_their_units_on_ray_against_the_buckets(
+    ray_with_store_env, bucket, episode_factory, tmp_path
+):
     from dagster import DagsterInstance, materialize
 
     from dyna_assets.definitions import defs
@@ -183,13 +215,25 @@ def test_the_ingest_assets_run_their_units_on_ray_against_the_buckets(ray_with_s
 
     raw = bucket.store(bucket.landing)
     for i in range(3):
-        raw.put_file(episode_factory(episode_id=f"ep-ray{i}", seed=740 + i, duration_s=2.0).path,
-                     f"2026-11-29/ep-ray{i}.h5")
-    ingest = IngestResource(home=HomeResource(root=str(tmp_path / "home")), landing_url=bucket.landing, mcap_store=bucket.mcap,
-                            endpoint_url=bucket.endpoint or "", scratch_dir=str(tmp_path / "scratch"),
-                            target_batch_bytes=1, partition_bytes=1 << 40, max_wait_s=0)  # 3 units, 1 partition
-    res = {"ingest": ingest, "gates": GatesResource(home=ingest.home), "ray": embedded_ray(),
-           "transcode": TranscodeResource(preset="veryfast", gop_frames=30, unit_memory_gb=0.5)}
+        raw.put_file(
+            episode_factory(episode_id=f"ep-ray{i}", seed=740 + i, duration_s=2.0).path, f"2026-11-29/ep-ray{i}.h5"
+        )
+    ingest = IngestResource(
+        home=HomeResource(root=str(tmp_path / "home")),
+        landing_url=bucket.landing,
+        mcap_store=bucket.mcap,
+        endpoint_url=bucket.endpoint or "",
+        scratch_dir=str(tmp_path / "scratch"),
+        target_batch_bytes=1,
+        partition_bytes=1 << 40,
+        max_wait_s=0,
+    )  # 3 units, 1 partition
+    res = {
+        "ingest": ingest,
+        "gates": GatesResource(home=ingest.home),
+        "ray": embedded_ray(),
+        "transcode": TranscodeResource(preset="veryfast", gop_frames=30, unit_memory_gb=0.5),
+    }
     stores = ingest.stores()
     (partition,) = landing_tick(LandingCursor(), stores.landing, stores.registry, ingest.landing_settings()).sealed
     assert partition.units == 3
@@ -213,7 +257,13 @@ def test_an_unreachable_mcap_store_fails_before_any_work(s3_unreachable_endpoint
     for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         monkeypatch.setenv(k, "testing")
     (tmp_path / "landing").mkdir()
-    stores = IngestStores(Registry.sqlite(tmp_path / "r.sqlite"), LandingZone(tmp_path / "landing"), tmp_path / "m",
-                          tmp_path / "q", mcap_store="s3://nowhere/mcap", endpoint_url=s3_unreachable_endpoint)
+    stores = IngestStores(
+        Registry.sqlite(tmp_path / "r.sqlite"),
+        LandingZone(tmp_path / "landing"),
+        tmp_path / "m",
+        tmp_path / "q",
+        mcap_store="s3://nowhere/mcap",
+        endpoint_url=s3_unreachable_endpoint,
+    )
     with pytest.raises(StoreUnavailableError, match="s3://nowhere/mcap"):
         stores.check()

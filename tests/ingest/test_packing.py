@@ -26,7 +26,7 @@ def test_every_file_lands_in_exactly_one_batch_and_full_batches_are_within_10_pe
     q = pack(fs, target, flush=True)
     assert sorted(f for b in q.batches for f in b) == sorted(fs) and not q.pending
     loads = sorted(sum(f.bytes for f in b) for b in q.batches)
-    assert all(0.9 * target <= x <= 1.1 * target for x in loads[len(loads) - len(p.batches):])
+    assert all(0.9 * target <= x <= 1.1 * target for x in loads[len(loads) - len(p.batches) :])
 
 
 def test_batches_are_balanced_far_beyond_the_band():

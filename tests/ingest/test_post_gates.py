@@ -24,8 +24,12 @@ class Units:
 def source_of(path) -> dict:
     with EpisodeReader(path) as r:
         stats = r.metadata(STATS_METADATA)
-    return {"cameras": json.loads(stats["cameras"]), "streams": json.loads(stats["streams"]),
-            "bytes_in": 10 * path.stat().st_size, "bytes_out": path.stat().st_size}
+    return {
+        "cameras": json.loads(stats["cameras"]),
+        "streams": json.loads(stats["streams"]),
+        "bytes_in": 10 * path.stat().st_size,
+        "bytes_out": path.stat().st_size,
+    }
 
 
 def test_the_sample_is_exact_and_the_same_on_every_run():
@@ -36,8 +40,9 @@ def test_the_sample_is_exact_and_the_same_on_every_run():
     three = gops_to_decode("ep-000123", gops, 3)
     assert sum(len(v) for v in three.values()) == 3
     assert all(g < 17 for v in three.values() for g in v)
-    picks = {tuple(sorted((c, g) for c, v in gops_to_decode(f"ep-{i:06d}", gops, 1).items() for g in v))
-             for i in range(40)}
+    picks = {
+        tuple(sorted((c, g) for c, v in gops_to_decode(f"ep-{i:06d}", gops, 1).items() for g in v)) for i in range(40)
+    }
     assert len(picks) > 10  # spread over the episode's GOPs, not always the first
     every = {c: set(range(n)) for c, n in gops.items()}
     assert gops_to_decode("ep-000123", gops, 0) == every
@@ -62,7 +67,7 @@ def test_a_damaged_unit_fails_where_it_is_decoded_and_a_damaged_keyframe_always(
     paths, _ = mcap_fleet
     with EpisodeReader(paths[0]) as r:
         units = list(r.iter_video(r.cameras[0]))
-    cut = lambda i: [(t, au[: len(au) // 2]) if k == i else (t, au) for k, (t, au) in enumerate(units)]  # noqa: E731
+    cut = lambda i: [(t, au[: len(au) // 2]) if k == i else (t, au) for k, (t, au) in enumerate(units)]
     bad_p = Units(cut(35))  # a P-frame in GOP 1
     with pytest.raises(ValueError, match=r"access unit 35 \(at \d+ ns\), GOP 1"):
         check_video(bad_p, "wrist", None)
@@ -91,8 +96,11 @@ def test_frame_counts_and_durations_still_count_every_unit_when_the_sample_skips
     paths, _ = mcap_fleet
     source = source_of(paths[2])
     cam = next(iter(source["cameras"]))
-    source["cameras"][cam] = {**source["cameras"][cam], "frames": source["cameras"][cam]["frames"] + 1,
-                              "last_ns": source["cameras"][cam]["last_ns"] + 10**8}
+    source["cameras"][cam] = {
+        **source["cameras"][cam],
+        "frames": source["cameras"][cam]["frames"] + 1,
+        "last_ns": source["cameras"][cam]["last_ns"] + 10**8,
+    }
     results = {g.gate: g for g in post_gates(paths[2], source, GateConfig())}
     assert results["decodable"].passed
     assert not results["frame_counts"].passed and f"{cam}: 120 frames, source has 121" in results["frame_counts"].detail

@@ -84,6 +84,7 @@ def test_a_velocity_spike_lowers_smoothness(episode_factory, tmp_path):
     def spike(v):
         v[400:402, 2] += 3.0  # rad/s for 10 ms: an encoder glitch
         return v
+
     rep = score(_edit(episode_factory().path, tmp_path / "s.h5", "observations/qvel", spike))
     assert rep.smoothness < 0.9 and rep.sensor_health == 1.0 and rep.verdict != "pass"
     assert checks(rep) == {"spike_fraction"} and "2 of 800 steps" in rep.reasons[0]["detail"]
@@ -101,6 +102,7 @@ def test_dense_spikes_are_measured_not_absorbed(episode_factory, tmp_path, fract
         sizes = rng.choice([-1, 1], len(rows)) * rng.uniform(0.5, 2, len(rows))
         v[rows, rng.integers(0, v.shape[1], len(rows))] += sizes
         return v
+
     gen = episode_factory(seed=77, duration_s=12.0)
     rep = score(_edit(gen.path, tmp_path / "g.h5", "observations/qvel", glitch))
     assert rep.measures["spike_fraction"] == pytest.approx(fraction, rel=0.15)
@@ -117,8 +119,11 @@ def test_noise_free_and_quantized_trajectories_have_no_spikes():
     plan = Quintic(knots, values)
     vel, pos = plan(t, 1), plan(t)
     quantized = np.round(pos / 2e-3) * 2e-3
-    for js in ({"position": pos, "velocity": vel}, {"position": quantized},
-               {"position": pos, "velocity": np.round(vel / 0.01) * 0.01, "effort": np.round(30 * vel)}):
+    for js in (
+        {"position": pos, "velocity": vel},
+        {"position": quantized},
+        {"position": pos, "velocity": np.round(vel / 0.01) * 0.01, "effort": np.round(30 * vel)},
+    ):
         mask, counts = spike_rows(js, 8.0)
         assert not mask.any(), counts
     vel[40, 3] += 0.01  # at rest
@@ -131,6 +136,7 @@ def test_an_effort_spike_lowers_smoothness(episode_factory, tmp_path):
     def spike(e):
         e[300:304, 1] += 50 * e[:, 1].std()
         return e
+
     rep = score(_edit(episode_factory().path, tmp_path / "e.h5", "observations/effort", spike))
     assert rep.smoothness < 0.9 and "'effort': 4" in rep.reasons[0]["detail"]  # 20 ms wide: still a spike
 
@@ -140,6 +146,7 @@ def test_a_clipped_force_sensor_lowers_sensor_health(episode_factory, tmp_path):
         hi = np.percentile(w[:, 2], 90)
         w[:, 2] = np.minimum(w[:, 2], hi)  # 10 % of samples on the rail
         return w
+
     rep = score(_edit(episode_factory().path, tmp_path / "w.h5", "observations/wrench", clip))
     assert checks(rep) == {"saturation_fraction"} and rep.verdict == "fail"
     assert "wrench" in rep.reasons[0]["detail"]
@@ -160,7 +167,8 @@ def test_thresholds_from_the_gates_file_change_the_verdict(episode_factory, tmp_
     (tmp_path / "gates.yaml").write_text(
         "gates: {frame_drops: {action: flag}}\n"
         "quality:\n"
-        "  measures: {frame_drop_fraction: {ok: 0.1, zero: 0.5}, timestamp_gap_fraction: {ok: 0.1, zero: 0.5}}\n")
+        "  measures: {frame_drop_fraction: {ok: 0.1, zero: 0.5}, timestamp_gap_fraction: {ok: 0.1, zero: 0.5}}\n"
+    )
     lenient = GateConfig.load(tmp_path / "gates.yaml").quality_config()
     assert score(gen.path, config=lenient).verdict == "pass"
     strict = GateConfig.load(None, {"quality": {"verdict": {"sensor_health": {"fail_below": 0.9}}}}).quality_config()

@@ -26,11 +26,14 @@ def cluster():
 
 
 def units(n: int, folder: Path, **payload) -> list[WorkUnit]:
-    return [WorkUnit(f"u{i:03d}", {"folder": str(folder), **payload}, bytes=1_000_000 * (i + 1), episode_s=84.0)
-            for i in range(n)]
+    return [
+        WorkUnit(f"u{i:03d}", {"folder": str(folder), **payload}, bytes=1_000_000 * (i + 1), episode_s=84.0)
+        for i in range(n)
+    ]
 
 
 # The unit functions run in Ray workers: module level, so they pickle by reference.
+
 
 def write_once(unit: WorkUnit) -> str:
     """The unit's side effect, made with exclusive create: a second run of the same unit raises."""

@@ -24,9 +24,11 @@ CONFIG = LadderConfig.from_mapping(None)
 @pytest.fixture
 def laddered(episode_factory, stores):
     """A batch of three 9 s episodes: a clean pick-and-place, a towel fold that slips, a drawer pull."""
-    gens = [episode_factory(episode_id="ep-pick", task="pick_place", seed=3, success=True, duration_s=9.0),
-            episode_factory(episode_id="ep-fold", task="fold_towel", seed=5, success=False, duration_s=9.0),
-            episode_factory(episode_id="ep-drawer", task="open_drawer", seed=7, success=True, duration_s=9.0)]
+    gens = [
+        episode_factory(episode_id="ep-pick", task="pick_place", seed=3, success=True, duration_s=9.0),
+        episode_factory(episode_id="ep-fold", task="fold_towel", seed=5, success=False, duration_s=9.0),
+        episode_factory(episode_id="ep-drawer", task="open_drawer", seed=7, success=True, duration_s=9.0),
+    ]
     for g in gens:
         land(stores, g)
     batch = one_batch(stores)
@@ -50,13 +52,20 @@ def test_ladders_from_mcap_match_the_raw_streams_and_the_script(laddered):
         assert stored == [s.as_dict() for s in steps]
         with RawEpisode(g.path) as raw:  # the MCAP carries the streams exactly: the same ladder
             streams = {k: s for k, s in raw.streams.items()}
-            streams = {k: type(s)(s.name, s.timestamps_ns, {f: v[:] for f, v in s.fields.items()}, s.labels)
-                       for k, s in streams.items()}
+            streams = {
+                k: type(s)(s.name, s.timestamps_ns, {f: v[:] for f, v in s.fields.items()}, s.labels)
+                for k, s in streams.items()
+            }
         with EpisodeReader(row["mcap_path"]) as r:
             start, end = r.start_ns, r.end_ns
         assert [s.as_dict() for s in segment(streams, start, end, row["task"], CONFIG)] == stored
-        arm = ScriptedArm(seed=g.spec.seed, task=g.spec.task, robot_model=g.spec.robot_model,
-                          success=g.spec.success, duration_s=g.spec.duration_s)
+        arm = ScriptedArm(
+            seed=g.spec.seed,
+            task=g.spec.task,
+            robot_model=g.spec.robot_model,
+            success=g.spec.success,
+            duration_s=g.spec.duration_s,
+        )
         assert [s["name"] for s in stored] == [t["name"] for t in arm.scripted_steps()]
     assert rows["ep-fold"]["failed_step"] == "fold" and rows["ep-pick"]["failed_step"] is None
 
@@ -78,10 +87,16 @@ def test_only_stale_ladders_are_redone(laddered):
 
 def test_an_episode_that_cannot_be_segmented_keeps_the_reason_and_the_batch_goes_on(laddered):
     stores, batch, _ = laddered
-    config = LadderConfig.from_mapping({"procedures": {"pick_place": {"cycle": [
-        {"step": "reach", "ends_at": "grip_close"}]}}})
-    no_drawer = LadderConfig(config.segmenter, config.signals, config.thresholds,
-                             {k: v for k, v in config.procedures.items() if k != "open_drawer"}, "nodrawer01")
+    config = LadderConfig.from_mapping(
+        {"procedures": {"pick_place": {"cycle": [{"step": "reach", "ends_at": "grip_close"}]}}}
+    )
+    no_drawer = LadderConfig(
+        config.segmenter,
+        config.signals,
+        config.thresholds,
+        {k: v for k, v in config.procedures.items() if k != "open_drawer"},
+        "nodrawer01",
+    )
     rep = ladder_batch(batch, stores.registry, no_drawer)
     assert sorted(rep.segmented) == ["ep-fold", "ep-pick"]
     assert "no procedure for task 'open_drawer'" in rep.errors["ep-drawer"]
@@ -119,20 +134,33 @@ def test_steps_reach_the_warehouse_by_cdc_and_curation_selects_by_step(laddered,
         assert (fold["outcome"], fold["failure_mode"]) == ("failure", "slip")
 
         # "only the folding step": segments inside fold windows only, with the step named
-        only_fold = _manifest(wh, {"name": "fold-only", "steps": {"where": {"step": "fold"}},
-                                   "segments": {"length_s": 0.5, "stride_s": 0.25}})
+        only_fold = _manifest(
+            wh,
+            {
+                "name": "fold-only",
+                "steps": {"where": {"step": "fold"}},
+                "segments": {"length_s": 0.5, "stride_s": 0.25},
+            },
+        )
         assert only_fold.num_rows > 0 and set(only_fold["step"].to_pylist()) == {"fold"}
         assert set(only_fold["episode_id"].to_pylist()) == {"ep-fold"}
         for a, b in zip(only_fold["start_ns"].to_pylist(), only_fold["end_ns"].to_pylist()):
             assert fold["start_ns"] <= a and b <= fold["end_ns"]
         # "episodes that failed at the fold": whole episodes, by the steps table or by failed_step
-        failed = _manifest(wh, {"name": "failed-fold", "steps": {"where": {"step": "fold", "outcome": "failure"},
-                                                                 "scope": "episode"}})
+        failed = _manifest(
+            wh, {"name": "failed-fold", "steps": {"where": {"step": "fold", "outcome": "failure"}, "scope": "episode"}}
+        )
         by_column = _manifest(wh, {"name": "failed-fold", "where": {"failed_step": "fold"}})
         assert set(failed["episode_id"].to_pylist()) == {"ep-fold"} and failed.equals(by_column)
         assert "step" not in failed.column_names
-        grasps = _manifest(wh, {"name": "grasps", "steps": {"where": {"step": "grasp", "outcome": "success"}},
-                                "segments": {"length_s": 0.2, "stride_s": 0.2}})
+        grasps = _manifest(
+            wh,
+            {
+                "name": "grasps",
+                "steps": {"where": {"step": "grasp", "outcome": "success"}},
+                "segments": {"length_s": 0.2, "stride_s": 0.2},
+            },
+        )
         assert set(grasps["episode_id"].to_pylist()) == {"ep-pick", "ep-fold", "ep-drawer"}
 
         # a reviewer's relabel flows the same way: re-segmenting replaces the steps, never adds
@@ -141,12 +169,15 @@ def test_steps_reach_the_warehouse_by_cdc_and_curation_selects_by_step(laddered,
         assert len(wh.steps()) == len(steps)
 
 
-@pytest.mark.parametrize("steps,field", [
-    ({"where": {"stepp": "fold"}}, "steps.where.stepp"),
-    ({"where": {"step": {"~": "fold"}}}, "steps.where.step"),
-    ({"where": {"step": "fold"}, "scope": "batch"}, "steps.scope"),
-    ({"step": "fold"}, "steps"),
-])
+@pytest.mark.parametrize(
+    "steps,field",
+    [
+        ({"where": {"stepp": "fold"}}, "steps.where.stepp"),
+        ({"where": {"step": {"~": "fold"}}}, "steps.where.step"),
+        ({"where": {"step": "fold"}, "scope": "batch"}, "steps.scope"),
+        ({"step": "fold"}, "steps"),
+    ],
+)
 def test_bad_step_selection_names_the_field(steps, field):
     with pytest.raises(CurationSpecError, match=field.replace(".", r"\.")):
         CurationSpec.from_mapping({"name": "x", "steps": steps})

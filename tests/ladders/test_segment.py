@@ -57,7 +57,7 @@ def test_recovers_the_scripted_steps(task, success, seed, model, duration_s):
     assert (failed.index if failed else None) == truth_failed
     if failed is not None:
         assert failed.failure_mode == arm.script.failure_mode  # miss or slip, as scripted
-        assert all(s.outcome == AFTER_FAILURE for s in steps[failed.index + 1:])
+        assert all(s.outcome == AFTER_FAILURE for s in steps[failed.index + 1 :])
         if failed.failure_mode == "slip":  # the hold was lost during the step, not at its edge
             assert failed.start_ns < failed.failed_at_ns < failed.end_ns
     else:
@@ -81,9 +81,14 @@ def test_an_episode_cut_short_ends_with_an_incomplete_step():
     arm = _arm("fold_towel", True, 5, 11.0)
     fold = next(g for g in arm.scripted_steps() if g["name"] == "fold")
     cut = int((fold["start_s"] + 0.5) * 1e9)
-    streams = {k: dataclasses.replace(s, timestamps_ns=s.timestamps_ns[s.timestamps_ns <= cut],
-                                      fields={f: v[s.timestamps_ns <= cut] for f, v in s.fields.items()})
-               for k, s in arm.streams(0).items()}
+    streams = {
+        k: dataclasses.replace(
+            s,
+            timestamps_ns=s.timestamps_ns[s.timestamps_ns <= cut],
+            fields={f: v[s.timestamps_ns <= cut] for f, v in s.fields.items()},
+        )
+        for k, s in arm.streams(0).items()
+    }
     steps = segment(streams, 0, cut, "fold_towel", CONFIG)
     assert [s.name for s in steps] == ["reach", "grasp", "fold"]
     assert steps[-1].outcome == INCOMPLETE and steps[-1].end_ns == cut
@@ -110,17 +115,25 @@ def test_without_an_effort_signal_the_opening_decides_the_hold():
     assert failed_step(steps).index == next(i for i, g in enumerate(truth) if g["failed"])
 
 
-@pytest.mark.parametrize("data,field", [
-    ({"thresholds": {"pause_speed": 0.1}}, "thresholds.pause_speed"),
-    ({"thresholds": {"min_pause_s": -1}}, "thresholds.min_pause_s"),
-    ({"procedures": {"x": {"cycle": [{"step": "a", "ends_at": "gripper_closes"}]}}}, "procedures.x.cycle[0].ends_at"),
-    ({"procedures": {"x": {"cycle": [{"step": "a", "ends_at": "grip_open", "check": "vibes"}]}}},
-     "procedures.x.cycle[0].check"),
-    ({"procedures": {"x": {"cycle": []}}}, "procedures.x.cycle"),
-    ({"segmenter": "learned-v9"}, "segmenter"),
-    ({"signals": {"gripper_effort": {"stream": "joint_states"}}}, "signals.gripper_effort"),
-    ({"colour": "red"}, "unknown field"),
-])
+@pytest.mark.parametrize(
+    "data,field",
+    [
+        ({"thresholds": {"pause_speed": 0.1}}, "thresholds.pause_speed"),
+        ({"thresholds": {"min_pause_s": -1}}, "thresholds.min_pause_s"),
+        (
+            {"procedures": {"x": {"cycle": [{"step": "a", "ends_at": "gripper_closes"}]}}},
+            "procedures.x.cycle[0].ends_at",
+        ),
+        (
+            {"procedures": {"x": {"cycle": [{"step": "a", "ends_at": "grip_open", "check": "vibes"}]}}},
+            "procedures.x.cycle[0].check",
+        ),
+        ({"procedures": {"x": {"cycle": []}}}, "procedures.x.cycle"),
+        ({"segmenter": "learned-v9"}, "segmenter"),
+        ({"signals": {"gripper_effort": {"stream": "joint_states"}}}, "signals.gripper_effort"),
+        ({"colour": "red"}, "unknown field"),
+    ],
+)
 def test_bad_configuration_names_the_field(data, field):
     with pytest.raises(LadderConfigError, match=field.replace("[", r"\[").replace("]", r"\]")):
         LadderConfig.from_mapping(data)
@@ -131,9 +144,11 @@ def test_version_follows_the_configuration(tmp_path):
     changed = LadderConfig.from_mapping({"thresholds": {"min_pause_s": 0.2}})
     assert changed.version != CONFIG.version and changed.version.startswith("heuristic-1.")
     path = tmp_path / "step_ladders.yaml"
-    path.write_text("procedures:\n  pick_place:\n    cycle:\n      - {step: approach, ends_at: grip_close}\n"
-                    "      - {step: hold, ends_at: grip_open, check: kept_hold, failure_mode: dropped}\n"
-                    "    final: rest\n")
+    path.write_text(
+        "procedures:\n  pick_place:\n    cycle:\n      - {step: approach, ends_at: grip_close}\n"
+        "      - {step: hold, ends_at: grip_open, check: kept_hold, failure_mode: dropped}\n"
+        "    final: rest\n"
+    )
     custom = LadderConfig.load(path)
     steps = _ladder(_arm("pick_place", True, 3, 8.0), custom)
     assert [s.name for s in steps] == ["approach", "hold", "rest"]

@@ -39,15 +39,14 @@ def frames(n: int, seed: int) -> np.ndarray:
     out = np.stack(planes, -1).clip(0, 255).astype(np.uint8)
     for k in range(n):
         cx = 7 + (k * 3) % (W - 24)
-        out[k, 31:50, cx:cx + 15] = (200, 60 + seed * 10, 40)
+        out[k, 31:50, cx : cx + 15] = (200, 60 + seed * 10, 40)
     return out
 
 
 def make_source(path: Path) -> dict:
     """What lerobot is given, saved for lerobot_side.py: per episode states, actions, RGB frames."""
     rng = np.random.default_rng(7)
-    src = {"fps": np.array(FPS), "cameras": np.array(CAMERAS), "tasks": np.array(TASKS),
-           "lengths": np.array(LENGTHS)}
+    src = {"fps": np.array(FPS), "cameras": np.array(CAMERAS), "tasks": np.array(TASKS), "lengths": np.array(LENGTHS)}
     for k, n in enumerate(LENGTHS):
         src[f"state_{k}"] = rng.normal(size=(n, 6)).astype(np.float32)
         src[f"action_{k}"] = rng.normal(size=(n, 7)).astype(np.float32)
@@ -73,8 +72,10 @@ class LeRobotVenv:
 
     def __init__(self, env_var: str, default: str, make_target: str):
         self.path = Path(os.environ.get(env_var) or REPO / default)
-        self.skip_reason = (f"no lerobot venv at {self.path} ({env_var}): build it with `make {make_target}` "
-                            "(~2 min, 7-8 GB; lerobot's torch cannot share .venv with the project's torch 2.13)")
+        self.skip_reason = (
+            f"no lerobot venv at {self.path} ({env_var}): build it with `make {make_target}` "
+            "(~2 min, 7-8 GB; lerobot's torch cannot share .venv with the project's torch 2.13)"
+        )
 
     @property
     def available(self) -> bool:
@@ -82,10 +83,17 @@ class LeRobotVenv:
 
     def run(self, *args: str | Path, home: Path) -> None:
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-        env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(home / "hf"),
-                   TOKENIZERS_PARALLELISM="false")
-        out = subprocess.run([str(self.path / "bin/python"), str(SIDE), *map(str, args)], env=env,
-                             capture_output=True, text=True, timeout=600, check=False)
+        env.update(
+            HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(home / "hf"), TOKENIZERS_PARALLELISM="false"
+        )
+        out = subprocess.run(
+            [str(self.path / "bin/python"), str(SIDE), *map(str, args)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
         assert out.returncode == 0, f"lerobot_side.py {args[0]} failed:\n{out.stderr[-6000:]}"
 
     def load(self, root: Path, home: Path, delta: dict | None = None) -> dict:
@@ -135,8 +143,9 @@ def check_import_lands_exactly(dataset: Path, landing: Path, source: dict, **kwa
         with RawEpisode(path) as raw:
             assert raw.meta.task == TASKS[k] and raw.meta.robot_model == "so100"  # info.json robot_type
             assert sorted(raw.cameras) == sorted(CAMERAS)
-            np.testing.assert_array_equal(np.asarray(raw.streams["joint_states"].fields["position"]),
-                                          source[f"state_{k}"])
+            np.testing.assert_array_equal(
+                np.asarray(raw.streams["joint_states"].fields["position"]), source[f"state_{k}"]
+            )
             np.testing.assert_array_equal(np.asarray(raw.streams["action"].fields["command"]), source[f"action_{k}"])
             for cam in CAMERAS:
                 jpeg = np.stack(list(raw.cameras[cam].iter_frames()))

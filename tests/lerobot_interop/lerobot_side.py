@@ -33,14 +33,18 @@ def create(root: Path, source: Path) -> None:
     action0 = src["action_0"]
     h, w = src[f"{cameras[0]}_0"].shape[1:3]
     features = {
-        "observation.state": {"dtype": "float32", "shape": (state0.shape[1],),
-                              "names": [f"j{i}" for i in range(state0.shape[1])]},
+        "observation.state": {
+            "dtype": "float32",
+            "shape": (state0.shape[1],),
+            "names": [f"j{i}" for i in range(state0.shape[1])],
+        },
         "action": {"dtype": "float32", "shape": (action0.shape[1],), "names": None},
-        **{f"observation.images.{c}": {"dtype": "video", "shape": (h, w, 3), "names": ["height", "width", "channels"]}
-           for c in cameras},
+        **{
+            f"observation.images.{c}": {"dtype": "video", "shape": (h, w, 3), "names": ["height", "width", "channels"]}
+            for c in cameras
+        },
     }
-    ds = LeRobotDataset.create(REPO_ID, fps=fps, features=features, root=root, robot_type="so100",
-                               use_videos=True)
+    ds = LeRobotDataset.create(REPO_ID, fps=fps, features=features, root=root, robot_type="so100", use_videos=True)
     for k, (n, task) in enumerate(zip(src["lengths"], src["tasks"])):
         for i in range(int(n)):
             frame = {"observation.state": src[f"state_{k}"][i], "action": src[f"action_{k}"][i]}
@@ -78,9 +82,13 @@ def load(root: Path, out: Path, delta: dict | None) -> None:
             rows.setdefault(f"delta/{key}", []).append(_uint8_hwc(v) if key in cams else v.numpy())
             rows.setdefault(f"delta/{key}_is_pad", []).append(item[f"{key}_is_pad"].numpy())
     tasks = ds.meta.tasks  # 0.4: a DataFrame indexed by task; 0.3: {task_index: task}
-    meta = {"fps": ds.meta.fps, "total_episodes": ds.meta.total_episodes, "video_keys": cams,
-            "codebase_version": ds.meta.info["codebase_version"],
-            "tasks": list(tasks.values()) if isinstance(tasks, dict) else list(tasks.index)}
+    meta = {
+        "fps": ds.meta.fps,
+        "total_episodes": ds.meta.total_episodes,
+        "video_keys": cams,
+        "codebase_version": ds.meta.info["codebase_version"],
+        "tasks": list(tasks.values()) if isinstance(tasks, dict) else list(tasks.index),
+    }
     np.savez(out, meta=json.dumps(meta), **{k: np.stack(v) if k != "task" else np.array(v) for k, v in rows.items()})
 
 
@@ -103,8 +111,11 @@ def edit(root: Path, other: Path, work: Path, out: Path) -> None:
     for name, result in results.items():
         reloaded = LeRobotDataset(result.repo_id, root=result.root)
         last = reloaded[len(reloaded) - 1]
-        summary[name] = {"episodes": reloaded.meta.total_episodes, "frames": len(reloaded),
-                         "last_state": last["observation.state"].tolist()}
+        summary[name] = {
+            "episodes": reloaded.meta.total_episodes,
+            "frames": len(reloaded),
+            "last_state": last["observation.state"].tolist(),
+        }
     out.write_text(json.dumps(summary))
 
 

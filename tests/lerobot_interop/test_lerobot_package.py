@@ -105,8 +105,7 @@ def test_lerobot_loads_our_export_within_1_db(work, exported, source, lerobot_vi
 
 def test_lerobot_delta_timestamps_on_our_export(work, exported, source):
     dt = 1 / FPS
-    delta = {"observation.images.top": [-2 * dt, 0.0], "observation.state": [-dt, 0.0, dt],
-             "action": [0.0, dt, 2 * dt]}
+    delta = {"observation.images.top": [-2 * dt, 0.0], "observation.state": [-dt, 0.0, dt], "action": [0.0, dt, 2 * dt]}
     got = V3_VENV.load(exported, work, delta)
     plain = V3_VENV.load(exported, work)
     ep = got["episode_index"]
@@ -125,10 +124,18 @@ def test_lerobot_delta_timestamps_on_our_export(work, exported, source):
 
 
 def test_lerobot_loads_write_lerobot_pixels(work, source):
-    episodes = [LeRobotEpisode(index=k, task=TASKS[k], fps=FPS, timestamps=np.arange(n) / FPS,
-                               states=source[f"state_{k}"], actions=source[f"action_{k}"],
-                               frames={f"observation.images.{c}": source[f"{c}_{k}"] for c in CAMERAS})
-                for k, n in enumerate(LENGTHS)]
+    episodes = [
+        LeRobotEpisode(
+            index=k,
+            task=TASKS[k],
+            fps=FPS,
+            timestamps=np.arange(n) / FPS,
+            states=source[f"state_{k}"],
+            actions=source[f"action_{k}"],
+            frames={f"observation.images.{c}": source[f"{c}_{k}"] for c in CAMERAS},
+        )
+        for k, n in enumerate(LENGTHS)
+    ]
     root = write_lerobot(episodes, work / "written-by-us", fps=FPS)
     got = V3_VENV.load(root, work)
     np.testing.assert_array_equal(got["observation.state"], rows(source, "state"))
@@ -151,8 +158,11 @@ def test_lerobot_dataset_tools_accept_our_export(work, exported, source):
     got = json.loads((work / "edited.json").read_text())
     total = sum(LENGTHS)
     assert got["merged"]["episodes"] == 4 and got["merged"]["frames"] == 2 * total
-    assert got["pruned"] == got["rest"] == {"episodes": 1, "frames": LENGTHS[1],
-                                            "last_state": source["state_1"][-1].tolist()}
+    assert (
+        got["pruned"]
+        == got["rest"]
+        == {"episodes": 1, "frames": LENGTHS[1], "last_state": source["state_1"][-1].tolist()}
+    )
     assert got["first"]["frames"] == LENGTHS[0]
 
 

@@ -69,10 +69,18 @@ def test_import_lerobot_lands_lerobot_dataset_exactly(work, lerobot_dataset, sou
 
 
 def test_lerobot_loads_write_lerobot_v21(work, source):
-    episodes = [LeRobotEpisode(index=k, task=TASKS[k], fps=FPS, timestamps=np.arange(n) / FPS,
-                               states=source[f"state_{k}"], actions=source[f"action_{k}"],
-                               frames={f"observation.images.{c}": source[f"{c}_{k}"] for c in CAMERAS})
-                for k, n in enumerate(LENGTHS)]
+    episodes = [
+        LeRobotEpisode(
+            index=k,
+            task=TASKS[k],
+            fps=FPS,
+            timestamps=np.arange(n) / FPS,
+            states=source[f"state_{k}"],
+            actions=source[f"action_{k}"],
+            frames={f"observation.images.{c}": source[f"{c}_{k}"] for c in CAMERAS},
+        )
+        for k, n in enumerate(LENGTHS)
+    ]
     root = write_lerobot(episodes, work / "written-by-us", fps=FPS, version="v2.1", robot_type="so100")
     dt = 1 / FPS
     got = V21_VENV.load(root, work, {"observation.state": [-dt, 0.0], "observation.images.wrist": [0.0, dt]})

@@ -55,7 +55,7 @@ def within(seconds: float, fn, *args):
     def run():
         try:
             box["value"] = fn(*args)
-        except BaseException as e:  # noqa: BLE001  (re-raised below, in the test's thread)
+        except BaseException as e:
             box["error"] = e
 
     t = threading.Thread(target=run, daemon=True)
@@ -87,21 +87,35 @@ def front_at(origin, port: int, **overrides) -> AlluxioFront:
 # ---- configuration ------------------------------------------------------------------------------
 def test_worker_hosts_are_normalized_with_explicit_ports():
     assert parse_worker_hosts(" w1:19999, w2 ,w1:19999,10.0.0.7:28080", 28080) == (
-        "w1:19999", "w2:28080", "10.0.0.7:28080")
-    cfg = AlluxioConfig(worker_hosts=["alluxio-w-0.svc:28080", "alluxio-w-1"], worker_http_port=1234,
-                        origin="gs://fleet/mcap/")
+        "w1:19999",
+        "w2:28080",
+        "10.0.0.7:28080",
+    )
+    cfg = AlluxioConfig(
+        worker_hosts=["alluxio-w-0.svc:28080", "alluxio-w-1"], worker_http_port=1234, origin="gs://fleet/mcap/"
+    )
     assert cfg.worker_hosts == ("alluxio-w-0.svc:28080", "alluxio-w-1:1234")
     assert cfg.origin == "gs://fleet/mcap" and cfg.addresses == cfg.worker_hosts
     dns = AlluxioConfig(load_balance_domain="alluxio-workers.svc", origin="s3://b/p")
     assert dns.addresses == ("alluxio-workers.svc:28080",) and dns.worker_hosts == ()
 
 
-@pytest.mark.parametrize("hosts, why", [
-    ("w1:0", "1-65535"), ("w1:65536", "1-65535"), ("w1:http", "1-65535"), ("w1:", "1-65535"),
-    ("w1,,w2", "empty worker address"), ("", "no Alluxio workers"), ("[::1]:28080", "IPv6"),
-    ("fe80::1", "IPv6"), ("http://w1:28080", "not a URL"), ("bad_host!:80", "invalid host name"),
-    ("admin:hunter2@w1:28080", "no user info"),
-])
+@pytest.mark.parametrize(
+    "hosts, why",
+    [
+        ("w1:0", "1-65535"),
+        ("w1:65536", "1-65535"),
+        ("w1:http", "1-65535"),
+        ("w1:", "1-65535"),
+        ("w1,,w2", "empty worker address"),
+        ("", "no Alluxio workers"),
+        ("[::1]:28080", "IPv6"),
+        ("fe80::1", "IPv6"),
+        ("http://w1:28080", "not a URL"),
+        ("bad_host!:80", "invalid host name"),
+        ("admin:hunter2@w1:28080", "no user info"),
+    ],
+)
 def test_malformed_worker_addresses_are_refused_clearly(hosts, why):
     with pytest.raises(AlluxioConfigError, match=why) as e:
         AlluxioConfig(worker_hosts=hosts, origin="gs://b")
@@ -127,11 +141,17 @@ def test_config_needs_one_worker_source_an_origin_and_sane_numbers():
 
 def test_from_env():
     assert AlluxioConfig.from_env({"HOME": "/root", "DYNA_ALLUXIO_WORKER_HOSTS": "  "}) is None
-    cfg = AlluxioConfig.from_env({
-        "DYNA_ALLUXIO_WORKER_HOSTS": "w1:19999,w2", "DYNA_ALLUXIO_WORKER_HTTP_PORT": "28081",
-        "DYNA_ALLUXIO_ORIGIN": "s3://fleet/mcap", "DYNA_S3_ENDPOINT_URL": "http://minio:9000",
-        "DYNA_ALLUXIO_OPTIONS": '{"concurrency": 16, "mcap_enabled": true}',
-        "DYNA_ALLUXIO_REQUEST_TIMEOUT_S": "5", "DYNA_ALLUXIO_RETRY_AFTER_S": "10"})
+    cfg = AlluxioConfig.from_env(
+        {
+            "DYNA_ALLUXIO_WORKER_HOSTS": "w1:19999,w2",
+            "DYNA_ALLUXIO_WORKER_HTTP_PORT": "28081",
+            "DYNA_ALLUXIO_ORIGIN": "s3://fleet/mcap",
+            "DYNA_S3_ENDPOINT_URL": "http://minio:9000",
+            "DYNA_ALLUXIO_OPTIONS": '{"concurrency": 16, "mcap_enabled": true}',
+            "DYNA_ALLUXIO_REQUEST_TIMEOUT_S": "5",
+            "DYNA_ALLUXIO_RETRY_AFTER_S": "10",
+        }
+    )
     assert cfg.worker_hosts == ("w1:19999", "w2:28081") and cfg.worker_http_port == 28081
     assert cfg.origin == "s3://fleet/mcap" and cfg.origin_endpoint_url == "http://minio:9000"
     assert dict(cfg.client_options) == {"concurrency": 16, "mcap_enabled": True}
@@ -140,19 +160,32 @@ def test_from_env():
     assert dns.load_balance_domain == "w.svc"
 
 
-@pytest.mark.parametrize("env, why", [
-    ({"DYNA_ALLUXIO_ETCD_HOSTS": "etcd-0:2379", "DYNA_ALLUXIO_ORIGIN": "gs://b"}, "no etcd discovery"),
-    ({"DYNA_ALLUXIO_WORKERS": "w1:1", "DYNA_ALLUXIO_ORIGIN": "gs://b"}, "unknown variable"),
-    ({"DYNA_ALLUXIO_ORIGIN": "gs://b"}, "names no workers"),
-    ({"DYNA_ALLUXIO_WORKER_HOSTS": "w1:1"}, "DYNA_ALLUXIO_ORIGIN is required"),
-    ({"DYNA_ALLUXIO_WORKER_HOSTS": "w1:99999", "DYNA_ALLUXIO_ORIGIN": "gs://b"}, "WORKER_HOSTS.*1-65535"),
-    ({"DYNA_ALLUXIO_WORKER_HOSTS": "w1:1", "DYNA_ALLUXIO_ORIGIN": "gs://b", "DYNA_ALLUXIO_OPTIONS": "{"},
-     "not valid JSON"),
-    ({"DYNA_ALLUXIO_WORKER_HOSTS": "w1:1", "DYNA_ALLUXIO_ORIGIN": "gs://b", "DYNA_ALLUXIO_OPTIONS": "[1]"},
-     "JSON object"),
-    ({"DYNA_ALLUXIO_WORKER_HOSTS": "w1:1", "DYNA_ALLUXIO_ORIGIN": "gs://b", "DYNA_ALLUXIO_PROBE_TIMEOUT_S": "-1"},
-     "PROBE_TIMEOUT_S"),
-])
+@pytest.mark.parametrize(
+    "env, why",
+    [
+        ({"DYNA_ALLUXIO_ETCD_HOSTS": "etcd-0:2379", "DYNA_ALLUXIO_ORIGIN": "gs://b"}, "no etcd discovery"),
+        ({"DYNA_ALLUXIO_WORKERS": "w1:1", "DYNA_ALLUXIO_ORIGIN": "gs://b"}, "unknown variable"),
+        ({"DYNA_ALLUXIO_ORIGIN": "gs://b"}, "names no workers"),
+        ({"DYNA_ALLUXIO_WORKER_HOSTS": "w1:1"}, "DYNA_ALLUXIO_ORIGIN is required"),
+        ({"DYNA_ALLUXIO_WORKER_HOSTS": "w1:99999", "DYNA_ALLUXIO_ORIGIN": "gs://b"}, "WORKER_HOSTS.*1-65535"),
+        (
+            {"DYNA_ALLUXIO_WORKER_HOSTS": "w1:1", "DYNA_ALLUXIO_ORIGIN": "gs://b", "DYNA_ALLUXIO_OPTIONS": "{"},
+            "not valid JSON",
+        ),
+        (
+            {"DYNA_ALLUXIO_WORKER_HOSTS": "w1:1", "DYNA_ALLUXIO_ORIGIN": "gs://b", "DYNA_ALLUXIO_OPTIONS": "[1]"},
+            "JSON object",
+        ),
+        (
+            {
+                "DYNA_ALLUXIO_WORKER_HOSTS": "w1:1",
+                "DYNA_ALLUXIO_ORIGIN": "gs://b",
+                "DYNA_ALLUXIO_PROBE_TIMEOUT_S": "-1",
+            },
+            "PROBE_TIMEOUT_S",
+        ),
+    ],
+)
 def test_from_env_errors_name_the_variable(env, why):
     with pytest.raises(AlluxioConfigError, match=why):
         AlluxioConfig.from_env(env)
@@ -209,8 +242,10 @@ class FakeClock:
 def test_the_cluster_is_probed_again_only_after_retry_after(origin):
     port = closed_port()
     clock = FakeClock()
-    front = AlluxioFront(AlluxioConfig(worker_hosts=f"127.0.0.1:{port}", origin=str(origin),
-                                       **{**FAST, "retry_after_s": 30.0}), clock=clock)
+    front = AlluxioFront(
+        AlluxioConfig(worker_hosts=f"127.0.0.1:{port}", origin=str(origin), **{**FAST, "retry_after_s": 30.0}),
+        clock=clock,
+    )
     fs = front.filesystem()
     url = f"file://{origin}/episodes/ep-2.mcap"
     assert fs.cat_file(url) == DATA[::-1][:5000]
@@ -287,9 +322,14 @@ def test_load_against_an_unreachable_cluster_names_the_hosts(origin):
     assert isinstance(e.value, StoreUnavailableError)
     assert f"127.0.0.1:{port}" in str(e.value) and e.value.hosts == (f"127.0.0.1:{port}",)
     assert "none of 1 load job" in str(e.value)
-    s3_front = AlluxioFront(AlluxioConfig(worker_hosts=f"127.0.0.1:{port},localhost:{closed_port()}",
-                                          origin="s3://fleet/mcap",
-                                          origin_endpoint_url="http://key:s3cret@127.0.0.1:9", **FAST))
+    s3_front = AlluxioFront(
+        AlluxioConfig(
+            worker_hosts=f"127.0.0.1:{port},localhost:{closed_port()}",
+            origin="s3://fleet/mcap",
+            origin_endpoint_url="http://key:s3cret@127.0.0.1:9",
+            **FAST,
+        )
+    )
     with pytest.raises(AlluxioUnreachableError) as e:
         s3_front.load([("s3://fleet/mcap/ep.mcap", [(0, 10)])])
     assert "s3cret" not in str(e.value) and "localhost:" in str(e.value)
@@ -300,12 +340,21 @@ def test_load_submits_one_job_per_distinct_object_and_waits(origin):
     base = f"file://{origin}/episodes"
     with FakeWorker(refuse={f"{base}/refused.mcap"}, fail={f"{base}/broken.mcap"}) as worker:
         front = front_at(origin, worker.port)
-        plan = [(f"{base}/ep-1.mcap", [(0, 4096), (1 << 20, 2 << 20)]), (f"{base}/ep-2.mcap", [(0, 10)]),
-                f"{base}/ep-1.mcap", (f"{origin}/episodes/ep-2.mcap", [(5, 9)]),
-                (f"{base}/refused.mcap", []), (f"{base}/broken.mcap", [])]
+        plan = [
+            (f"{base}/ep-1.mcap", [(0, 4096), (1 << 20, 2 << 20)]),
+            (f"{base}/ep-2.mcap", [(0, 10)]),
+            f"{base}/ep-1.mcap",
+            (f"{origin}/episodes/ep-2.mcap", [(5, 9)]),
+            (f"{base}/refused.mcap", []),
+            (f"{base}/broken.mcap", []),
+        ]
         report = front.load(plan)
-        assert report.requested == (f"{base}/ep-1.mcap", f"{base}/ep-2.mcap", f"{base}/refused.mcap",
-                                    f"{base}/broken.mcap")
+        assert report.requested == (
+            f"{base}/ep-1.mcap",
+            f"{base}/ep-2.mcap",
+            f"{base}/refused.mcap",
+            f"{base}/broken.mcap",
+        )
         assert [p for op, p in worker.loads if op == "submit"] == list(report.requested)
         assert report.submitted == (f"{base}/ep-1.mcap", f"{base}/ep-2.mcap", f"{base}/broken.mcap")
         assert "success=false" in report.failed[f"{base}/refused.mcap"]
@@ -318,8 +367,12 @@ def test_load_submits_one_job_per_distinct_object_and_waits(origin):
         with pytest.raises(ValueError, match="not under the origin"):
             front.load(["gs://elsewhere/x.mcap"])
         # the shape of prewarm.Plan: .files of items with .url (and .ranges)
-        as_plan = SimpleNamespace(files=[SimpleNamespace(url=f"{base}/ep-2.mcap", ranges=[(0, 9)]),
-                                         SimpleNamespace(url=f"{base}/ep-2.mcap", ranges=[(20, 30)])])
+        as_plan = SimpleNamespace(
+            files=[
+                SimpleNamespace(url=f"{base}/ep-2.mcap", ranges=[(0, 9)]),
+                SimpleNamespace(url=f"{base}/ep-2.mcap", ranges=[(20, 30)]),
+            ]
+        )
         assert front.load(as_plan).submitted == (f"{base}/ep-2.mcap",)
 
 
@@ -389,8 +442,9 @@ class FakeWorker:
                     return self._json({"Host": "127.0.0.1", "HttpServerPort": worker.port})
                 if parsed.path == "/v1/info" and path in (sizes or {}):
                     alluxio_path = "/" + path.rsplit("/", 2)[-2] + "/" + path.rsplit("/", 1)[-1]  # namespace path
-                    return self._json([{"mType": "file", "mPath": alluxio_path, "mUfsPath": path,
-                                        "mLength": sizes[path]}])
+                    return self._json(
+                        [{"mType": "file", "mPath": alluxio_path, "mUfsPath": path, "mLength": sizes[path]}]
+                    )
                 if parsed.path == "/v1/load":
                     worker.loads.append((query.get("opType"), path))
                     if query.get("opType") == "submit":
@@ -422,7 +476,7 @@ class FakeWorker:
                     self.send_response(416)
                     self.end_headers()
                     return
-                body = blob[int(first):int(last) + 1]
+                body = blob[int(first) : int(last) + 1]
                 self.send_response(206)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()

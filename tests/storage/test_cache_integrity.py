@@ -112,9 +112,10 @@ def _format_1_cache(root: Path, keys: list[str], wrong: bytes) -> None:
     for key in keys:
         path = root / "pages" / key
         path.parent.mkdir(parents=True, exist_ok=True)
-        sums = [xxhash.xxh3_64_intdigest(wrong[i:i + BLOCK]) for i in range(0, PAGE, BLOCK)]
-        path.write_bytes(_V1_HEADER.pack(b"DYPG", 1, len(sums), BLOCK, PAGE, now)
-                         + struct.pack(f"<{len(sums)}Q", *sums) + wrong)
+        sums = [xxhash.xxh3_64_intdigest(wrong[i : i + BLOCK]) for i in range(0, PAGE, BLOCK)]
+        path.write_bytes(
+            _V1_HEADER.pack(b"DYPG", 1, len(sums), BLOCK, PAGE, now) + struct.pack(f"<{len(sums)}Q", *sums) + wrong
+        )
         db.execute("INSERT INTO pages VALUES (?, '', ?, ?, ?)", (key, PAGE, now, now))
     db.execute("INSERT INTO usage VALUES ('', ?)", (PAGE * len(keys),))
     db.commit()
@@ -133,8 +134,14 @@ def _read_in_process(root: str, target: str, n: int, barrier, results) -> None:
     barrier.wait()
     with PageCache(config(Path(root)), SlowOrigins()) as cache:
         data = bytes(cache.read(target, 0, n))
-        results.put((data, cache.stats.origin_requests, cache.stats.shared_fills + cache.stats.hit_pages,
-                     cache.stats.corrupt_pages))
+        results.put(
+            (
+                data,
+                cache.stats.origin_requests,
+                cache.stats.shared_fills + cache.stats.hit_pages,
+                cache.stats.corrupt_pages,
+            )
+        )
 
 
 def test_old_format_cache_is_rebuilt_once_by_concurrent_readers_not_misread(tmp_path):
@@ -149,8 +156,9 @@ def test_old_format_cache_is_rebuilt_once_by_concurrent_readers_not_misread(tmp_
 
     ctx = mp.get_context("spawn")
     barrier, results = ctx.Barrier(2), ctx.Queue()
-    procs = [ctx.Process(target=_read_in_process, args=(str(root), target, len(data), barrier, results))
-             for _ in range(2)]
+    procs = [
+        ctx.Process(target=_read_in_process, args=(str(root), target, len(data), barrier, results)) for _ in range(2)
+    ]
     for p in procs:
         p.start()
     got = [results.get(timeout=120) for _ in procs]

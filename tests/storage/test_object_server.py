@@ -34,8 +34,12 @@ def aws_env(monkeypatch):
     """Dummy credentials: the server checks none, botocore wants some."""
     for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
         monkeypatch.delenv(name, raising=False)
-    for name, value in {"AWS_ACCESS_KEY_ID": "dummy", "AWS_SECRET_ACCESS_KEY": "dummy",
-                        "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}.items():
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "dummy",
+        "AWS_SECRET_ACCESS_KEY": "dummy",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }.items():
         monkeypatch.setenv(name, value)
 
 
@@ -80,6 +84,7 @@ def md5_etag(data: bytes) -> str:
 
 # ---- reads --------------------------------------------------------------------------------------
 
+
 def test_random_ranges_round_trip_through_store(root, store):
     put_local(root, "blob.bin", DATA)
     n = len(DATA)
@@ -89,7 +94,7 @@ def test_random_ranges_round_trip_through_store(root, store):
         end = rng.randrange(start + 1, n + 1)
         assert store.cat("blob.bin", start, end) == DATA[start:end], (start, end)
     assert store.cat("blob.bin") == DATA
-    assert store.cat("blob.bin", n - 10, n + 100) == DATA[n - 10:]
+    assert store.cat("blob.bin", n - 10, n + 100) == DATA[n - 10 :]
     with store.open("blob.bin") as f:  # s3fs's file object: HEAD, then ranged GETs with If-Match
         f.seek(5000)
         assert f.read(70000) == DATA[5000:75000]
@@ -102,14 +107,20 @@ def test_raw_ranges_on_one_keep_alive_connection(root, server):
     resp, body = request(conn, "GET", path)
     sock = conn.sock
     assert resp.status == 200 and body == DATA and int(resp.headers["Content-Length"]) == n
-    cases = [("bytes=0-0", 0, 0), ("bytes=100-199", 100, 199), ("bytes=1000-", 1000, n - 1),
-             ("bytes=-500", n - 500, n - 1), ("bytes=-99999999", 0, n - 1), ("bytes=5-99999999", 5, n - 1)]
+    cases = [
+        ("bytes=0-0", 0, 0),
+        ("bytes=100-199", 100, 199),
+        ("bytes=1000-", 1000, n - 1),
+        ("bytes=-500", n - 500, n - 1),
+        ("bytes=-99999999", 0, n - 1),
+        ("bytes=5-99999999", 5, n - 1),
+    ]
     for header, first, last in cases:
         resp, body = request(conn, "GET", path, headers={"Range": header})
         assert resp.status == 206, header
         assert resp.headers["Content-Range"] == f"bytes {first}-{last}/{n}"
         assert int(resp.headers["Content-Length"]) == last - first + 1
-        assert body == DATA[first:last + 1], header
+        assert body == DATA[first : last + 1], header
     resp, body = request(conn, "GET", path, headers={"Range": "bytes=20-10"})  # invalid: ignored, as S3 does
     assert resp.status == 200 and body == DATA
     for header in (f"bytes={n}-", f"bytes={n + 5}-{n + 10}", "bytes=-0"):
@@ -202,10 +213,21 @@ def test_path_traversal_is_refused(tmp_path, root, server):
     (root / "secret.txt").write_bytes(secret)
     (root / BUCKET / "link").symlink_to(tmp_path / "secret.txt")
     (root / BUCKET / "dirlink").symlink_to(tmp_path)
-    attempts = [f"/{BUCKET}/../secret.txt", f"/{BUCKET}/../../secret.txt", f"/{BUCKET}/%2e%2e/%2E%2E/secret.txt",
-                f"/{BUCKET}/data/../../../secret.txt", f"/{BUCKET}/./link", "/../secret.txt", "/..%2Fsecret.txt",
-                f"/{BUCKET}//secret.txt", f"/{BUCKET}/%2Fsecret.txt", f"/{BUCKET}/link",
-                f"/{BUCKET}/dirlink/secret.txt", f"/{BUCKET}/dirlink%2Fsecret.txt", f"/{BUCKET}/a%00b"]
+    attempts = [
+        f"/{BUCKET}/../secret.txt",
+        f"/{BUCKET}/../../secret.txt",
+        f"/{BUCKET}/%2e%2e/%2E%2E/secret.txt",
+        f"/{BUCKET}/data/../../../secret.txt",
+        f"/{BUCKET}/./link",
+        "/../secret.txt",
+        "/..%2Fsecret.txt",
+        f"/{BUCKET}//secret.txt",
+        f"/{BUCKET}/%2Fsecret.txt",
+        f"/{BUCKET}/link",
+        f"/{BUCKET}/dirlink/secret.txt",
+        f"/{BUCKET}/dirlink%2Fsecret.txt",
+        f"/{BUCKET}/a%00b",
+    ]
     conn = connect(server)
     for path in attempts:
         for method in ("GET", "HEAD"):
@@ -225,8 +247,11 @@ def test_path_traversal_is_refused(tmp_path, root, server):
 
     (root / "outside-bucket").symlink_to(tmp_path, target_is_directory=True)
     conn = connect(server)
-    for method, path in [("HEAD", "/outside-bucket"), ("GET", "/outside-bucket?list-type=2"),
-                         ("GET", "/outside-bucket/secret.txt")]:
+    for method, path in [
+        ("HEAD", "/outside-bucket"),
+        ("GET", "/outside-bucket?list-type=2"),
+        ("GET", "/outside-bucket/secret.txt"),
+    ]:
         resp, body = request(conn, method, path)
         assert resp.status == 403 and secret not in body and b"<Contents>" not in body, (method, path)
     conn.close()
@@ -240,6 +265,7 @@ def test_path_traversal_is_refused(tmp_path, root, server):
 
 # ---- listings -----------------------------------------------------------------------------------
 
+
 def test_list_prefix_through_store_and_s3fs(root, store):
     keys = ["a/1.bin", "a/2.bin", "a/sub/3.bin", "ab.bin", "b/4.bin", "sp ace+plus%.bin"]
     for key in keys:
@@ -252,7 +278,8 @@ def test_list_prefix_through_store_and_s3fs(root, store):
     fs = store.filesystem
     fs.invalidate_cache()
     assert fs.ls(f"{BUCKET}/data", detail=False) == [
-        f"{BUCKET}/data/{name}" for name in ("a", "ab.bin", "b", "sp ace+plus%.bin")]
+        f"{BUCKET}/data/{name}" for name in ("a", "ab.bin", "b", "sp ace+plus%.bin")
+    ]
     entries = {e["name"]: e for e in fs.ls(f"{BUCKET}/data/a", detail=True)}
     assert entries[f"{BUCKET}/data/a/sub"]["type"] == "directory"
     assert entries[f"{BUCKET}/data/a/1.bin"]["size"] == len(b"a/1.bin")
@@ -288,11 +315,15 @@ def test_list_pages_with_continuation_tokens(root, server):
     assert pages == 3
     resp, body = request(conn, "GET", f"/{BUCKET}?list-type=2&prefix=data%2Fk%2F&start-after=data%2Fk%2F005.bin")
     assert [e.text for e in ET.fromstring(body).iter(f"{NS}Key")] == [
-        "data/k/006.bin", "data/k/d/x.bin", "data/k/e/y.bin"]
+        "data/k/006.bin",
+        "data/k/d/x.bin",
+        "data/k/e/y.bin",
+    ]
     conn.close()
 
 
 # ---- counters -----------------------------------------------------------------------------------
+
 
 def test_counters_count_exactly_the_body_bytes_of_a_ranged_get(root, server, store):
     put_local(root, "blob.bin", DATA)
@@ -311,6 +342,7 @@ def test_counters_count_exactly_the_body_bytes_of_a_ranged_get(root, server, sto
 
 
 # ---- writes -------------------------------------------------------------------------------------
+
 
 def test_put_then_get_through_store(root, server, store, tmp_path):
     store.put_bytes("up/small.bin", b"hello")
@@ -350,8 +382,13 @@ def test_raw_put_bodies_and_checksum(root, server):
     assert resp.status == 200 and target.read_bytes() == b"abcdefgh"
 
     framed = b"5;chunk-signature=0\r\nhello\r\n0\r\nx-amz-checksum-crc32:AAAAAA==\r\n\r\n"  # aws-chunked
-    resp, _ = request(conn, "PUT", f"/{BUCKET}/raw.bin", body=framed,
-                      headers={"Content-Encoding": "aws-chunked", "x-amz-decoded-content-length": "5"})
+    resp, _ = request(
+        conn,
+        "PUT",
+        f"/{BUCKET}/raw.bin",
+        body=framed,
+        headers={"Content-Encoding": "aws-chunked", "x-amz-decoded-content-length": "5"},
+    )
     assert resp.status == 200 and target.read_bytes() == b"hello"
 
     good = base64.b64encode(zlib.crc32(b"checked").to_bytes(4, "big")).decode()
@@ -372,6 +409,7 @@ def test_multipart_upload_is_refused_clearly(server):
 
 
 # ---- performance model --------------------------------------------------------------------------
+
 
 class FakeClock:
     """A clock that only moves when slept on: sleeps are recorded, none takes time."""

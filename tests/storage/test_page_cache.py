@@ -21,6 +21,7 @@ from dyna_resources.storage.cache_fs import CachedFileSystem
 from dyna_resources.storage.origins import ObjectChangedError, Origins
 from dyna_resources.storage.page_cache import CacheConfig, PageCache
 from dyna_resources.storage.stores import StoreUnavailableError
+from tests.gcs import gcs, gcs_emulator  # noqa: F401  (pytest fixtures, used as parameters)
 
 KiB = 1024
 PAGE = 64 * KiB
@@ -28,8 +29,9 @@ BLOCK = 4 * KiB
 
 
 def small_config(root, **kw) -> CacheConfig:
-    return CacheConfig(root=str(root), page_size=PAGE, block_size=BLOCK, capacity_bytes=kw.pop("capacity", 1 << 30),
-                       **kw)
+    return CacheConfig(
+        root=str(root), page_size=PAGE, block_size=BLOCK, capacity_bytes=kw.pop("capacity", 1 << 30), **kw
+    )
 
 
 def write(path: Path, n: int, seed: int = 0) -> bytes:
@@ -57,11 +59,14 @@ def shared_cache(tmp_path_factory):
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(name=st.sampled_from(["empty", "tiny", "page", "odd", "big"]), a=st.integers(0, 12 * PAGE),
-       n=st.integers(0, 4 * PAGE))
+@given(
+    name=st.sampled_from(["empty", "tiny", "page", "odd", "big"]),
+    a=st.integers(0, 12 * PAGE),
+    n=st.integers(0, 4 * PAGE),
+)
 def test_random_ranges_are_byte_identical_to_the_origin(objects, shared_cache, name, a, n):
     u, data = objects[name]
-    assert bytes(shared_cache.read(u, a, a + n)) == data[a:a + n]
+    assert bytes(shared_cache.read(u, a, a + n)) == data[a : a + n]
     assert sum(shared_cache.usage().values()) <= 6 * PAGE  # the small capacity forces evictions on the way
 
 
@@ -202,8 +207,10 @@ def test_corrupt_page_is_detected_and_refetched(tmp_path, objects):
     u, data = objects["odd"]
     with PageCache(small_config(tmp_path / "c")) as cache:
         cache.read(u, 0, len(data))
-        pages = sorted((p for p in (tmp_path / "c" / "pages").rglob("*") if p.is_file() and p.name.isdigit()),
-                       key=lambda p: int(p.name))
+        pages = sorted(
+            (p for p in (tmp_path / "c" / "pages").rglob("*") if p.is_file() and p.name.isdigit()),
+            key=lambda p: int(p.name),
+        )
         raw = bytearray(pages[2].read_bytes())
         raw[-100] ^= 0xFF  # one flipped bit pattern in the data of page 2
         pages[2].write_bytes(raw)
@@ -239,8 +246,12 @@ def test_two_processes_missing_the_same_pages_fetch_each_once(tmp_path):
     data = write(tmp_path / "o" / "a", 3 * PAGE)
     ctx = mp.get_context("spawn")
     barrier, results = ctx.Barrier(2), ctx.Queue()
-    procs = [ctx.Process(target=_read_in_process, args=(str(tmp_path / "c"), url(tmp_path / "o" / "a"),
-                                                         len(data), barrier, results)) for _ in range(2)]
+    procs = [
+        ctx.Process(
+            target=_read_in_process, args=(str(tmp_path / "c"), url(tmp_path / "o" / "a"), len(data), barrier, results)
+        )
+        for _ in range(2)
+    ]
     for p in procs:
         p.start()
     got = [results.get(timeout=120) for _ in procs]
@@ -275,7 +286,7 @@ def test_changed_object_is_never_served_from_old_pages(tmp_path):
     assert fs.cat_file(url(path), 5, 100) == new[5:100]
     pinned.seek(PAGE)  # a page of the old version that the cache may hold or not
     try:
-        assert pinned.read(10) == old[PAGE:PAGE + 10]
+        assert pinned.read(10) == old[PAGE : PAGE + 10]
     except ObjectChangedError as e:
         assert "changed while reading" in str(e)
 
@@ -296,10 +307,10 @@ def test_deleting_the_cache_dir_mid_read_falls_back_and_rebuilds(tmp_path, objec
     root = tmp_path / "c"
     fs = CachedFileSystem(PageCache(small_config(root)))
     with fs.open(u) as f:
-        assert f.read(3 * PAGE) == data[:3 * PAGE]
+        assert f.read(3 * PAGE) == data[: 3 * PAGE]
         shutil.rmtree(root)
-        assert f.read(3 * PAGE) == data[3 * PAGE:6 * PAGE]
-        assert f.read() == data[6 * PAGE:]
+        assert f.read(3 * PAGE) == data[3 * PAGE : 6 * PAGE]
+        assert f.read() == data[6 * PAGE :]
     assert fs.cache.stats.warnings >= 1
     assert fs.cat_file(u) == data  # the cache came back
     assert (root / "index.sqlite").exists() and fs.cache.page_count() > 0
@@ -390,8 +401,10 @@ def test_origin_down_serves_the_last_known_version_from_the_cache(tmp_path, obje
 
 def test_origin_down_and_nothing_cached_is_an_error_naming_the_store(tmp_path, objects):
     u, _ = objects["odd"]
-    with PageCache(small_config(tmp_path / "c"), DownOrigins()) as cache, \
-            pytest.raises(StoreUnavailableError, match="connection refused"):
+    with (
+        PageCache(small_config(tmp_path / "c"), DownOrigins()) as cache,
+        pytest.raises(StoreUnavailableError, match="connection refused"),
+    ):
         cache.read(u, 0, 10)
 
 
@@ -402,8 +415,9 @@ def test_missing_object_is_file_not_found(tmp_path):
 
 def test_fsspec_url_chaining_and_file_api(tmp_path, objects):
     u, data = objects["odd"]
-    with fsspec.open(f"dynacache::{u}", dynacache={"cache_dir": str(tmp_path / "c"), "page_size": PAGE,
-                                                   "block_size": BLOCK}) as f:
+    with fsspec.open(
+        f"dynacache::{u}", dynacache={"cache_dir": str(tmp_path / "c"), "page_size": PAGE, "block_size": BLOCK}
+    ) as f:
         f.seek(-1000, os.SEEK_END)
         assert f.read() == data[-1000:]
         f.seek(7)
@@ -430,9 +444,6 @@ def test_gcs_generations_key_the_pages(tmp_path, gcs):
     gcs.fs.pipe_file(f"{gcs.bucket}/cache/a.bin", b"B" * (2 * PAGE + 5))
     assert fs.cat_file(u, 3, 9) == b"B" * 6  # the new generation, fetched anew
     assert len(gcs.emulator.media_gets(u)) == 1
-
-
-from tests.gcs import gcs, gcs_emulator  # noqa: F401
 
 
 def _read_in_fork(cache: PageCache, target: str, n: int, results) -> None:

@@ -49,8 +49,9 @@ def segments(uris: list[str]) -> pa.Table:
             rows["start_ns"].append(t)
             rows["end_ns"].append(t + SEGMENT_NS)
             t += STRIDE_NS
-    return pa.table({"uri": pa.array(rows["uri"]).dictionary_encode(), "start_ns": rows["start_ns"],
-                     "end_ns": rows["end_ns"]})
+    return pa.table(
+        {"uri": pa.array(rows["uri"]).dictionary_encode(), "start_ns": rows["start_ns"], "end_ns": rows["end_ns"]}
+    )
 
 
 def read_every_sample(fs: CachedFileSystem, manifest: pa.Table, *, frames: bool = True) -> int:
@@ -129,9 +130,14 @@ def test_plan_of_a_short_window_holds_what_a_read_fetches_and_little_else(tmp_pa
 
 
 def test_missing_file_is_reported_and_the_rest_is_warmed(tmp_path, fleet):
-    manifest = pa.concat_tables([
-        segments(fleet[:1]).cast(pa.schema([("uri", pa.string()), ("start_ns", pa.int64()), ("end_ns", pa.int64())])),
-        pa.table({"uri": [f"file://{tmp_path}/gone.mcap"], "start_ns": [0], "end_ns": [1]})])
+    manifest = pa.concat_tables(
+        [
+            segments(fleet[:1]).cast(
+                pa.schema([("uri", pa.string()), ("start_ns", pa.int64()), ("end_ns", pa.int64())])
+            ),
+            pa.table({"uri": [f"file://{tmp_path}/gone.mcap"], "start_ns": [0], "end_ns": [1]}),
+        ]
+    )
     with cache_at(tmp_path / "c") as cache:
         report = prewarm_manifest(manifest, cache)
         assert list(report.errors) == [f"file://{tmp_path}/gone.mcap"]
@@ -171,10 +177,16 @@ def test_training_streams_are_warmed_only_when_the_run_reads_them(mcap_fleet, tm
         start, end = [r.start_ns], [r.start_ns + 2_000_000_000]
         archive = set(episode_ranges(r, start, end, ReadSet()))
         stream = set(episode_ranges(r, start, end, ReadSet(video_stream="t32")))
-        training_chunks = {(c.chunk_start_offset, c.chunk_start_offset + c.chunk_length)
-                           for cam in r.training_streams["t32"] for c in r.chunks_of(f"/training/t32/camera/{cam}")}
-        camera_chunks = {(c.chunk_start_offset, c.chunk_start_offset + c.chunk_length)
-                         for cam in r.cameras for c in r.chunks_of(f"/camera/{cam}")}
+        training_chunks = {
+            (c.chunk_start_offset, c.chunk_start_offset + c.chunk_length)
+            for cam in r.training_streams["t32"]
+            for c in r.chunks_of(f"/training/t32/camera/{cam}")
+        }
+        camera_chunks = {
+            (c.chunk_start_offset, c.chunk_start_offset + c.chunk_length)
+            for cam in r.cameras
+            for c in r.chunks_of(f"/camera/{cam}")
+        }
         # chunks in the file's tail are warmed anyway: the open reads the last 64 KiB (footer + summary)
         tail = min(f.offset for f in r.open_log.fetches)
         training_chunks = {c for c in training_chunks if c[1] <= tail}

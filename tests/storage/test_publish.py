@@ -116,8 +116,12 @@ def gcs_preconditions(gcs, monkeypatch) -> Conditions:
 
     objects_insert, objects_upload_partial = objects.insert, objects.upload_partial
     objects_delete, objects_rewrite = objects.delete, objects.rewrite
-    swaps = {objects.insert: insert, objects.upload_partial: upload_partial, objects.delete: delete,
-             objects.rewrite: rewrite}
+    swaps = {
+        objects.insert: insert,
+        objects.upload_partial: upload_partial,
+        objects.delete: delete,
+        objects.rewrite: rewrite,
+    }
     for _regex, handlers in server.HANDLERS:
         for method, fn in list(handlers.items()):
             if fn in swaps:
@@ -136,8 +140,9 @@ def leftovers(store: Store) -> list[str]:
     """What a failed publication might leave: local temp files, unfinished S3 multipart uploads."""
     if store.protocol == "file":
         root = store.root.removeprefix("file://")
-        return sorted(os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs
-                      if f.startswith("."))
+        return sorted(
+            os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs if f.startswith(".")
+        )
     if store.protocol == "s3":
         bucket, _, prefix = store.root.split("://", 1)[1].partition("/")
         uploads = store.filesystem.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=prefix)
@@ -168,8 +173,9 @@ class _HookedFile:
 
 def hook_reads_of(monkeypatch, path, hook) -> None:
     """``publish`` reads ``path`` through a file that runs ``hook`` before each read."""
+
     def opener(file, mode="r", *args, **kwargs):
-        f = builtins.open(file, mode, *args, **kwargs)  # noqa: SIM115  (returned: the caller closes it)
+        f = builtins.open(file, mode, *args, **kwargs)
         return _HookedFile(f, hook) if os.fspath(file) == os.fspath(path) and "r" in mode else f
 
     monkeypatch.setattr(publish_mod, "open", opener, raising=False)
@@ -211,8 +217,7 @@ def test_publish_with_the_version_read_replaces_it_and_a_stale_version_is_refuse
 
 
 @pytest.mark.parametrize("data", [DATA, BIG], ids=["single", "multipart"])
-def test_a_writer_that_gets_there_during_the_upload_wins_and_nothing_else_appears(store, tmp_path, monkeypatch,
-                                                                                  data):
+def test_a_writer_that_gets_there_during_the_upload_wins_and_nothing_else_appears(store, tmp_path, monkeypatch, data):
     """The object appears after the up-front check and before the final request: the store refuses it."""
     src = write(tmp_path, data)
     hook_reads_of(monkeypatch, src, lambda n: n == 0 and store.put_bytes("ep.mcap", b"the other writer's"))
@@ -225,8 +230,12 @@ def test_a_writer_that_gets_there_during_the_upload_wins_and_nothing_else_appear
 @pytest.mark.parametrize("data", [DATA, BIG], ids=["single", "multipart"])
 def test_a_rewrite_during_the_upload_fails_the_version_condition(store, tmp_path, monkeypatch, data, request):
     if store.protocol == "s3" and data is BIG:
-        request.applymarker(pytest.mark.xfail(strict=True, reason="moto 5.2.5 ignores If-Match on "
-                                              "CompleteMultipartUpload (real S3 refuses it with 412)"))
+        request.applymarker(
+            pytest.mark.xfail(
+                strict=True,
+                reason="moto 5.2.5 ignores If-Match on CompleteMultipartUpload (real S3 refuses it with 412)",
+            )
+        )
     first = publish_file(store, write(tmp_path, b"v1"), "ep.mcap")
     src = write(tmp_path, data)
     hook_reads_of(monkeypatch, src, lambda n: n == 0 and store.put_bytes("ep.mcap", b"rewritten meanwhile"))
@@ -281,8 +290,10 @@ def test_unsafe_keys_and_unreachable_stores(tmp_path, request, monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "sekrit-do-not-print")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
-    stores = [Store.from_url("gs://bucket/prefix", fs=request.getfixturevalue("gcs_unreachable")),
-              Store.from_url("s3://bucket/prefix", endpoint_url=request.getfixturevalue("s3_unreachable_endpoint"))]
+    stores = [
+        Store.from_url("gs://bucket/prefix", fs=request.getfixturevalue("gcs_unreachable")),
+        Store.from_url("s3://bucket/prefix", endpoint_url=request.getfixturevalue("s3_unreachable_endpoint")),
+    ]
     for store in stores:
         for expect in (None, "absent"):
             with pytest.raises(StoreUnavailableError) as err:
@@ -338,7 +349,8 @@ def _rewrite_with_another_client(store: Store) -> None:
 
     from tests.s3 import KEY, REGION, SECRET
 
-    client = boto3.client("s3", endpoint_url=store.endpoint_url, aws_access_key_id=KEY, aws_secret_access_key=SECRET,
-                          region_name=REGION)
+    client = boto3.client(
+        "s3", endpoint_url=store.endpoint_url, aws_access_key_id=KEY, aws_secret_access_key=SECRET, region_name=REGION
+    )
     bucket, _, prefix = store.root.split("://", 1)[1].partition("/")
     client.put_object(Bucket=bucket, Key=f"{prefix}/ep.mcap", Body=b"a newer upload")

@@ -11,6 +11,7 @@ from dyna_resources.storage.origins import Origins, Route
 from dyna_resources.storage.page_cache import CacheConfig, PageCache
 from dyna_resources.storage.replicate import replicate
 from dyna_resources.storage.stores import Store
+from tests.s3 import s3, s3_server  # noqa: F401  (pytest fixtures, used as parameters)
 
 PAGE = 64 * 1024
 
@@ -39,7 +40,7 @@ def test_copies_only_what_is_missing_and_verifies(primary, s3):
     assert (len(first.copied), first.skipped, first.failed) == (3, [], {})
     assert first.bytes_copied == sum(len(b) for b in files.values())
     for url, data in files.items():
-        key = url[len(prefix) + 1:]
+        key = url[len(prefix) + 1 :]
         assert replica.cat(key) == data
         assert s3.fs.metadata(replica._path(key))["dyna-sha256"]
     again = replicate(files, prefix, replica)
@@ -49,7 +50,7 @@ def test_copies_only_what_is_missing_and_verifies(primary, s3):
         f.write(b"rewritten")
     third = replicate(files, prefix, replica)
     assert third.copied == [changed] and len(third.skipped) == 2
-    assert replica.cat(changed[len(prefix) + 1:]) == b"rewritten"
+    assert replica.cat(changed[len(prefix) + 1 :]) == b"rewritten"
 
 
 def test_missing_and_foreign_objects_are_reported_the_rest_copied(primary, s3, tmp_path):
@@ -93,6 +94,3 @@ def test_local_replica_records_the_version_in_xattrs(primary, tmp_path):
     for url in files:
         assert routed.info(url).version == Origins().info(url).version
     assert replicate(files, prefix, replica).skipped == list(files)
-
-
-from tests.s3 import s3, s3_server  # noqa: F401

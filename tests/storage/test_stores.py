@@ -59,8 +59,19 @@ def test_round_trip_put_cat_open(store, tmp_path):
 def test_ranged_reads_equal_slices(store):
     store.put_bytes("blob", DATA)
     n = len(DATA)
-    for start, end in [(0, 1), (0, 4096), (1, 2), (4095, 4097), (1000, 9000), (n - 4, n), (n - 1, None),
-                       (5000, None), (None, 10), (0, n), (n - 100, n + 50)]:
+    for start, end in [
+        (0, 1),
+        (0, 4096),
+        (1, 2),
+        (4095, 4097),
+        (1000, 9000),
+        (n - 4, n),
+        (n - 1, None),
+        (5000, None),
+        (None, 10),
+        (0, n),
+        (n - 100, n + 50),
+    ]:
         expected = DATA[start:end]
         assert store.cat("blob", start, end) == expected, (start, end)
 
@@ -112,8 +123,21 @@ def test_delete_never_expands_globs(store):
     assert store.ls("g") == ["g/a1", "g/a2"]
 
 
-BAD_KEYS = ["../outside", "a/../../outside", "..", "/abs/key", "a//b", "a/", "", "a\\..\\b", "a\0b", "./a",
-            "a/./b", "x?versionId=1", "x#1"]
+BAD_KEYS = [
+    "../outside",
+    "a/../../outside",
+    "..",
+    "/abs/key",
+    "a//b",
+    "a/",
+    "",
+    "a\\..\\b",
+    "a\0b",
+    "./a",
+    "a/./b",
+    "x?versionId=1",
+    "x#1",
+]
 
 
 @pytest.mark.parametrize("key", BAD_KEYS)
@@ -121,9 +145,16 @@ def test_unsafe_keys_are_rejected(store, key):
     with pytest.raises(StoreKeyError) as err:
         check_key(key)
     assert err.value.key == key and err.value.reason
-    for call in (lambda: store.url(key), lambda: store.cat(key), lambda: store.open(key, "rb"),
-                 lambda: store.open(key, "wb"), lambda: store.put_bytes(key, b"x"), lambda: store.exists(key),
-                 lambda: store.info(key), lambda: store.delete(key)):
+    for call in (
+        lambda: store.url(key),
+        lambda: store.cat(key),
+        lambda: store.open(key, "rb"),
+        lambda: store.open(key, "wb"),
+        lambda: store.put_bytes(key, b"x"),
+        lambda: store.exists(key),
+        lambda: store.info(key),
+        lambda: store.delete(key),
+    ):
         with pytest.raises(StoreKeyError):
             call()
 
@@ -206,8 +237,13 @@ def test_unreachable_store_is_unavailable(backend, request, monkeypatch):
         monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
         monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # botocore's own retries; read from the environment
         store = Store.from_url("s3://bucket/prefix", endpoint_url=endpoint)
-    for call in (lambda: store.cat("k"), lambda: store.info("k"), lambda: store.exists("k"), lambda: store.ls(),
-                 lambda: store.put_bytes("k", b"x")):
+    for call in (
+        lambda: store.cat("k"),
+        lambda: store.info("k"),
+        lambda: store.exists("k"),
+        lambda: store.ls(),
+        lambda: store.put_bytes("k", b"x"),
+    ):
         with pytest.raises(StoreUnavailableError) as err:
             call()
         assert err.value.url.startswith(f"{backend}://bucket/prefix")
@@ -230,7 +266,9 @@ def test_credentials_in_an_endpoint_url_stay_out_of_errors(s3_unreachable_endpoi
 
 def test_redact():
     assert redact("http://user:pw@host:1/x?a=1&X-Amz-Signature=abc") == "http://***@host:1/x?a=1&X-Amz-Signature=***"
-    assert redact('Could not connect to "https://k:s@h/b?token=t"') == 'Could not connect to "https://***@h/b?token=***"'
+    assert (
+        redact('Could not connect to "https://k:s@h/b?token=t"') == 'Could not connect to "https://***@h/b?token=***"'
+    )
 
 
 def test_s3_open_reads_the_rewritten_object_not_a_cached_version(s3):
@@ -242,8 +280,12 @@ def test_s3_open_reads_the_rewritten_object_not_a_cached_version(s3):
     store = Store.from_url(f"s3://{s3.bucket}/reopen", fs=s3.fs)
     store.put_bytes("obj", b"first version")
     store.ls()  # fills this filesystem's listing cache with the first version's size and ETag
-    writer = s3fs.S3FileSystem(key=KEY, secret=SECRET, skip_instance_cache=True,  # another process, in effect
-                               client_kwargs={"endpoint_url": s3.endpoint, "region_name": REGION})
+    writer = s3fs.S3FileSystem(
+        key=KEY,
+        secret=SECRET,
+        skip_instance_cache=True,  # another process, in effect
+        client_kwargs={"endpoint_url": s3.endpoint, "region_name": REGION},
+    )
     writer.pipe_file(f"{s3.bucket}/reopen/obj", b"second, longer version")
     with store.open("obj") as f:
         assert f.read() == b"second, longer version"
@@ -297,24 +339,29 @@ def hung_endpoint():
 
 
 @pytest.mark.parametrize("attempts", [None, "1"])
-def test_hung_s3_origin_fails_after_bounded_attempts_naming_the_store(hung_endpoint, monkeypatch, tmp_path,
-                                                                       attempts):
+def test_hung_s3_origin_fails_after_bounded_attempts_naming_the_store(hung_endpoint, monkeypatch, tmp_path, attempts):
     """Through the page cache, as training reads: each request times out (read timeout from the
     environment) and is tried 3 times in all (or AWS_MAX_ATTEMPTS), not s3fs' 5 x botocore's 5."""
     from dyna_resources.storage.origins import Origins
     from dyna_resources.storage.page_cache import CacheConfig, PageCache
 
-    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
-                        ("AWS_DEFAULT_REGION", "us-east-1"), ("DYNA_S3_ENDPOINT_URL", hung_endpoint.url),
-                        ("DYNA_S3_READ_TIMEOUT_S", "0.3")):
+    for name, value in (
+        ("AWS_ACCESS_KEY_ID", "testing"),
+        ("AWS_SECRET_ACCESS_KEY", "testing"),
+        ("AWS_DEFAULT_REGION", "us-east-1"),
+        ("DYNA_S3_ENDPOINT_URL", hung_endpoint.url),
+        ("DYNA_S3_READ_TIMEOUT_S", "0.3"),
+    ):
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("AWS_RETRY_MODE", raising=False)
     if attempts is None:
         monkeypatch.delenv("AWS_MAX_ATTEMPTS", raising=False)
     else:
         monkeypatch.setenv("AWS_MAX_ATTEMPTS", attempts)
-    with PageCache(CacheConfig(root=str(tmp_path / "c")), Origins.from_env()) as cache, \
-            pytest.raises(StoreUnavailableError) as err:
+    with (
+        PageCache(CacheConfig(root=str(tmp_path / "c")), Origins.from_env()) as cache,
+        pytest.raises(StoreUnavailableError) as err,
+    ):
         cache.info("s3://fleet/mcap/ep.mcap")
     assert err.value.url == "s3://fleet/mcap/ep.mcap"
     assert "timeout" in err.value.reason.lower()
@@ -329,27 +376,34 @@ def test_s3_limits_from_the_environment(monkeypatch):
 
     for name in ("DYNA_S3_CONNECT_TIMEOUT_S", "DYNA_S3_READ_TIMEOUT_S", "AWS_MAX_ATTEMPTS", "AWS_RETRY_MODE"):
         monkeypatch.delenv(name, raising=False)
-    assert S3Limits.from_env() == S3Limits(connect_timeout_s=3.0, read_timeout_s=10.0, max_attempts=3,
-                                           retry_mode="standard")
+    assert S3Limits.from_env() == S3Limits(
+        connect_timeout_s=3.0, read_timeout_s=10.0, max_attempts=3, retry_mode="standard"
+    )
     monkeypatch.setenv("DYNA_S3_CONNECT_TIMEOUT_S", "1.5")
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "5")
     monkeypatch.setenv("AWS_RETRY_MODE", "adaptive")
-    assert S3Limits.from_env() == S3Limits(connect_timeout_s=1.5, read_timeout_s=10.0, max_attempts=5,
-                                           retry_mode="adaptive")
+    assert S3Limits.from_env() == S3Limits(
+        connect_timeout_s=1.5, read_timeout_s=10.0, max_attempts=5, retry_mode="adaptive"
+    )
     monkeypatch.setenv("DYNA_S3_READ_TIMEOUT_S", "soon")
     with pytest.raises(ValueError, match="S3 request limits"):
         S3Limits.from_env()
 
 
 def test_refused_s3_origin_error_names_the_store_and_the_limits(s3_unreachable_endpoint, monkeypatch):
-    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
-                        ("AWS_DEFAULT_REGION", "us-east-1")):
+    for name, value in (
+        ("AWS_ACCESS_KEY_ID", "testing"),
+        ("AWS_SECRET_ACCESS_KEY", "testing"),
+        ("AWS_DEFAULT_REGION", "us-east-1"),
+    ):
         monkeypatch.setenv(name, value)
     for name in ("AWS_MAX_ATTEMPTS", "AWS_RETRY_MODE", "DYNA_S3_CONNECT_TIMEOUT_S", "DYNA_S3_READ_TIMEOUT_S"):
         monkeypatch.delenv(name, raising=False)
     store = Store.from_url("s3://bucket/prefix", endpoint_url=s3_unreachable_endpoint)
     with pytest.raises(StoreUnavailableError) as err:
         store.info("k")
-    assert str(err.value) == (f'store s3://bucket/prefix/k is unavailable: EndpointConnectionError: Could not '
-                              f'connect to the endpoint URL: "{s3_unreachable_endpoint}/bucket/prefix/k" '
-                              f'(gave up after 3 attempt(s), 3 s connect and 10 s read timeout each)')
+    assert str(err.value) == (
+        f"store s3://bucket/prefix/k is unavailable: EndpointConnectionError: Could not "
+        f'connect to the endpoint URL: "{s3_unreachable_endpoint}/bucket/prefix/k" '
+        f"(gave up after 3 attempt(s), 3 s connect and 10 s read timeout each)"
+    )

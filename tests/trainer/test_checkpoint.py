@@ -46,7 +46,7 @@ class Loader:
     def next(self):
         i = self.pos % 16
         self.pos += 1
-        return self.x[4 * i:4 * i + 4], self.y[4 * i:4 * i + 4]
+        return self.x[4 * i : 4 * i + 4], self.y[4 * i : 4 * i + 4]
 
     def state_dict(self):
         return {"pos": self.pos}
@@ -171,9 +171,13 @@ _KILLED_CHILD = textwrap.dedent("""
 
 
 def test_save_killed_mid_write_is_ignored(tmp_path):
-    child = subprocess.Popen([sys.executable, "-c", _KILLED_CHILD, str(tmp_path)], cwd=REPO,
-                             stdout=subprocess.PIPE, text=True,
-                             env={**os.environ, "PYTHONPATH": str(REPO)})
+    child = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_CHILD, str(tmp_path)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     try:
         assert select.select([child.stdout], [], [], 60)[0], "the child never reached the slow write"
         assert child.stdout.readline().strip() == "WRITING"
@@ -228,8 +232,10 @@ def test_upload_to_s3_and_restore_into_an_empty_local_dir(s3, monkeypatch, tmp_p
         mgr.save(1, tensor_state(1.0), extra={"manifest": "m1"})
         mgr.save(2, tensor_state(2.0), extra={"manifest": "m2"})
     keys = sorted(k.split(f"{prefix}/", 1)[1] for k in s3.fs.find(f"{s3.bucket}/{prefix}"))
-    assert keys == ["latest.json", *(f"{step_dir(s)}/{n}" for s in (1, 2)
-                                     for n in (".metadata", MARKER, "__0_0.distcp"))]
+    assert keys == [
+        "latest.json",
+        *(f"{step_dir(s)}/{n}" for s in (1, 2) for n in (".metadata", MARKER, "__0_0.distcp")),
+    ]
 
     shutil.rmtree(local)
     mgr = CheckpointManager(local, store_url=url, endpoint_url=s3.endpoint)
@@ -310,9 +316,17 @@ def _two_rank_worker(rank: int, world: int, port: int, root: str) -> None:
         info = mgr.latest()
         mgr.load(info, app_state(model, opt, loader))
         downloaded = [train_step(model, opt, loader) for _ in range(3)]
-        Path(root, f"rank{rank}.json").write_text(json.dumps(
-            {"step": info.step, "files": sorted(info.files), "after": after, "resumed": resumed,
-             "downloaded": downloaded}))
+        Path(root, f"rank{rank}.json").write_text(
+            json.dumps(
+                {
+                    "step": info.step,
+                    "files": sorted(info.files),
+                    "after": after,
+                    "resumed": resumed,
+                    "downloaded": downloaded,
+                }
+            )
+        )
         mgr.close()
     finally:
         dist.destroy_process_group()
@@ -322,8 +336,9 @@ def test_two_gloo_ranks_save_shards_and_resume_equal(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    torch.multiprocessing.start_processes(_two_rank_worker, args=(2, port, str(tmp_path)), nprocs=2,
-                                          start_method="spawn")
+    torch.multiprocessing.start_processes(
+        _two_rank_worker, args=(2, port, str(tmp_path)), nprocs=2, start_method="spawn"
+    )
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     for r in results:
         assert r["step"] == 3 and r["resumed"] == r["after"] == r["downloaded"]

@@ -27,8 +27,10 @@ from trainer.model import ModelConfig
 from trainer.train import TrainConfig, run
 
 REPO = Path(__file__).resolve().parents[2]
-SMALL = {"model": ModelConfig(image_size=(32, 32), channels=(8, 16), latent=16, width=64, depth=1),
-         "sample": SampleSpec(image_size=(32, 32))}
+SMALL = {
+    "model": ModelConfig(image_size=(32, 32), channels=(8, 16), latent=16, width=64, depth=1),
+    "sample": SampleSpec(image_size=(32, 32)),
+}
 SHARD = "__0_0.distcp"
 
 
@@ -51,8 +53,16 @@ def finished_run(tmp_path_factory, mcap_fleet) -> TrainConfig:
     _, manifest = mcap_fleet
     root = tmp_path_factory.mktemp("integrity")
     arrow = write_manifest(manifest, root / "manifests", "integrity").arrow
-    cfg = TrainConfig(manifest=arrow, run_dir=str(root / "run"), steps=8, batch_size=2, workers=0,
-                      checkpoint_every=4, log_every=4, **SMALL)
+    cfg = TrainConfig(
+        manifest=arrow,
+        run_dir=str(root / "run"),
+        steps=8,
+        batch_size=2,
+        workers=0,
+        checkpoint_every=4,
+        log_every=4,
+        **SMALL,
+    )
     assert [c["step"] for c in run(cfg)["checkpoints"]] == [4, 8]
     return cfg
 
@@ -99,9 +109,15 @@ def test_every_checkpoint_damaged_fails_the_run_naming_the_shards(trained, tmp_p
     before = (Path(trained.run_dir) / "metrics.jsonl").read_text()
     config = tmp_path / "resume.json"
     config.write_text(replace(trained, steps=10).to_json())
-    proc = subprocess.run([sys.executable, "-m", "trainer.train", "--config", str(config)], cwd=REPO,
-                          capture_output=True, text=True, timeout=300, check=False,
-                          env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer.train", "--config", str(config)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
+    )
     assert proc.returncode != 0
     assert "CheckpointError: no intact checkpoint to resume from in " in proc.stderr
     for step in (8, 4):
@@ -132,11 +148,14 @@ def test_manager_rehashes_on_every_resume(tmp_path):
         mgr.save(1, {"w": torch.ones(1000)})
     assert CheckpointManager(tmp_path).latest().step == 1  # verified once, stamped
     flip_byte_keeping_metadata(tmp_path / step_dir(1) / SHARD)
-    with pytest.warns(UserWarning, match=rf"{step_dir(1)}.*{SHARD}"), \
-            pytest.raises(NoIntactCheckpointError) as err:
+    with pytest.warns(UserWarning, match=rf"{step_dir(1)}.*{SHARD}"), pytest.raises(NoIntactCheckpointError) as err:
         CheckpointManager(tmp_path).latest()
-    assert err.value.skipped == [(f"{step_dir(1)} (rank 0): {tmp_path / step_dir(1)}: files missing or not "
-                                  f"matching {MARKER} (size/sha256): {SHARD}")]
+    assert err.value.skipped == [
+        (
+            f"{step_dir(1)} (rank 0): {tmp_path / step_dir(1)}: files missing or not "
+            f"matching {MARKER} (size/sha256): {SHARD}"
+        )
+    ]
     assert CheckpointManager(tmp_path / "empty").latest() is None  # nothing there: a fresh start
 
 

@@ -18,8 +18,13 @@ SPEC = SampleSpec(image_size=(32, 32))
 
 
 def loader(ds, workers):
-    return DataLoader(ds, batch_size=None, num_workers=workers, worker_init_fn=worker_init_threads if workers else None,
-                      multiprocessing_context="fork" if workers else None)
+    return DataLoader(
+        ds,
+        batch_size=None,
+        num_workers=workers,
+        worker_init_fn=worker_init_threads if workers else None,
+        multiprocessing_context="fork" if workers else None,
+    )
 
 
 def rows_of(batches):
@@ -50,7 +55,7 @@ def test_order_is_deterministic_per_epoch_and_worker_count_does_not_change_it(mc
 
 def test_resume_mid_epoch_continues_the_exact_sequence(mcap_fleet):
     _, manifest = mcap_fleet
-    make = lambda: ManifestDataset(manifest, SPEC, batch_size=2, seed=3, block=4, shuffle_buffer=4)  # noqa: E731
+    make = lambda: ManifestDataset(manifest, SPEC, batch_size=2, seed=3, block=4, shuffle_buffer=4)
     full = list(loader(make(), 2))
     ds = make()
     it = iter(loader(ds, 2))
@@ -128,7 +133,7 @@ def test_bad_manifest_is_refused():
 
 def test_persistent_workers_follow_the_epochs(mcap_fleet):
     _, manifest = mcap_fleet
-    make = lambda: ManifestDataset(manifest, SPEC, batch_size=3, seed=2, block=4, shuffle_buffer=4)  # noqa: E731
+    make = lambda: ManifestDataset(manifest, SPEC, batch_size=3, seed=2, block=4, shuffle_buffer=4)
     reference = make()
     expected = []
     for epoch in range(3):
@@ -145,7 +150,7 @@ def test_persistent_workers_follow_the_epochs(mcap_fleet):
 
 def test_continuous_stream_runs_through_the_epochs_in_order(mcap_fleet):
     _, manifest = mcap_fleet
-    make = lambda **kw: ManifestDataset(manifest, SPEC, batch_size=3, seed=4, block=4, shuffle_buffer=4, **kw)  # noqa: E731
+    make = lambda **kw: ManifestDataset(manifest, SPEC, batch_size=3, seed=4, block=4, shuffle_buffer=4, **kw)
     reference = make()
     expected = []
     for epoch in range(2):
@@ -164,8 +169,13 @@ def test_epoch_order_keeps_blocks_of_one_episode_and_moves_rows_a_bounded_distan
 
     n, per_episode, block, buffer = 10_007, 50, 16, 32
     uris = pa.array([f"file:///ep-{e:05d}.mcap" for e in np.arange(n) // per_episode][::-1])  # not in manifest order
-    manifest = pa.table({"uri": uris.dictionary_encode() if dictionary else uris,
-                         "start_ns": np.arange(n, dtype=np.int64), "end_ns": np.arange(n, dtype=np.int64) + 1})
+    manifest = pa.table(
+        {
+            "uri": uris.dictionary_encode() if dictionary else uris,
+            "start_ns": np.arange(n, dtype=np.int64),
+            "end_ns": np.arange(n, dtype=np.int64) + 1,
+        }
+    )
     ds = ManifestDataset(manifest, SPEC, batch_size=8, seed=3, block=block, shuffle_buffer=buffer)
     order = ds.order(0)
     assert sorted(order.tolist()) == list(range(n)) and order.tolist() == ds.order(0).tolist()

@@ -21,10 +21,17 @@ from trainer.model import ModelConfig, WorldActionModel
 from trainer.release import SAFETENSORS, export_weights, load_weights, publish
 from trainer.train import TrainConfig, run
 
-SMALL = {"model": ModelConfig(image_size=(32, 32), channels=(8, 16), latent=16, width=64, depth=1),
-         "sample": SampleSpec(image_size=(32, 32))}
-LINEAGE = {"curation_spec": "eval-t", "manifest_sha256": "", "schema_version": "s1", "pipeline_version": "p1",
-           "code_commit": "c0ffee"}
+SMALL = {
+    "model": ModelConfig(image_size=(32, 32), channels=(8, 16), latent=16, width=64, depth=1),
+    "sample": SampleSpec(image_size=(32, 32)),
+}
+LINEAGE = {
+    "curation_spec": "eval-t",
+    "manifest_sha256": "",
+    "schema_version": "s1",
+    "pipeline_version": "p1",
+    "code_commit": "c0ffee",
+}
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +41,16 @@ def trained(tmp_path_factory, mcap_fleet):
     arrow = write_manifest(manifest, tmp / "manifests", "eval-t").arrow
     sha = local_copy(arrow, tmp / "cache").stem
     lineage = {**LINEAGE, "manifest": arrow, "manifest_sha256": sha}
-    cfg = TrainConfig(manifest=arrow, run_dir=str(tmp / "run"), steps=16, batch_size=4, workers=0, checkpoint_every=8,
-                      lineage=lineage, **SMALL)
+    cfg = TrainConfig(
+        manifest=arrow,
+        run_dir=str(tmp / "run"),
+        steps=16,
+        batch_size=4,
+        workers=0,
+        checkpoint_every=8,
+        lineage=lineage,
+        **SMALL,
+    )
     (tmp / "run").mkdir()
     (tmp / "run" / "config.json").write_text(cfg.to_json())  # as TrainerResource.prepare writes it
     run(cfg)

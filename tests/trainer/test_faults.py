@@ -23,8 +23,10 @@ from trainer.model import ModelConfig
 from trainer.train import TrainConfig
 
 REPO = Path(__file__).resolve().parents[2]
-SMALL = dict(model=ModelConfig(image_size=(32, 32), channels=(8, 16), latent=16, width=64, depth=1),
-             sample=SampleSpec(image_size=(32, 32)))
+SMALL = dict(
+    model=ModelConfig(image_size=(32, 32), channels=(8, 16), latent=16, width=64, depth=1),
+    sample=SampleSpec(image_size=(32, 32)),
+)
 
 
 def _field_names(cls) -> set[str]:
@@ -58,10 +60,15 @@ def test_the_fault_variable_is_parsed_or_refused_naming_it():
     assert Fault.from_env({}) is None and Fault.from_env({ENV: " "}) is None
     assert Fault.from_env({ENV: '{"step": 7, "rank": 1, "attempt": 0}'}) == Fault(step=7, rank=1, attempt=0)
     assert Fault.from_env({ENV: '{"step": 3, "wait": false}'}) == Fault(step=3, wait=False)
-    for bad, why in [("step=7", "not JSON"), ("[7]", "expected an object"), ('{"rank": 1}', "the step .* is required"),
-                     ('{"step": 7, "rnak": 1}', "unknown key.*rnak"), ('{"step": "7"}', "step must be an integer"),
-                     ('{"step": 7, "rank": -1}', "rank must be an integer"),
-                     ('{"step": 7, "wait": "no"}', "wait must be true or false")]:
+    for bad, why in [
+        ("step=7", "not JSON"),
+        ("[7]", "expected an object"),
+        ('{"rank": 1}', "the step .* is required"),
+        ('{"step": 7, "rnak": 1}', "unknown key.*rnak"),
+        ('{"step": "7"}', "step must be an integer"),
+        ('{"step": 7, "rank": -1}', "rank must be an integer"),
+        ('{"step": 7, "wait": "no"}', "wait must be true or false"),
+    ]:
         with pytest.raises(FaultSpecError, match=f"{ENV}: {why}"):
             Fault.from_env({ENV: bad})
 
@@ -72,16 +79,23 @@ def _train(cfg: TrainConfig, path: Path, fault: dict | None) -> subprocess.Compl
     env |= {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     if fault is not None:
         env[ENV] = json.dumps(fault)
-    return subprocess.run([sys.executable, "-m", "trainer.train", "--config", str(path)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "trainer.train", "--config", str(path)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_the_environment_hook_kills_the_trainer_at_the_named_step_and_a_clean_launch_resumes(tmp_path, mcap_fleet):
     _, manifest = mcap_fleet
     arrow = write_manifest(manifest, tmp_path / "manifests", "fault-test").arrow
     run_dir = tmp_path / "run"
-    cfg = TrainConfig(manifest=arrow, run_dir=str(run_dir), steps=8, batch_size=2, workers=0, checkpoint_every=3,
-                      log_every=1, **SMALL)
+    cfg = TrainConfig(
+        manifest=arrow, run_dir=str(run_dir), steps=8, batch_size=2, workers=0, checkpoint_every=3, log_every=1, **SMALL
+    )
 
     killed = _train(cfg, tmp_path / "run.json", fault={"step": 6})
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]

@@ -25,8 +25,13 @@ DENSE = SampleSpec(image_size=(32, 32), anchors="every", anchor_every_s=0.1)
 
 
 def loader(ds, workers):
-    return DataLoader(ds, batch_size=None, num_workers=workers, worker_init_fn=worker_init_threads if workers else None,
-                      multiprocessing_context="fork" if workers else None)
+    return DataLoader(
+        ds,
+        batch_size=None,
+        num_workers=workers,
+        worker_init_fn=worker_init_threads if workers else None,
+        multiprocessing_context="fork" if workers else None,
+    )
 
 
 def keys(batches) -> list[list[tuple[int, int]]]:
@@ -67,7 +72,7 @@ def test_dense_anchors_fill_each_segment_and_ranks_get_equal_counts(mcap_fleet):
 
 def test_resume_mid_epoch_continues_the_exact_sequence_under_another_worker_count(mcap_fleet):
     _, manifest = mcap_fleet
-    make = lambda: GopDataset(manifest, DENSE, batch_size=4, seed=3, lanes=4, unit_s=1.0)  # noqa: E731
+    make = lambda: GopDataset(manifest, DENSE, batch_size=4, seed=3, lanes=4, unit_s=1.0)
     whole = keys(loader(make(), 0))
     assert keys(loader(make(), 2)) == whole  # the worker count does not change the sequence
     ds = make()
@@ -79,13 +84,13 @@ def test_resume_mid_epoch_continues_the_exact_sequence_under_another_worker_coun
 
 def test_position_rolls_over_and_a_continuous_stream_crosses_epochs(mcap_fleet):
     _, manifest = mcap_fleet
-    make = lambda **kw: GopDataset(manifest, SPARSE, batch_size=2, seed=4, lanes=2, **kw)  # noqa: E731
+    make = lambda **kw: GopDataset(manifest, SPARSE, batch_size=2, seed=4, lanes=2, **kw)
     ref = make()
     expected = []
     for epoch in range(2):
         ref.position.epoch = epoch
         expected += keys(loader(ref, 0))
-    assert expected[:ref.batches_per_epoch] != expected[ref.batches_per_epoch:]  # a new order each epoch
+    assert expected[: ref.batches_per_epoch] != expected[ref.batches_per_epoch :]  # a new order each epoch
     ds = make(continuous=True)
     ds.advance(3)
     it = iter(loader(ds, 2))
@@ -149,8 +154,9 @@ def test_decodes_per_delivered_frame_are_counted_and_dense_units_decode_each_fra
 
 def test_clip_samples_return_the_requested_timestamps(mcap_fleet):
     paths, manifest = mcap_fleet
-    spec = SampleSpec(image_size=(16, 16), anchors="every", anchor_every_s=0.5, clip_frames=8, clip_hz=10.0,
-                      future_frame_s=0.3)
+    spec = SampleSpec(
+        image_size=(16, 16), anchors="every", anchor_every_s=0.5, clip_frames=8, clip_hz=10.0, future_frame_s=0.3
+    )
     ds = GopDataset(manifest, spec, batch_size=2, lanes=1, unit_s=1.0)
     batch = next(iter(loader(ds, 0)))
     assert tuple(batch["frames"].shape) == (2, 3, 8, 3, 16, 16)
@@ -183,20 +189,28 @@ def test_a_damaged_gop_fails_only_its_own_samples_naming_episode_camera_and_time
     for m in msgs:
         at, n = base + buf.find(bytes(m.data)), len(m.data)  # the serialized CompressedVideo message
         # the middle of its H.264 bytes (field 3); the trailing format field ("h264") stays intact
-        data[at + n // 3: at + n - 8] = bytes(b ^ 0xA5 for b in data[at + n // 3: at + n - 8])
+        data[at + n // 3 : at + n - 8] = bytes(b ^ 0xA5 for b in data[at + n // 3 : at + n - 8])
     # the chunk's CRC no longer matches: recompute it so only the video is damaged
     op, rec_len, start, end, size, _crc = struct.unpack_from("<BQQQQI", data, base)
     records_at = base + struct.calcsize("<BQQQQI")
     (clen,) = struct.unpack_from("<I", data, records_at)
     rec_start = records_at + 4 + clen + 8
-    struct.pack_into("<I", data, base + 1 + 8 + 8 + 8 + 8, zlib.crc32(bytes(data[rec_start:rec_start + size])))
+    struct.pack_into("<I", data, base + 1 + 8 + 8 + 8 + 8, zlib.crc32(bytes(data[rec_start : rec_start + size])))
     bad.write_bytes(bytes(data))
 
     uri = f"file://{bad}"
     rows = manifest.filter(np.array([u == f"file://{src}" for u in manifest.column("uri").to_pylist()]))
     rows = rows.set_column(rows.column_names.index("uri"), "uri", pa.array([uri] * rows.num_rows))
-    spec = SampleSpec(image_size=(16, 16), anchors="every", anchor_every_s=0.1, frame_offsets_s=(0.0,),
-                      future_frame_s=0.0, cameras=("wrist",), proprio_steps=2, action_chunk=2)
+    spec = SampleSpec(
+        image_size=(16, 16),
+        anchors="every",
+        anchor_every_s=0.1,
+        frame_offsets_s=(0.0,),
+        future_frame_s=0.0,
+        cameras=("wrist",),
+        proprio_steps=2,
+        action_chunk=2,
+    )
     skip = GopDataset(rows, spec, batch_size=2, lanes=1, unit_s=4.0, bad_samples="skip", mix_units=1)
     with EpisodeReader(src) as r:
         frame_times = np.array([t for t, _ in r.iter_video("wrist")])
@@ -208,7 +222,7 @@ def test_a_damaged_gop_fails_only_its_own_samples_naming_episode_camera_and_time
     got = flat(loader(skip, 0))
     assert len(got) > 0 and not in_bad_gop(np.array([a for _, a in got])).any()  # the damaged GOP's samples are out ...
     skipped = sum(int(b["skipped"]) for b in loader(skip, 0))
-    assert skipped == int(in_bad_gop(skip.plan.anchor_ns[:skip.rows]).sum()) > 0  # ... exactly those, counted
+    assert skipped == int(in_bad_gop(skip.plan.anchor_ns[: skip.rows]).sum()) > 0  # ... exactly those, counted
     strict = GopDataset(rows, spec, batch_size=2, lanes=1, unit_s=4.0, mix_units=1)
     with pytest.raises(WindowError) as e:
         for _ in loader(strict, 0):
@@ -222,6 +236,7 @@ def test_sample_plan_clamps_to_the_episode_and_marks_padding(mcap_fleet):
     ds = GopDataset(manifest, DENSE, batch_size=2, lanes=1)
     batch = next(iter(loader(ds, 0)))
     assert batch["proprio_is_pad"].dtype.is_floating_point is False
-    plan = plan_samples(np.array([0, 10]), np.array([10, 20]), np.array([0, 0]), 1, anchors="every", every_ns=4,
-                        end_offset_ns=0)
+    plan = plan_samples(
+        np.array([0, 10]), np.array([10, 20]), np.array([0, 0]), 1, anchors="every", every_ns=4, end_offset_ns=0
+    )
     assert plan.anchor_ns.tolist() == [0, 4, 8, 10, 14, 18] and plan.lo_ns[0] == 0 and plan.hi_ns[0] == 20

@@ -22,8 +22,9 @@ PART = 1 << 20  # small parts: the ~8 MB manifest downloads in several ranges
 
 def table() -> pa.Table:
     ids = np.arange(N)
-    return pa.table({"episode_id": [f"ep-{i // 10:06d}" for i in ids], "start_ns": ids * 10**9,
-                     "weight": np.ones(N), "row": ids})
+    return pa.table(
+        {"episode_id": [f"ep-{i // 10:06d}" for i in ids], "start_ns": ids * 10**9, "weight": np.ones(N), "row": ids}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -209,6 +210,7 @@ def test_ranks_share_the_manifest_pages(manifest, tmp_path):
 
 
 # --- gs:// against the GCS emulator on 127.0.0.1 -------------------------------------------
+
 
 def upload(gcs, manifest, prefix: str) -> str:
     """The manifest's files under gs://bucket/prefix/, the sidecar last (as the writer does); the .arrow URL."""

@@ -59,7 +59,11 @@ def make_model(seed: int = 0) -> SmallNet:
 
 def loss_of(model: nn.Module, step: int, rank: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(1000 * step + rank)
-    tokens, x, y = torch.randint(0, 10, (8, 3), generator=g), torch.randn(8, 12, generator=g), torch.randn(8, 3, generator=g)
+    tokens, x, y = (
+        torch.randint(0, 10, (8, 3), generator=g),
+        torch.randn(8, 12, generator=g),
+        torch.randn(8, 3, generator=g),
+    )
     return nn.functional.mse_loss(model(tokens, x), y)
 
 
@@ -68,6 +72,7 @@ def params_of(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 # -- the distributed run ------------------------------------------------------------------------
+
 
 def train_rank(model, opt, steps, rank):
     for step in steps:
@@ -91,8 +96,13 @@ def rank_main(rank: int, port: int, out: str) -> None:
         train_rank(model, opt, range(STEPS - 1), rank)
         opt.comm_stats.reset()
         train_rank(model, opt, [STEPS - 1], rank)
-        results[mode] = {"params": params_of(model), "stats": opt.comm_stats.as_dict(), "state_dict": opt.state_dict(),
-                         "momentum_held": momentum_held(model, opt), "owned": opt.owned_param_names}
+        results[mode] = {
+            "params": params_of(model),
+            "stats": opt.comm_stats.as_dict(),
+            "state_dict": opt.state_dict(),
+            "momentum_held": momentum_held(model, opt),
+            "owned": opt.owned_param_names,
+        }
 
         model = make_model()
         opt = DistributedMuon(model, replace(CONFIG, mode=mode, max_grad_norm=CLIP), topo)
@@ -180,8 +190,9 @@ def one_thread():
         torch.set_num_threads(threads)
 
 
-def set_mean_grads(model: nn.Module, step: int, muon_order: str, adamw_order: str = BY_NODE,
-                   ranks: range = range(WORLD)) -> None:
+def set_mean_grads(
+    model: nn.Module, step: int, muon_order: str, adamw_order: str = BY_NODE, ranks: range = range(WORLD)
+) -> None:
     """p.grad = the sum of the ranks' gradients, in the given order, over WORLD."""
     per_rank = []
     for rank in ranks:
@@ -200,7 +211,7 @@ def ordered_sum(grads: list[torch.Tensor], order: str) -> torch.Tensor:
     partial = []
     for first in range(0, len(grads), size):
         total = grads[first].clone()
-        for g in grads[first + 1:first + size]:
+        for g in grads[first + 1 : first + size]:
             total += g
         partial.append(total)
     total = partial[0]
@@ -211,14 +222,27 @@ def ordered_sum(grads: list[torch.Tensor], order: str) -> torch.Tensor:
 
 def torch_optimizers(model: nn.Module, config: MuonConfig):
     muon, adamw = split_params(model, config.adamw_params)
-    return (torch.optim.Muon([p for _, p in muon], lr=config.lr, weight_decay=config.weight_decay,
-                             momentum=config.momentum, nesterov=config.nesterov),
-            torch.optim.AdamW([p for _, p in adamw], lr=config.adamw_lr, betas=config.adamw_betas,
-                              eps=config.adamw_eps, weight_decay=config.adamw_weight_decay))
+    return (
+        torch.optim.Muon(
+            [p for _, p in muon],
+            lr=config.lr,
+            weight_decay=config.weight_decay,
+            momentum=config.momentum,
+            nesterov=config.nesterov,
+        ),
+        torch.optim.AdamW(
+            [p for _, p in adamw],
+            lr=config.adamw_lr,
+            betas=config.adamw_betas,
+            eps=config.adamw_eps,
+            weight_decay=config.adamw_weight_decay,
+        ),
+    )
 
 
-def reference(muon_orders: list[str], adamw_order: str = BY_NODE, clip: float | None = None,
-              ranks: range = range(WORLD)):
+def reference(
+    muon_orders: list[str], adamw_order: str = BY_NODE, clip: float | None = None, ranks: range = range(WORLD)
+):
     """torch.optim.Muon + AdamW on the mean gradient; step i's Muon gradients summed in muon_orders[i]."""
     model = make_model()
     opts = torch_optimizers(model, CONFIG)
@@ -239,6 +263,7 @@ def assert_params_close(got: dict, want: dict, atol: float = ATOL, rtol: float =
 
 
 # -- tests ---------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("mode", ["global", "node_local"])
 def test_mode_matches_single_process_muon_and_replicas_agree(ranks, mode):
@@ -310,7 +335,7 @@ def test_momentum_is_sharded(ranks):
     held = [r["global"]["momentum_held"] for r in ranks]
     assert sorted(n for names in held for n in names) == matrices  # each matrix on exactly one rank
     for node in range(NODES):
-        node_ranks = ranks[node * RANKS_PER_NODE:(node + 1) * RANKS_PER_NODE]
+        node_ranks = ranks[node * RANKS_PER_NODE : (node + 1) * RANKS_PER_NODE]
         assert sorted(n for r in node_ranks for n in r["node_local"]["momentum_held"]) == matrices
     for r in ranks:
         for mode in ("global", "node_local"):
@@ -418,8 +443,9 @@ def test_parameter_split_and_owner_assignment():
 
 def test_topology_from_env():
     env = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1"}
-    assert Topology.from_env(env) == Topology(rank=5, world_size=8, local_rank=1, local_world_size=4, node=1,
-                                              num_nodes=2)
+    assert Topology.from_env(env) == Topology(
+        rank=5, world_size=8, local_rank=1, local_world_size=4, node=1, num_nodes=2
+    )
     simulated = Topology.from_env({**env, SIMULATED_RANKS_PER_NODE: "2"})
     assert (simulated.node, simulated.local_rank, simulated.num_nodes) == (2, 1, 4)
     assert simulated.peer_ranks(1) == [1, 3, 5, 7] and simulated.node_ranks(2) == [4, 5]

@@ -19,8 +19,10 @@ from trainer.faults import ENV as FAULT_ENV
 from trainer.model import ModelConfig
 from trainer.train import TrainConfig, run
 
-SMALL = dict(model=ModelConfig(image_size=(32, 32), channels=(8, 16), latent=16, width=64, depth=1),
-             sample=SampleSpec(image_size=(32, 32)))
+SMALL = dict(
+    model=ModelConfig(image_size=(32, 32), channels=(8, 16), latent=16, width=64, depth=1),
+    sample=SampleSpec(image_size=(32, 32)),
+)
 
 
 def manifest_file(tmp_path, manifest) -> str:
@@ -30,9 +32,17 @@ def manifest_file(tmp_path, manifest) -> str:
 
 def test_single_process_run_lowers_the_loss_and_checkpoints(tmp_path, mcap_fleet):
     _, manifest = mcap_fleet
-    cfg = TrainConfig(manifest=manifest_file(tmp_path, manifest), run_dir=str(tmp_path / "run"), steps=24,
-                      batch_size=4, workers=0, checkpoint_every=10, log_every=4, lineage={"manifest_sha256": "abc"},
-                      **SMALL)
+    cfg = TrainConfig(
+        manifest=manifest_file(tmp_path, manifest),
+        run_dir=str(tmp_path / "run"),
+        steps=24,
+        batch_size=4,
+        workers=0,
+        checkpoint_every=10,
+        log_every=4,
+        lineage={"manifest_sha256": "abc"},
+        **SMALL,
+    )
     summary = run(cfg)
     losses = summary["losses"]
     assert summary["steps"] == 24 and len(losses) == 24
@@ -61,20 +71,42 @@ def _torchrun(cfg: TrainConfig, tmp_path: Path, name: str, fault: dict | None = 
     env.pop(FAULT_ENV, None)
     if fault is not None:
         env[FAULT_ENV] = json.dumps(fault)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2", "--max-restarts=1",
-           "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{_free_port()}", "-m", "trainer.train",
-           "--config", str(path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=1",
+        "--nproc-per-node=2",
+        "--max-restarts=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{_free_port()}",
+        "-m",
+        "trainer.train",
+        "--config",
+        str(path),
+    ]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
 
 
 def test_killed_rank_restarts_in_place_and_resumes_with_the_same_losses(tmp_path, mcap_fleet):
     _, manifest = mcap_fleet
-    base = dict(manifest=manifest_file(tmp_path, manifest), steps=9, batch_size=2, workers=0, checkpoint_every=4,
-                log_every=1, **SMALL)
+    base = dict(
+        manifest=manifest_file(tmp_path, manifest),
+        steps=9,
+        batch_size=2,
+        workers=0,
+        checkpoint_every=4,
+        log_every=1,
+        **SMALL,
+    )
     clean = _torchrun(TrainConfig(run_dir=str(tmp_path / "clean"), **base), tmp_path, "clean")
     assert clean.returncode == 0, clean.stderr[-3000:]
-    faulty = _torchrun(TrainConfig(run_dir=str(tmp_path / "faulty"), **base), tmp_path, "faulty",
-                       fault={"step": 6, "rank": 1, "attempt": 0})
+    faulty = _torchrun(
+        TrainConfig(run_dir=str(tmp_path / "faulty"), **base),
+        tmp_path,
+        "faulty",
+        fault={"step": 6, "rank": 1, "attempt": 0},
+    )
     assert faulty.returncode == 0, faulty.stderr[-3000:]
 
     def losses(run_dir):

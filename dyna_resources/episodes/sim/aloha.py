@@ -38,8 +38,12 @@ ALOHA_RATE_HZ = 50.0
 ALOHA_JPEG_QUALITY = 50  # the recorder's cv2.IMWRITE_JPEG_QUALITY
 # which arm's simulation renders each ALOHA camera, and its camera there (names starting
 # "wrist" ride on that arm's flange)
-_VIEWS = {"cam_high": (0, "scene_top"), "cam_low": (0, "scene_front"), "cam_left_wrist": (0, "wrist"),
-          "cam_right_wrist": (1, "wrist")}
+_VIEWS = {
+    "cam_high": (0, "scene_top"),
+    "cam_low": (0, "scene_front"),
+    "cam_left_wrist": (0, "wrist"),
+    "cam_right_wrist": (1, "wrist"),
+}
 
 
 @dataclass(frozen=True)
@@ -64,13 +68,20 @@ def _arms(spec: EpisodeSpec) -> tuple[SimulatedEpisode, SimulatedEpisode]:
     """The left and the right arm (its own seed), each with its cameras, everything at 50 Hz."""
     spec = dataclasses.replace(spec, camera_hz=ALOHA_RATE_HZ, proprio_hz=ALOHA_RATE_HZ, action_hz=ALOHA_RATE_HZ)
     views = [tuple(v for a, v in _VIEWS.values() if a == arm) for arm in (0, 1)]
-    return (SimulatedEpisode(dataclasses.replace(spec, cameras=views[0])),
-            SimulatedEpisode(dataclasses.replace(spec, seed=spec.seed + 1, cameras=views[1])))
+    return (
+        SimulatedEpisode(dataclasses.replace(spec, cameras=views[0])),
+        SimulatedEpisode(dataclasses.replace(spec, seed=spec.seed + 1, cameras=views[1])),
+    )
 
 
-def write_aloha_episode(spec: EpisodeSpec, path: str | Path, *, compress: bool = True,
-                        camera_names: tuple[str, ...] = ALOHA_CAMERAS,
-                        jpeg_quality: int = ALOHA_JPEG_QUALITY) -> AlohaEpisode:
+def write_aloha_episode(
+    spec: EpisodeSpec,
+    path: str | Path,
+    *,
+    compress: bool = True,
+    camera_names: tuple[str, ...] = ALOHA_CAMERAS,
+    jpeg_quality: int = ALOHA_JPEG_QUALITY,
+) -> AlohaEpisode:
     """Write ``spec`` in the ALOHA recorder's layout at ``path`` (written to a temporary name, then
     renamed). ``spec.episode_id`` and the other metadata are not written: the recorder writes none.
 

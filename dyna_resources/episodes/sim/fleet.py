@@ -90,29 +90,52 @@ class SimulatedEpisode:
 
     def __init__(self, spec: EpisodeSpec):
         self.spec = spec
-        self.arm = ScriptedArm(seed=spec.seed, task=spec.task, robot_model=spec.robot_model, success=spec.success,
-                               duration_s=spec.duration_s)
+        self.arm = ScriptedArm(
+            seed=spec.seed,
+            task=spec.task,
+            robot_model=spec.robot_model,
+            success=spec.success,
+            duration_s=spec.duration_s,
+        )
         self.start_ns = self.meta().started_at_ns
         self._cam_ts: dict[str, np.ndarray] = {}
         for cam in spec.cameras:
             rng = np.random.default_rng([spec.seed, 602, stable_hash(cam)])
-            self._cam_ts[cam] = make_timestamps(rng, self.start_ns, spec.camera_hz, spec.duration_s,
-                                                offset_ms=rng.uniform(4.0, 30.0))
+            self._cam_ts[cam] = make_timestamps(
+                rng, self.start_ns, spec.camera_hz, spec.duration_s, offset_ms=rng.uniform(4.0, 30.0)
+            )
         self._renderer: Renderer | None = None
 
     @property
     def renderer(self) -> Renderer:
         if self._renderer is None:
             s = self.spec
-            self._renderer = Renderer(seed=s.seed, site=s.site, robot_id=s.robot_id, arm=self.arm.arm,
-                                      script=self.arm.script, width=s.width, height=s.height, cameras=s.cameras)
+            self._renderer = Renderer(
+                seed=s.seed,
+                site=s.site,
+                robot_id=s.robot_id,
+                arm=self.arm.arm,
+                script=self.arm.script,
+                width=s.width,
+                height=s.height,
+                cameras=s.cameras,
+            )
         return self._renderer
 
     def meta(self) -> EpisodeMeta:
         s = self.spec
-        return EpisodeMeta(episode_id=s.episode_id, robot_id=s.robot_id, robot_model=s.robot_model,
-                           robot_sw_version=s.robot_sw_version, task=s.task, site=s.site, operator=s.operator,
-                           success=bool(s.success), started_at=s.started_at, sim=True)
+        return EpisodeMeta(
+            episode_id=s.episode_id,
+            robot_id=s.robot_id,
+            robot_model=s.robot_model,
+            robot_sw_version=s.robot_sw_version,
+            task=s.task,
+            site=s.site,
+            operator=s.operator,
+            success=bool(s.success),
+            started_at=s.started_at,
+            sim=True,
+        )
 
     def camera_timestamps(self, camera: str) -> np.ndarray:
         return self._cam_ts[camera].copy()
@@ -166,8 +189,8 @@ def _drop_runs(rng: np.random.Generator, n: int, frac: float = 0.05) -> np.ndarr
         guard += 1
         run = int(rng.integers(1, 5))
         s = int(rng.integers(1, max(2, n - run - 1)))
-        if keep[max(0, s - 1):s + run + 1].all():  # runs stay separate
-            keep[s:min(n - 1, s + run)] = False
+        if keep[max(0, s - 1) : s + run + 1].all():  # runs stay separate
+            keep[s : min(n - 1, s + run)] = False
     if keep.all() and n >= 3:  # tiny episodes: still drop one
         keep[n // 2] = False
     return np.flatnonzero(keep)
@@ -186,9 +209,17 @@ def _corrupt(jpeg: bytes, rng: np.random.Generator) -> bytes:
     return bytes(body)
 
 
-def _frames(sim: SimulatedEpisode, cam: str, indices: np.ndarray, quality: int, *, dead_from: int | None = None,
-            corrupt_at: int | None = None, frozen: tuple[int, int] | None = None,
-            rng: np.random.Generator | None = None) -> Iterator[bytes]:
+def _frames(
+    sim: SimulatedEpisode,
+    cam: str,
+    indices: np.ndarray,
+    quality: int,
+    *,
+    dead_from: int | None = None,
+    corrupt_at: int | None = None,
+    frozen: tuple[int, int] | None = None,
+    rng: np.random.Generator | None = None,
+) -> Iterator[bytes]:
     black = held = None
     for pos, i in enumerate(indices):
         if dead_from is not None and pos >= dead_from:
@@ -206,8 +237,9 @@ def _frames(sim: SimulatedEpisode, cam: str, indices: np.ndarray, quality: int, 
         yield data
 
 
-def write_episode(spec: EpisodeSpec, path: str | Path, *, jpeg_quality: int = 90,
-                  fault: str | None = None) -> GeneratedEpisode:
+def write_episode(
+    spec: EpisodeSpec, path: str | Path, *, jpeg_quality: int = 90, fault: str | None = None
+) -> GeneratedEpisode:
     """Render ``spec`` into a legacy HDF5 episode at ``path`` (streamed: one frame in memory at
     a time), written to a temporary name in the same directory and renamed when complete.
 
@@ -235,8 +267,7 @@ def write_episode(spec: EpisodeSpec, path: str | Path, *, jpeg_quality: int = 90
     fault_cam = cams[int(rng.integers(len(cams)))]
     if fault == "dropped_frames":
         indices[fault_cam] = _drop_runs(rng, len(indices[fault_cam]))
-        detail = {"camera": fault_cam, "dropped": np.setdiff1d(np.arange(sim.n_frames(fault_cam)),
-                                                               indices[fault_cam])}
+        detail = {"camera": fault_cam, "dropped": np.setdiff1d(np.arange(sim.n_frames(fault_cam)), indices[fault_cam])}
     elif fault == "dead_camera":
         n = len(indices[fault_cam])
         dead_from = int(rng.integers(int(0.3 * n), max(int(0.3 * n) + 1, int(0.7 * n))))
@@ -266,10 +297,19 @@ def write_episode(spec: EpisodeSpec, path: str | Path, *, jpeg_quality: int = 90
     for c in cams:
         ts = sim.camera_timestamps(c)[indices[c]]
         is_fault_cam = c == fault_cam
-        cameras[c] = (ts, _frames(sim, c, indices[c], jpeg_quality,
-                                  dead_from=dead_from if is_fault_cam else None,
-                                  corrupt_at=corrupt_at if is_fault_cam else None,
-                                  frozen=frozen if is_fault_cam else None, rng=rng))
+        cameras[c] = (
+            ts,
+            _frames(
+                sim,
+                c,
+                indices[c],
+                jpeg_quality,
+                dead_from=dead_from if is_fault_cam else None,
+                corrupt_at=corrupt_at if is_fault_cam else None,
+                frozen=frozen if is_fault_cam else None,
+                rng=rng,
+            ),
+        )
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         raw_format.write_raw_episode(tmp, sim.meta(), cameras, streams)
@@ -310,8 +350,14 @@ def arrival_folder(now: dt.datetime | None = None) -> str:
     return now.strftime("%Y%m%dT%H%M%S.%fZ")
 
 
-def fleet_specs(n_episodes: int, *, seed: int = 0, width: int = 640, height: int = 480,
-                duration_s: tuple[float, float] | float = (8.0, 16.0)) -> list[EpisodeSpec]:
+def fleet_specs(
+    n_episodes: int,
+    *,
+    seed: int = 0,
+    width: int = 640,
+    height: int = 480,
+    duration_s: tuple[float, float] | float = (8.0, 16.0),
+) -> list[EpisodeSpec]:
     """Deterministic specs for a fleet: round-robin robots and tasks, ~85 % successes,
     start times over ~4 working days, unique filesystem-safe ids."""
     specs = []
@@ -334,10 +380,23 @@ def fleet_specs(n_episodes: int, *, seed: int = 0, width: int = 640, height: int
             dur = round(float(rng.uniform(lo, hi)), 1)
         ep_seed = int(np.random.SeedSequence([seed, 802, k]).generate_state(1)[0])
         short = hashlib.sha256(f"{seed}:{k}:{robot_id}:{started_at}".encode()).hexdigest()[:8]
-        specs.append(EpisodeSpec(
-            episode_id=f"ep-{k:06d}-{short}", seed=ep_seed, task=task, robot_id=robot_id, robot_model=model,
-            robot_sw_version=sw, site=site, operator=operator, success=success, started_at=started_at,
-            duration_s=dur, width=width, height=height))
+        specs.append(
+            EpisodeSpec(
+                episode_id=f"ep-{k:06d}-{short}",
+                seed=ep_seed,
+                task=task,
+                robot_id=robot_id,
+                robot_model=model,
+                robot_sw_version=sw,
+                site=site,
+                operator=operator,
+                success=success,
+                started_at=started_at,
+                duration_s=dur,
+                width=width,
+                height=height,
+            )
+        )
     return specs
 
 
@@ -367,9 +426,19 @@ def _write_one(args) -> GeneratedEpisode:
     return write_episode(spec, path, jpeg_quality=quality, fault=fault)
 
 
-def generate_fleet(out_dir: str | Path, n_episodes: int, *, seed: int = 0, width: int = 640, height: int = 480,
-                   duration_s: tuple[float, float] | float = (8.0, 16.0), faults: Mapping[str, int] | None = None,
-                   jpeg_quality: int = 90, workers: int = 1, mark_complete: bool = False) -> list[GeneratedEpisode]:
+def generate_fleet(
+    out_dir: str | Path,
+    n_episodes: int,
+    *,
+    seed: int = 0,
+    width: int = 640,
+    height: int = 480,
+    duration_s: tuple[float, float] | float = (8.0, 16.0),
+    faults: Mapping[str, int] | None = None,
+    jpeg_quality: int = 90,
+    workers: int = 1,
+    mark_complete: bool = False,
+) -> list[GeneratedEpisode]:
     """Write ``n_episodes`` episodes as ``<out_dir>/<episode_id>.h5``; returns them in order.
 
     :param mark_complete: as an uploader into a landing zone: after each file, its completion marker
@@ -406,16 +475,23 @@ def _parse_faults(items: list[str]) -> dict[str, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dyna_resources.episodes.sim.fleet",
-                                 description="Generate a sample fleet of legacy HDF5 episodes.")
+    ap = argparse.ArgumentParser(
+        prog="python -m dyna_resources.episodes.sim.fleet",
+        description="Generate a sample fleet of legacy HDF5 episodes.",
+    )
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--episodes", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--width", type=int, default=640)
     ap.add_argument("--height", type=int, default=480)
     ap.add_argument("--duration-s", default="8,16", help="seconds, or LO,HI for a range (default 8,16)")
-    ap.add_argument("--faults", nargs="*", default=[], metavar="NAME[=COUNT]",
-                    help=f"faults to inject, e.g. corrupt_jpeg=1 truncated=2; known: {', '.join(KNOWN_FAULTS)}")
+    ap.add_argument(
+        "--faults",
+        nargs="*",
+        default=[],
+        metavar="NAME[=COUNT]",
+        help=f"faults to inject, e.g. corrupt_jpeg=1 truncated=2; known: {', '.join(KNOWN_FAULTS)}",
+    )
     ap.add_argument("--jpeg-quality", type=int, default=90)
     ap.add_argument("--workers", type=int, default=1)
     a = ap.parse_args(argv)
@@ -426,16 +502,27 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         faults = _parse_faults(a.faults)
-        eps = this.generate_fleet(a.out, a.episodes, seed=a.seed, width=a.width, height=a.height, duration_s=duration,
-                             faults=faults, jpeg_quality=a.jpeg_quality, workers=a.workers)
+        eps = this.generate_fleet(
+            a.out,
+            a.episodes,
+            seed=a.seed,
+            width=a.width,
+            height=a.height,
+            duration_s=duration,
+            faults=faults,
+            jpeg_quality=a.jpeg_quality,
+            workers=a.workers,
+        )
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     for g in eps:
         s = g.spec
         size = g.path.stat().st_size / 1e6
-        print(f"{g.path.name}  {s.task:<12} {s.robot_id} {s.robot_model} {s.site:<8} "
-              f"{'ok  ' if s.success else 'FAIL'} {s.duration_s:5.1f}s {size:7.2f} MB  {g.fault or ''}")
+        print(
+            f"{g.path.name}  {s.task:<12} {s.robot_id} {s.robot_model} {s.site:<8} "
+            f"{'ok  ' if s.success else 'FAIL'} {s.duration_s:5.1f}s {size:7.2f} MB  {g.fault or ''}"
+        )
     return 0
 
 

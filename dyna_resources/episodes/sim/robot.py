@@ -199,20 +199,24 @@ def rot_to_quat(R: np.ndarray) -> np.ndarray:
     # w largest
     m = k == 0
     s = np.sqrt(np.maximum(1.0 + tr[m], 1e-12)) * 2
-    q[m] = np.stack([(R[m, 2, 1] - R[m, 1, 2]) / s, (R[m, 0, 2] - R[m, 2, 0]) / s,
-                     (R[m, 1, 0] - R[m, 0, 1]) / s, 0.25 * s], axis=1)
+    q[m] = np.stack(
+        [(R[m, 2, 1] - R[m, 1, 2]) / s, (R[m, 0, 2] - R[m, 2, 0]) / s, (R[m, 1, 0] - R[m, 0, 1]) / s, 0.25 * s], axis=1
+    )
     m = k == 1
     s = np.sqrt(np.maximum(1.0 + R[m, 0, 0] - R[m, 1, 1] - R[m, 2, 2], 1e-12)) * 2
-    q[m] = np.stack([0.25 * s, (R[m, 0, 1] + R[m, 1, 0]) / s, (R[m, 0, 2] + R[m, 2, 0]) / s,
-                     (R[m, 2, 1] - R[m, 1, 2]) / s], axis=1)
+    q[m] = np.stack(
+        [0.25 * s, (R[m, 0, 1] + R[m, 1, 0]) / s, (R[m, 0, 2] + R[m, 2, 0]) / s, (R[m, 2, 1] - R[m, 1, 2]) / s], axis=1
+    )
     m = k == 2
     s = np.sqrt(np.maximum(1.0 + R[m, 1, 1] - R[m, 0, 0] - R[m, 2, 2], 1e-12)) * 2
-    q[m] = np.stack([(R[m, 0, 1] + R[m, 1, 0]) / s, 0.25 * s, (R[m, 1, 2] + R[m, 2, 1]) / s,
-                     (R[m, 0, 2] - R[m, 2, 0]) / s], axis=1)
+    q[m] = np.stack(
+        [(R[m, 0, 1] + R[m, 1, 0]) / s, 0.25 * s, (R[m, 1, 2] + R[m, 2, 1]) / s, (R[m, 0, 2] - R[m, 2, 0]) / s], axis=1
+    )
     m = k == 3
     s = np.sqrt(np.maximum(1.0 + R[m, 2, 2] - R[m, 0, 0] - R[m, 1, 1], 1e-12)) * 2
-    q[m] = np.stack([(R[m, 0, 2] + R[m, 2, 0]) / s, (R[m, 1, 2] + R[m, 2, 1]) / s, 0.25 * s,
-                     (R[m, 1, 0] - R[m, 0, 1]) / s], axis=1)
+    q[m] = np.stack(
+        [(R[m, 0, 2] + R[m, 2, 0]) / s, (R[m, 1, 2] + R[m, 2, 1]) / s, 0.25 * s, (R[m, 1, 0] - R[m, 0, 1]) / s], axis=1
+    )
     q /= np.linalg.norm(q, axis=1, keepdims=True)
     # sign continuity (q and -q are the same rotation; a stream should not flip)
     if n:
@@ -351,7 +355,7 @@ class Script:
     end_t: float = 0.0
 
     def scale_time(self, k: float, shift: float = 0.0) -> None:
-        f = lambda t: None if t is None else t * k + shift  # noqa: E731
+        f = lambda t: None if t is None else t * k + shift
         self.arm_times = [f(t) for t in self.arm_times]
         self.grip_times = [f(t) for t in self.grip_times]
         self.grip_cmd = [(f(t), c) for t, c in self.grip_cmd]
@@ -459,8 +463,18 @@ class _Builder:
         self.move_joints(self.q_home, dur)
 
     def script(self, task, success, failure_mode) -> Script:
-        return Script(task, success, failure_mode, self.arm_times, self.arm_q, self.grip_times,
-                      self.grip_open, self.grip_cmd, steps=self.steps, failed_step=self.failed_step)
+        return Script(
+            task,
+            success,
+            failure_mode,
+            self.arm_times,
+            self.arm_q,
+            self.grip_times,
+            self.grip_open,
+            self.grip_cmd,
+            steps=self.steps,
+            failed_step=self.failed_step,
+        )
 
 
 def _place_boxes(rng, n, region, min_gap=0.14):
@@ -487,8 +501,16 @@ def _pick_place(b: _Builder, rng, success, duration_s) -> Script:
     objects = []
     for k in range(n_obj):
         size = (rng.uniform(0.055, 0.09), rng.uniform(0.038, 0.062), rng.uniform(0.04, 0.075))
-        objects.append(BoxObject(f"box{k}", "box", size, (*picks[k], size[2] / 2), rng.uniform(-math.pi, math.pi),
-                                 rng.uniform(0.12, 0.45)))
+        objects.append(
+            BoxObject(
+                f"box{k}",
+                "box",
+                size,
+                (*picks[k], size[2] / 2),
+                rng.uniform(-math.pi, math.pi),
+                rng.uniform(0.12, 0.45),
+            )
+        )
     b.step("reach")
     b.pause(0.3)
     impulses = []
@@ -624,10 +646,20 @@ def _wipe_table(b: _Builder, rng, success, duration_s) -> Script:
     side = 1.0 if rng.random() < 0.5 else -1.0
     size = (rng.uniform(0.09, 0.11), rng.uniform(0.055, 0.065), rng.uniform(0.03, 0.04))
     sp = (rng.uniform(0.36, 0.44), side * rng.uniform(0.2, 0.28))
-    sponge = BoxObject("sponge", "sponge", size, (*sp, size[2] / 2), rng.uniform(-0.5, 0.5) + _HALF_PI,
-                       rng.uniform(0.03, 0.06), place=sp)
-    stain = Stain((rng.uniform(0.46, 0.54), -side * rng.uniform(0.02, 0.12)),
-                  (rng.uniform(0.12, 0.18), rng.uniform(0.09, 0.13)), rng.uniform(-0.6, 0.6))
+    sponge = BoxObject(
+        "sponge",
+        "sponge",
+        size,
+        (*sp, size[2] / 2),
+        rng.uniform(-0.5, 0.5) + _HALF_PI,
+        rng.uniform(0.03, 0.06),
+        place=sp,
+    )
+    stain = Stain(
+        (rng.uniform(0.46, 0.54), -side * rng.uniform(0.02, 0.12)),
+        (rng.uniform(0.12, 0.18), rng.uniform(0.09, 0.13)),
+        rng.uniform(-0.6, 0.6),
+    )
     failure_mode = "" if success else "slip"
     L, W, H = size
     yaw_g = closest_yaw(sponge.yaw + _HALF_PI, b.yaw)
@@ -770,8 +802,10 @@ class ScriptedArm:
         s = self.script
         starts = [0.0] + [t + self.LAG for _, t in s.steps[1:]]
         ends = starts[1:] + [self.duration_s]
-        return [{"name": n, "start_s": a, "end_s": b, "failed": i == s.failed_step}
-                for i, ((n, _), a, b) in enumerate(zip(s.steps, starts, ends))]
+        return [
+            {"name": n, "start_s": a, "end_s": b, "failed": i == s.failed_step}
+            for i, ((n, _), a, b) in enumerate(zip(s.steps, starts, ends))
+        ]
 
     def q(self, t, deriv: int = 0) -> np.ndarray:
         """Measured (noise-free) joint positions (N, 7): 6 arm joints + gripper knuckle angle."""
@@ -819,8 +853,9 @@ class ScriptedArm:
         if ta is None or t < ta:
             return pos0, obj.yaw
         T0 = np.eye(4)
-        T0[:3, :3] = np.array([[math.cos(obj.yaw), -math.sin(obj.yaw), 0], [math.sin(obj.yaw), math.cos(obj.yaw), 0],
-                               [0, 0, 1]])
+        T0[:3, :3] = np.array(
+            [[math.cos(obj.yaw), -math.sin(obj.yaw), 0], [math.sin(obj.yaw), math.cos(obj.yaw), 0], [0, 0, 1]]
+        )
         T0[:3, 3] = pos0
         off = self._held_offset(id(obj), ta, T0)
 
@@ -883,8 +918,9 @@ class ScriptedArm:
     def world_state(self, t: float) -> WorldState:
         fr = self.frames(t)[0]
         objs = [(o, *self.box_pose(o, t)) for o in self.script.objects]
-        return WorldState(t, fr, float(self.opening(t)[0]), objs, self.drawer_offset(t), self.towel_edge(t),
-                          self.stain_alpha(t))
+        return WorldState(
+            t, fr, float(self.opening(t)[0]), objs, self.drawer_offset(t), self.towel_edge(t), self.stain_alpha(t)
+        )
 
     # -- streams ---------------------------------------------------------------------
     def _payload(self, t: np.ndarray) -> np.ndarray:
@@ -909,8 +945,9 @@ class ScriptedArm:
             h |= (t >= self._measured(o.attach_t)) & (t < td)
         return h
 
-    def effort(self, t: np.ndarray, q: np.ndarray, qd: np.ndarray, qdd: np.ndarray,
-               rng: np.random.Generator) -> np.ndarray:
+    def effort(
+        self, t: np.ndarray, q: np.ndarray, qd: np.ndarray, qdd: np.ndarray, rng: np.random.Generator
+    ) -> np.ndarray:
         arm = self.arm
         fr = fk_all(arm, q[:, :6])
         o = fr[:, :, :3, 3]  # (N, 8, 3)
@@ -1015,22 +1052,41 @@ class ScriptedArm:
         action = np.concatenate([cmd, grip_target[:, None], grip_cmd[:, None]], axis=1)
         lab = {"position": JOINT_LABELS, "velocity": JOINT_LABELS, "effort": JOINT_LABELS}
         return {
-            "joint_states": SampleStream("joint_states", ctrl_ts, {"position": pos, "velocity": vel, "effort": eff},
-                                         {k: list(v) for k, v in lab.items()}),
-            "ee_pose": SampleStream("ee_pose", ctrl_ts.copy(), {"pose": ee},
-                                    {"pose": ["x", "y", "z", "qx", "qy", "qz", "qw"]}),
-            "gripper": SampleStream("gripper", ctrl_ts.copy(), {"position": opening[:, None]},
-                                    {"position": ["opening_m"]}),
-            "wrench": SampleStream("wrench", sens_ts, {"force_torque": self.wrench(ts_s, rng)},
-                                   {"force_torque": ["fx", "fy", "fz", "tx", "ty", "tz"]}),
-            "imu": SampleStream("imu", imu_ts, {"accel_gyro": self.imu(ti, rng)},
-                                {"accel_gyro": ["ax", "ay", "az", "gx", "gy", "gz"]}),
+            "joint_states": SampleStream(
+                "joint_states",
+                ctrl_ts,
+                {"position": pos, "velocity": vel, "effort": eff},
+                {k: list(v) for k, v in lab.items()},
+            ),
+            "ee_pose": SampleStream(
+                "ee_pose", ctrl_ts.copy(), {"pose": ee}, {"pose": ["x", "y", "z", "qx", "qy", "qz", "qw"]}
+            ),
+            "gripper": SampleStream(
+                "gripper", ctrl_ts.copy(), {"position": opening[:, None]}, {"position": ["opening_m"]}
+            ),
+            "wrench": SampleStream(
+                "wrench",
+                sens_ts,
+                {"force_torque": self.wrench(ts_s, rng)},
+                {"force_torque": ["fx", "fy", "fz", "tx", "ty", "tz"]},
+            ),
+            "imu": SampleStream(
+                "imu", imu_ts, {"accel_gyro": self.imu(ti, rng)}, {"accel_gyro": ["ax", "ay", "az", "gx", "gy", "gz"]}
+            ),
             "action": SampleStream("action", act_ts, {"command": action}, {"command": list(ACTION_LABELS)}),
         }
 
 
-def make_timestamps(rng: np.random.Generator, start_ns: int, hz: float, duration_s: float, *,
-                    offset_ms: float = 0.0, jitter_ms: float = 0.06, max_jitter_ms: float = 0.2) -> np.ndarray:
+def make_timestamps(
+    rng: np.random.Generator,
+    start_ns: int,
+    hz: float,
+    duration_s: float,
+    *,
+    offset_ms: float = 0.0,
+    jitter_ms: float = 0.06,
+    max_jitter_ms: float = 0.2,
+) -> np.ndarray:
     """int64 ns: start + offset + k/hz + clipped Gaussian jitter; strictly increasing by construction
     (jitter is far below half a period)."""
     n = max(int(math.floor(duration_s * hz + 1e-9)), 1)

@@ -40,15 +40,37 @@ from .robot import ArmModel, WorldState, stable_hash
 # --------------------------------------------------------------------------------------
 # photographs
 # --------------------------------------------------------------------------------------
-COLOUR_PHOTOS = ("coffee", "chelsea", "astronaut", "rocket", "motorcycle_left", "hubble_deep_field", "retina",
-                 "ihc", "color", "motorcycle_right")
+COLOUR_PHOTOS = (
+    "coffee",
+    "chelsea",
+    "astronaut",
+    "rocket",
+    "motorcycle_left",
+    "hubble_deep_field",
+    "retina",
+    "ihc",
+    "color",
+    "motorcycle_right",
+)
 GREY_TEXTURES = ("gravel", "grass", "brick")
 _FILES = {
-    "coffee": "coffee.png", "chelsea": "chelsea.png", "astronaut": "astronaut.png", "rocket": "rocket.jpg",
-    "motorcycle_left": "motorcycle_left.png", "motorcycle_right": "motorcycle_right.png",
-    "hubble_deep_field": "hubble_deep_field.jpg", "retina": "retina.jpg", "ihc": "ihc.png", "color": "color.png",
-    "gravel": "gravel.png", "grass": "grass.png", "brick": "brick.png", "text": "text.png", "page": "page.png",
-    "camera": "camera.png", "coins": "coins.png",
+    "coffee": "coffee.png",
+    "chelsea": "chelsea.png",
+    "astronaut": "astronaut.png",
+    "rocket": "rocket.jpg",
+    "motorcycle_left": "motorcycle_left.png",
+    "motorcycle_right": "motorcycle_right.png",
+    "hubble_deep_field": "hubble_deep_field.jpg",
+    "retina": "retina.jpg",
+    "ihc": "ihc.png",
+    "color": "color.png",
+    "gravel": "gravel.png",
+    "grass": "grass.png",
+    "brick": "brick.png",
+    "text": "text.png",
+    "page": "page.png",
+    "camera": "camera.png",
+    "coins": "coins.png",
 }
 
 
@@ -79,11 +101,12 @@ def smooth_field(rng: np.random.Generator, h: int, w: int, cells: int = 6) -> np
     im = Image.fromarray(g, mode="F").resize((w + 2 * w // cells, h + 2 * h // cells), Image.BICUBIC)
     a = np.asarray(im)
     oy, ox = h // cells, w // cells
-    return a[oy:oy + h, ox:ox + w] / 1.5
+    return a[oy : oy + h, ox : ox + w] / 1.5
 
 
-def mirror_tile(gray: np.ndarray, h: int, w: int, scale: float, rng: np.random.Generator,
-                aniso: float = 1.0) -> np.ndarray:
+def mirror_tile(
+    gray: np.ndarray, h: int, w: int, scale: float, rng: np.random.Generator, aniso: float = 1.0
+) -> np.ndarray:
     """Cover (h, w) with a grey texture scaled by ``scale`` (x ``aniso`` horizontally) and
     mirror-tiled (seamless); float32 normalised to zero mean, unit std."""
     th = max(8, int(round(gray.shape[0] * scale)))
@@ -94,7 +117,7 @@ def mirror_tile(gray: np.ndarray, h: int, w: int, scale: float, rng: np.random.G
     quad = np.concatenate([np.concatenate([t, t[:, ::-1]], 1), np.concatenate([t[::-1], t[::-1, ::-1]], 1)], 0)
     oy, ox = int(rng.integers(quad.shape[0])), int(rng.integers(quad.shape[1]))
     reps = (h + oy) // quad.shape[0] + 2, (w + ox) // quad.shape[1] + 2
-    big = np.tile(quad, reps)[oy:oy + h, ox:ox + w]
+    big = np.tile(quad, reps)[oy : oy + h, ox : ox + w]
     big = big - big.mean()
     return big / max(float(big.std()), 1e-3)
 
@@ -119,7 +142,7 @@ def photo_crop(rng: np.random.Generator, name: str, aspect: float, frac=(0.3, 0.
         cw = W
         ch = max(8, int(cw / aspect))
     y0, x0 = int(rng.integers(0, H - ch + 1)), int(rng.integers(0, W - cw + 1))
-    return p[y0:y0 + ch, x0:x0 + cw]
+    return p[y0 : y0 + ch, x0 : x0 + cw]
 
 
 # --------------------------------------------------------------------------------------
@@ -295,8 +318,16 @@ class World:
         s = 1.0 / self.table_ppm
         return np.array([TABLE_X[0], TABLE_Y[0], 0.0]), np.array([0.0, s, 0.0]), np.array([s, 0.0, 0.0])
 
-    def _paste(self, tex: np.ndarray, img: np.ndarray, x: float, y: float, angle_deg: float,
-               alpha: np.ndarray | None = None, shadow: float = 0.0) -> None:
+    def _paste(
+        self,
+        tex: np.ndarray,
+        img: np.ndarray,
+        x: float,
+        y: float,
+        angle_deg: float,
+        alpha: np.ndarray | None = None,
+        shadow: float = 0.0,
+    ) -> None:
         """Paste ``img`` (its size in table pixels) centred at world (x, y), rotated, with an
         optional soft drop shadow (``shadow`` = darkening under it, 0..1)."""
         a = alpha if alpha is not None else np.full(img.shape[:2], 255, np.uint8)
@@ -325,8 +356,16 @@ class World:
 
     def _bake_clutter(self, rng, tex) -> None:
         ppm = self.table_ppm
-        spots = [(0.82, 0.55), (0.85, -0.6), (-0.25, 0.62), (-0.28, -0.55), (0.95, 0.05), (0.7, 0.85),
-                 (0.75, -0.9), (-0.1, 0.95)]
+        spots = [
+            (0.82, 0.55),
+            (0.85, -0.6),
+            (-0.25, 0.62),
+            (-0.28, -0.55),
+            (0.95, 0.05),
+            (0.7, 0.85),
+            (0.75, -0.9),
+            (-0.1, 0.95),
+        ]
         order = rng.permutation(len(spots))
         n = int(rng.integers(4, 7))
         for k in order[:n]:
@@ -338,7 +377,7 @@ class World:
                 p = load_photo("coffee")[10:390, 30:450]
                 s = 0.17 * ppm
                 img = _resize(p, int(s * p.shape[1] / p.shape[0]), int(s))
-                yy, xx = np.mgrid[:img.shape[0], :img.shape[1]]
+                yy, xx = np.mgrid[: img.shape[0], : img.shape[1]]
                 cy0, cx0, ry, rx = img.shape[0] * 0.53, img.shape[1] * 0.5, img.shape[0] * 0.47, img.shape[1] * 0.47
                 d = ((yy - cy0) / ry) ** 2 + ((xx - cx0) / rx) ** 2
                 alpha = (np.clip((1.0 - d) * 12, 0, 1) * 255).astype(np.uint8)
@@ -348,7 +387,7 @@ class World:
                 w_m = rng.uniform(0.2, 0.26)
                 img = _resize(g, int(w_m * ppm), int(w_m * ppm * 1.41))
                 paper = np.array([238, 236, 228]) * rng.uniform(0.95, 1.0)
-                ink = (img.astype(np.float32) / 255.0)
+                ink = img.astype(np.float32) / 255.0
                 rgb = np.clip(paper[None, None] * (0.25 + 0.75 * ink[..., None]), 0, 255).astype(np.uint8)
                 self._paste(tex, rgb, x, y, rng.uniform(-40, 40), shadow=0.12)
             else:  # a photo print or a magazine
@@ -388,7 +427,7 @@ class World:
             r0, c0 = max(row, 0), max(col, 0)
             r1, c1 = min(row + img.shape[0], h), min(col + img.shape[1], w)
             if r1 > r0 and c1 > c0:
-                wall[r0:r1, c0:c1] = img[r0 - row:r1 - row, c0 - col:c1 - col]
+                wall[r0:r1, c0:c1] = img[r0 - row : r1 - row, c0 - col : c1 - col]
         return wall
 
     def wall_plane(self):
@@ -446,8 +485,10 @@ class World:
         ppm = 700.0 * self.scale
         h, w = int(tw.length * ppm), int(tw.width * ppm)  # rows along x, columns along y
         base = np.array([[70, 110, 170], [190, 60, 60], [230, 226, 210], [90, 150, 110]][int(rng.integers(4))])
-        g = mirror_tile(load_photo("grass"), h, w, 0.18 * self.scale, rng) * 0.6 \
+        g = (
+            mirror_tile(load_photo("grass"), h, w, 0.18 * self.scale, rng) * 0.6
             + mirror_tile(load_photo("gravel"), h, w, 0.12 * self.scale, rng) * 0.4
+        )
         stripes = ((np.arange(w) * 10 // max(w, 1)) % 3 == 0).astype(np.float32)
         var = 0.05 * smooth_field(rng, h, w, 4) - 0.12 * stripes[None, :]
         tex = tint(g, base, 0.16, var)
@@ -501,7 +542,9 @@ class World:
             return Textured(Image.fromarray(np.dstack([rgb, np.full((h, w), 255, np.uint8)]), "RGBA"))
 
         self.cabinet_looks = {
-            "body_top": panel(sx, sy), "body_x": panel(sy, sz), "body_y": panel(sx, sz),
+            "body_top": panel(sx, sy),
+            "body_x": panel(sy, sz),
+            "body_y": panel(sx, sz),
             "front": panel(sx * 0.94, sz * 0.7, 1.05, 8.0),
         }
         self.cabinet_colour = tuple(int(v) for v in wood)
@@ -594,8 +637,12 @@ class Painter:
         self.W, self.H = img.size
 
     def _on_screen(self, uv: np.ndarray, margin=2.0) -> bool:
-        return not (uv[:, 0].max() < -margin or uv[:, 1].max() < -margin or uv[:, 0].min() > self.W + margin
-                    or uv[:, 1].min() > self.H + margin)
+        return not (
+            uv[:, 0].max() < -margin
+            or uv[:, 1].max() < -margin
+            or uv[:, 0].min() > self.W + margin
+            or uv[:, 1].min() > self.H + margin
+        )
 
     def textured_quad(self, corners: np.ndarray, tex: Image.Image) -> None:
         uv, z = self.view.project(corners)
@@ -668,12 +715,15 @@ class Painter:
         (u, v), col = uv[0], np.asarray(colour, dtype=np.float64)
         self.draw.ellipse([u - r, v - r, u + r, v + r], fill=tuple(int(c * 0.7) for c in col))
         r2 = r * 0.8
-        self.draw.ellipse([u - r2 - 0.15 * r, v - r2 - 0.2 * r, u + r2 - 0.15 * r, v + r2 - 0.2 * r],
-                          fill=tuple(int(c) for c in col))
+        self.draw.ellipse(
+            [u - r2 - 0.15 * r, v - r2 - 0.2 * r, u + r2 - 0.15 * r, v + r2 - 0.2 * r], fill=tuple(int(c) for c in col)
+        )
         if ring is not None:
             r3 = r * 0.35
-            self.draw.ellipse([u - r3 - 0.2 * r, v - r3 - 0.25 * r, u + r3 - 0.2 * r, v + r3 - 0.25 * r],
-                              fill=tuple(int(min(255, c * 1.2)) for c in col))
+            self.draw.ellipse(
+                [u - r3 - 0.2 * r, v - r3 - 0.25 * r, u + r3 - 0.2 * r, v + r3 - 0.25 * r],
+                fill=tuple(int(min(255, c * 1.2)) for c in col),
+            )
 
 
 class ShadowMask:
@@ -691,8 +741,9 @@ class ShadowMask:
 
     def _uv(self, P):
         uv, z = self.view.project(P)
-        return uv / self.DOWN * np.array([self.small[0] * self.DOWN / self.size[0],
-                                          self.small[1] * self.DOWN / self.size[1]]), z
+        return uv / self.DOWN * np.array(
+            [self.small[0] * self.DOWN / self.size[0], self.small[1] * self.DOWN / self.size[1]]
+        ), z
 
     def box(self, centre, R, half, strength=150) -> None:
         corners = np.asarray(centre) + (_SIGNS * half) @ R.T
@@ -771,7 +822,7 @@ class NoiseBank:
     def window(self, rng: np.random.Generator, height: int, width: int) -> np.ndarray:
         f = self.fields[int(rng.integers(self.FIELDS))]
         oy, ox = int(rng.integers(self.PAD + 1)), int(rng.integers(self.PAD + 1))
-        n = f[oy:oy + height, ox:ox + width]
+        n = f[oy : oy + height, ox : ox + width]
         flip = int(rng.integers(4))
         if flip & 1:
             n = n[::-1]
@@ -812,8 +863,14 @@ class SensorModel:
         wb = rng.uniform(0.96, 1.04, 3).astype(np.float32)
         wb /= wb.mean()
         self.gain_map = (vig[..., None] * wb[None, None, :]).astype(np.float32)
-        self.drift = (rng.uniform(0.03, 0.06), rng.uniform(15, 40), rng.uniform(0, 2 * math.pi),
-                      rng.uniform(0.01, 0.02), rng.uniform(3, 8), rng.uniform(0, 2 * math.pi))
+        self.drift = (
+            rng.uniform(0.03, 0.06),
+            rng.uniform(15, 40),
+            rng.uniform(0, 2 * math.pi),
+            rng.uniform(0.01, 0.02),
+            rng.uniform(3, 8),
+            rng.uniform(0, 2 * math.pi),
+        )
         self.flicker = (rng.uniform(0.003, 0.007), rng.uniform(8, 12), rng.uniform(0, 2 * math.pi))
         self.base_gain = rng.uniform(0.96, 1.04)
         self._y = self._s = None
@@ -863,8 +920,18 @@ ARM_LOOKS = {
 class Renderer:
     """Renders any camera of one episode at any time, given the arm's world state."""
 
-    def __init__(self, *, seed: int, site: str, robot_id: str, arm: ArmModel, script, width: int, height: int,
-                 cameras: tuple[str, ...]):
+    def __init__(
+        self,
+        *,
+        seed: int,
+        site: str,
+        robot_id: str,
+        arm: ArmModel,
+        script,
+        width: int,
+        height: int,
+        cameras: tuple[str, ...],
+    ):
         self.seed, self.arm, self.script = seed, arm, script
         self.W, self.H = int(width), int(height)
         self.cameras = tuple(cameras)
@@ -954,8 +1021,9 @@ class Renderer:
         scene camera is the lighting, the sensor noise and whatever moves in the scene."""
         s = self.W / 640.0
         drift = [(rng.uniform(1.0, 2.5) * s * 0.0, rng.uniform(8, 25), rng.uniform(0, 2 * math.pi)) for _ in range(2)]
-        shake = [(rng.uniform(0.15, 0.45) * s * 0.0, rng.uniform(1.5, 6.0), rng.uniform(0, 2 * math.pi))
-                 for _ in range(4)]
+        shake = [
+            (rng.uniform(0.15, 0.45) * s * 0.0, rng.uniform(1.5, 6.0), rng.uniform(0, 2 * math.pi)) for _ in range(4)
+        ]
         zoom = (rng.uniform(0.001, 0.003) * 0.0, rng.uniform(10, 30), rng.uniform(0, 2 * math.pi))
         return drift, shake, zoom
 
@@ -987,15 +1055,21 @@ class Renderer:
         if not wrist:
             # base column
             base_top = o[0] + np.array([0, 0, 0.09])
-            items.append((0.5 * (o[0] + base_top), lambda p, a=o[0], b=base_top: p.link(a, b, 0.078, (70, 74, 80)),
-                          None))
+            items.append(
+                (0.5 * (o[0] + base_top), lambda p, a=o[0], b=base_top: p.link(a, b, 0.078, (70, 74, 80)), None)
+            )
             for k in range(1, 7):
                 a, b = o[k - 1], o[k]
                 if np.linalg.norm(b - a) < 1e-4:
                     continue
                 r = arm.link_radius[k - 1]
-                items.append((0.5 * (a + b), lambda p, a=a, b=b, r=r: p.link(a, b, r, lc),
-                              lambda s, a=a, b=b, r=r: s.link(a, b, r)))
+                items.append(
+                    (
+                        0.5 * (a + b),
+                        lambda p, a=a, b=b, r=r: p.link(a, b, r, lc),
+                        lambda s, a=a, b=b, r=r: s.link(a, b, r),
+                    )
+                )
             for k in range(1, 6):
                 r = arm.link_radius[min(k, 5)] * 1.22
                 items.append((o[k], lambda p, c=o[k], r=r: p.cap(c, r, cc, ring=True), None))
@@ -1004,17 +1078,29 @@ class Renderer:
         body_c = fl + R6 @ np.array([0, 0, 0.055])
         body_h = np.array([0.045, 0.032, 0.05])
         if not wrist:
-            items.append((body_c, lambda p: p.box(body_c, R6, body_h, None, colour=(52, 54, 58)),
-                          lambda s: s.box(body_c, R6, body_h)))
+            items.append(
+                (
+                    body_c,
+                    lambda p: p.box(body_c, R6, body_h, None, colour=(52, 54, 58)),
+                    lambda s: s.box(body_c, R6, body_h),
+                )
+            )
         half_open = st.opening / 2
         for sgn in (-1, 1):
             fc = fl + R6 @ np.array([sgn * (half_open + 0.007), 0, arm.tcp_offset - 0.022])
             fh = np.array([0.007, 0.011, 0.027])
             pad = fl + R6 @ np.array([sgn * (half_open + 0.0015), 0, arm.tcp_offset - 0.012])
             ph = np.array([0.0015, 0.0105, 0.014])
-            items.append((fc, lambda p, c=fc, h=fh, q=pad, qh=ph: (p.box(c, R6, h, None, colour=(40, 41, 44)),
-                                                                  p.box(q, R6, qh, None, colour=(150, 150, 146))),
-                          lambda s, c=fc, h=fh: s.box(c, R6, h)))
+            items.append(
+                (
+                    fc,
+                    lambda p, c=fc, h=fh, q=pad, qh=ph: (
+                        p.box(c, R6, h, None, colour=(40, 41, 44)),
+                        p.box(q, R6, qh, None, colour=(150, 150, 146)),
+                    ),
+                    lambda s, c=fc, h=fh: s.box(c, R6, h),
+                )
+            )
         return items
 
     def _object_items(self, st: WorldState, wrist: bool):
@@ -1024,8 +1110,13 @@ class Renderer:
             R = _rotz(yaw)
             half = np.array(obj.size) / 2
             look = w.boxes[obj.name]
-            items.append((pos, lambda p, c=pos, R=R, h=half, lk=look: p.box(c, R, h, lk),
-                          lambda s, c=pos, R=R, h=half: s.box(c, R, h)))
+            items.append(
+                (
+                    pos,
+                    lambda p, c=pos, R=R, h=half, lk=look: p.box(c, R, h, lk),
+                    lambda s, c=pos, R=R, h=half: s.box(c, R, h),
+                )
+            )
         cab = self.script.cabinet
         if cab is not None:
             items.append(self._cabinet_item(cab, st.drawer_offset))
@@ -1041,8 +1132,13 @@ class Renderer:
         I = np.eye(3)
         # textures per face of the body; the face towards the robot holds the drawer
         front_face = "-y" if side > 0 else "+y"
-        body_tex = {"+z": lk["body_top"], "+x": lk["body_x"], "-x": lk["body_x"], "+y": lk["body_y"],
-                    "-y": lk["body_y"]}
+        body_tex = {
+            "+z": lk["body_top"],
+            "+x": lk["body_x"],
+            "-x": lk["body_x"],
+            "+y": lk["body_y"],
+            "-y": lk["body_y"],
+        }
         fy = cab.front_y
         ph = sz * 0.7
         pz = sz * 0.55
@@ -1064,8 +1160,12 @@ class Renderer:
                 p.box(drawer_c, I, drawer_h, None, colour=tuple(int(v * 0.85) for v in self.world.cabinet_colour))
                 # the open drawer's inside
                 top = drawer_c + np.array([0, 0, drawer_h[2] + 1e-4])
-                inner = top + np.array([[sgx * drawer_h[0] * 0.92, sgy * drawer_h[1] * 0.95, 0]
-                                        for sgx, sgy in ((-1, 1), (1, 1), (1, -1), (-1, -1))])
+                inner = top + np.array(
+                    [
+                        [sgx * drawer_h[0] * 0.92, sgy * drawer_h[1] * 0.95, 0]
+                        for sgx, sgy in ((-1, 1), (1, 1), (1, -1), (-1, -1))
+                    ]
+                )
                 uv, z = p.view.project(inner)
                 if z.min() > View.NEAR:
                     p.draw.polygon(_poly(uv), fill=dark)
@@ -1150,17 +1250,25 @@ class Renderer:
         # magnifies the texture >= 2x, and warping at half size then upsampling gives the same
         # picture for less than half the cost (Pillow's warp is the wrist camera's main cost)
         Hi = np.linalg.inv(Hm)
-        c = np.array([[self.W / 2, self.H / 2, 1.0], [self.W / 2 + 1, self.H / 2, 1.0], [self.W / 2, self.H / 2 + 1, 1.0]])
+        c = np.array(
+            [[self.W / 2, self.H / 2, 1.0], [self.W / 2 + 1, self.H / 2, 1.0], [self.W / 2, self.H / 2 + 1, 1.0]]
+        )
         q = c @ Hi.T
         q = q[:, :2] / q[:, 2:]
         density = max(np.linalg.norm(q[1] - q[0]), np.linalg.norm(q[2] - q[0]))
         tex = self.world.table_img
         if density < 0.5 and self.W >= 64:
             w2, h2 = self.W // 2, self.H // 2
-            img = tex.transform((w2, h2), Image.PERSPECTIVE, pil_coeffs(Hm, out_scale=w2 / self.W), Image.BILINEAR,
-                                fillcolor=self.world.floor_colour).resize((self.W, self.H), Image.BILINEAR)
+            img = tex.transform(
+                (w2, h2),
+                Image.PERSPECTIVE,
+                pil_coeffs(Hm, out_scale=w2 / self.W),
+                Image.BILINEAR,
+                fillcolor=self.world.floor_colour,
+            ).resize((self.W, self.H), Image.BILINEAR)
         else:
-            img = tex.transform((self.W, self.H), Image.PERSPECTIVE, pil_coeffs(Hm), Image.BILINEAR,
-                                fillcolor=self.world.floor_colour)
+            img = tex.transform(
+                (self.W, self.H), Image.PERSPECTIVE, pil_coeffs(Hm), Image.BILINEAR, fillcolor=self.world.floor_colour
+            )
         A = np.array([[1.0, 0, 0], [0, 1.0, 0]])
         return self._paint_dynamic(img, View(cam, A, (self.W, self.H)), st, wrist=True)
