@@ -49,6 +49,9 @@ steps:
 segments: {length_s: 0.5, stride_s: 0.25}
 """
 
+# What one curation spec's run materializes, in any order: Dagster runs them as the graph orders them.
+SPEC_CHAIN = ["manifests", "cache_sets", "mcap_replica", "checkpoints", "datasets", "evaluations", "released_models"]
+
 FAULTS = {"corrupt_jpeg": 1, "truncated": 1, "dead_camera": 1, "non_monotonic": 1, "frozen_camera": 1}
 
 
@@ -113,14 +116,19 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     results += present
-    warehouse = materialize(
-        [defs.get_assets_def("warehouse_episodes")],
-        instance=instance,
-        resources=resources,
-        run_config=quiet,
-        raise_on_error=False,
-    )
-    results.append(warehouse)
+
+    def run(selection: list[str], partition: str | None = None):
+        """One run of ``selection`` (Dagster orders its steps by the graph; a failed step skips what is downstream)."""
+        return materialize(
+            [defs.get_assets_def(name) for name in selection],
+            instance=instance,
+            resources=resources,
+            partition_key=partition,
+            run_config=quiet,
+            raise_on_error=False,
+        )
+
+    results.append(run(["warehouse_episodes"]))
     spec = home.curation / "demo-clean.yaml"
     if not spec.exists():
         spec.write_text(SAMPLE_SPEC)
@@ -132,99 +140,48 @@ def main(argv: list[str] | None = None) -> int:
     if not steps_spec.exists():
         steps_spec.write_text(STEPS_SPEC)
     instance.add_dynamic_partitions("curation_specs", [spec.stem, steps_spec.stem])
-    manifest = materialize(
-        [defs.get_assets_def("manifests")],
-        instance=instance,
-        resources=resources,
-        partition_key=spec.stem,
-        run_config=quiet,
-        raise_on_error=False,
-    )
-    grasps = materialize(
-        [defs.get_assets_def("manifests")],
-        instance=instance,
-        resources=resources,
-        partition_key=steps_spec.stem,
-        run_config=quiet,
-        raise_on_error=False,
-    )
-    results += [manifest, grasps]
-    warmed = replica = None
-    if manifest.success:  # what the prewarm sensor does when the manifest's DataVersion changes
-        warmed = materialize(
-            [defs.get_assets_def("cache_sets")],
-            instance=instance,
-            resources=resources,
-            partition_key=spec.stem,
-            run_config=quiet,
-            raise_on_error=False,
-        )
-        replica = materialize(
-            [defs.get_assets_def("mcap_replica")],
-            instance=instance,
-            resources=resources,
-            partition_key=spec.stem,
-            run_config=quiet,
-            raise_on_error=False,
-        )
-        results += [warmed, replica]
-    trained = None
-    if warmed is not None and warmed.success:  # the first checkpoints of a model trained on that cache set
-        trained = materialize(
-            [defs.get_assets_def("checkpoints")],
-            instance=instance,
-            resources=resources,
-            partition_key=spec.stem,
-            run_config=quiet,
-            raise_on_error=False,
-        )
-        results.append(trained)
-    later = {}
-    if manifest.success:
-        later["datasets"] = materialize(
-            [defs.get_assets_def("datasets")],
-            instance=instance,
-            resources=resources,
-            partition_key=spec.stem,
-            run_config=quiet,
-            raise_on_error=False,
-        )
-    if trained is not None and trained.success:  # evaluate the checkpoint, then release its weights
-        for name in ("evaluations", "released_models"):
-            later[name] = materialize(
-                [defs.get_assets_def(name)],
-                instance=instance,
-                resources=resources,
-                partition_key=spec.stem,
-                run_config=quiet,
-                raise_on_error=False,
-            )
-    later["review_pool"] = materialize(
-        [defs.get_assets_def("review_pool")],
-        instance=instance,
-        resources=resources,
-        run_config=quiet,
-        raise_on_error=False,
-    )
-    results += list(later.values())
+    # The spec's whole chain in one run: manifest -> cache set and replica -> checkpoints -> evaluation ->
+    # release, and the dataset version beside them; what the curation and prewarm sensors and a user's
+    # "Materialize all" do in the UI.
+    chain = run(SPEC_CHAIN, spec.stem)
+    grasps = run(["manifests"], steps_spec.stem)
+    pool = run(["review_pool"])
+    results += [chain, grasps, pool]
+    done = Outputs([chain, grasps, pool])
     failed = [r for r in results if not r.success]
     files = print_summary(home, ingest, results)
     print_warehouse(resources["warehouse"])
     print_ladders(home, ingest, resources["ladders"])
-    if manifest.success:
-        print_manifest(home, spec, manifest)
-    if grasps.success:
-        print_manifest(home, steps_spec, grasps)
-    if warmed is not None and warmed.success and replica is not None and replica.success:
+    for s_path, result in ((spec, chain), (steps_spec, grasps)):
+        if (md := Outputs([result]).metadata("manifests")) is not None:
+            print_manifest(home, s_path, md)
+    warmed, replica = done.metadata("cache_sets", spec.stem), done.metadata("mcap_replica", spec.stem)
+    if warmed is not None and replica is not None:
         print_cache(spec.stem, warmed, replica)
-    if trained is not None and trained.success:
+    if (trained := done.metadata("checkpoints", spec.stem)) is not None:
         print_training(spec.stem, trained)
+    later = {name: done.metadata(name) for name in ("datasets", "evaluations", "released_models", "review_pool")}
     print_flywheel(later)
     print_howto(home, files)
     if failed:
         print(f"{len(failed)} run(s) failed: {[r.run_id for r in failed]}", file=sys.stderr)
         return 1
     return 0
+
+
+class Outputs:
+    """The materializations of some runs, by asset (and partition): their metadata as plain values."""
+
+    def __init__(self, results):
+        self._results = results
+
+    def metadata(self, node: str, partition: str | None = None) -> dict | None:
+        """The latest materialization's metadata of ``node`` (in ``partition``), or None when none happened."""
+        for result in reversed(self._results):
+            for m in reversed(result.asset_materializations_for_node(node)):
+                if partition is None or m.partition == partition:
+                    return {k: getattr(v, "value", v) for k, v in m.metadata.items()}
+        return None
 
 
 def ensure_instance_config(dagster_home: Path) -> None:
@@ -236,10 +193,9 @@ def ensure_instance_config(dagster_home: Path) -> None:
         shutil.copyfile(template, dagster_home / "dagster.yaml")
 
 
-def print_manifest(home: DynaHome, spec: Path, result) -> None:
+def print_manifest(home: DynaHome, spec: Path, md: dict) -> None:
     from trainer.manifest_loader import local_copy, open_manifest, rank_slice
 
-    md = {k: getattr(v, "value", v) for k, v in result.asset_materializations_for_node("manifests")[0].metadata.items()}
     node_copy = local_copy(md["arrow"], home.node_cache)  # what local rank 0 of each node does
     table = open_manifest(node_copy)
     slices = [rank_slice(table, r, 4).num_rows for r in range(4)]
@@ -288,12 +244,7 @@ def print_ladders(home: DynaHome, ingest: IngestResource, ladders) -> None:
     print("=" * 86)
 
 
-def print_cache(partition: str, warmed, replica) -> None:
-    c = {k: getattr(v, "value", v) for k, v in warmed.asset_materializations_for_node("cache_sets")[0].metadata.items()}
-    r = {
-        k: getattr(v, "value", v)
-        for k, v in replica.asset_materializations_for_node("mcap_replica")[0].metadata.items()
-    }
+def print_cache(partition: str, c: dict, r: dict) -> None:
     mib = 1 << 20
     print(
         f"cache set {partition}: working set {c['working_set_bytes'] / mib:.1f} MiB of {c['files']} MCAP files in "
@@ -311,10 +262,7 @@ def print_cache(partition: str, warmed, replica) -> None:
     print("=" * 86)
 
 
-def print_training(partition: str, trained) -> None:
-    m = {
-        k: getattr(v, "value", v) for k, v in trained.asset_materializations_for_node("checkpoints")[0].metadata.items()
-    }
+def print_training(partition: str, m: dict) -> None:
     print(
         f"checkpoints {partition}: {m['steps']} steps, loss {m['loss_first']:.3f} -> {m['loss_last']:.3f}, "
         f"{m['samples_per_s']:.1f} samples/s, data wait {m['data_wait_fraction']:.1%}, optimizer {m['optimizer_mode']}"
@@ -332,14 +280,8 @@ def print_training(partition: str, trained) -> None:
     print("=" * 86)
 
 
-def print_flywheel(results: dict) -> None:
-    def md(name):
-        r = results.get(name)
-        if r is None or not r.success:
-            return None
-        return {k: getattr(v, "value", v) for k, v in r.asset_materializations_for_node(name)[0].metadata.items()}
-
-    d, e, rel, pool = md("datasets"), md("evaluations"), md("released_models"), md("review_pool")
+def print_flywheel(found: dict) -> None:
+    d, e, rel, pool = (found.get(name) for name in ("datasets", "evaluations", "released_models", "review_pool"))
     if d and d.get("dataset"):
         print(
             f"dataset {d['dataset']}: {d['rows']} segments, {d['episodes']} episodes, manifest {d['sha256'][:12]}… "

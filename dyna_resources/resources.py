@@ -312,23 +312,19 @@ class TrainerResource(ConfigurableResource):
 
     def prepare(self, home: HomeResource, cache: CacheResource, partition: str) -> TrainingRun:
         """The run of curation spec ``partition`` on its current manifest (or on ``dataset``), ready to launch."""
-        return prepare_run(
-            self.settings(),
-            home.home(),
-            partition,
-            manifest_url=home.manifest_arrow_url(partition),
-            registry_url=home.resolved_registry_url(),
-            cache_dir=cache.root_dir(),
-        )
+        return prepare_run(*self._run_of(home, cache, partition))
 
     def run_dir(self, home: HomeResource, cache: CacheResource, partition: str) -> Path:
         """The run folder ``prepare`` would use for ``partition`` now (nothing written)."""
-        cfg = plan_run(
+        return Path(plan_run(*self._run_of(home, cache, partition)).run_dir)
+
+    def _run_of(self, home: HomeResource, cache: CacheResource, partition: str) -> tuple:
+        """The arguments of ``plan_run``/``prepare_run`` for ``partition`` in this deployment."""
+        return (
             self.settings(),
             home.home(),
             partition,
-            manifest_url=home.manifest_arrow_url(partition),
-            registry_url=home.resolved_registry_url(),
-            cache_dir=cache.root_dir(),
+            home.manifest_arrow_url(partition),
+            home.resolved_registry_url(),
+            cache.root_dir(),
         )
-        return Path(cfg.run_dir)

@@ -119,7 +119,7 @@ def launch_command(settings: TrainerSettings, config_path: Path) -> list[str]:
 
 
 def plan_run(
-    settings: TrainerSettings, home: DynaHome, spec: str, *, manifest_url: str, registry_url: str, cache_dir: str
+    settings: TrainerSettings, home: DynaHome, spec: str, manifest_url: str, registry_url: str, cache_dir: str
 ) -> TrainConfig:
     """The run's config, its ``run_dir`` the keyed run folder (nothing written there: ``prepare_run`` does;
     ``evaluations`` and ``released_models`` use this to find the run ``checkpoints`` trained).
@@ -181,7 +181,7 @@ def plan_run(
 
 
 def prepare_run(
-    settings: TrainerSettings, home: DynaHome, spec: str, *, manifest_url: str, registry_url: str, cache_dir: str
+    settings: TrainerSettings, home: DynaHome, spec: str, manifest_url: str, registry_url: str, cache_dir: str
 ) -> TrainingRun:
     """Resolve the run's data (:func:`plan_run`), write its config into its keyed run folder and build its
     command."""
