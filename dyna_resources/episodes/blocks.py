@@ -112,7 +112,7 @@ class _NotFastPath(Exception):
     pass
 
 
-def decode_block(data: bytes) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+def decode_block(data: bytes | memoryview) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Parse one block into (timestamps_ns int64 (n,), {name: float64 (n, width)})."""
     try:
         return _decode_fast(data)
@@ -120,7 +120,7 @@ def decode_block(data: bytes) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         return _decode_with_protobuf(data)
 
 
-def _decode_fast(data: bytes) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+def _decode_fast(data: bytes | memoryview) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     buf = memoryview(data)
     pos, end = 0, len(buf)
     ts = np.empty(0, dtype=np.int64)
@@ -144,7 +144,7 @@ def _decode_fast(data: bytes) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     return ts, fields
 
 
-def _decode_field(data: bytes, buf: memoryview, pos: int, end: int):
+def _decode_field(data: bytes | memoryview, buf: memoryview, pos: int, end: int):
     name, width, values = "", 0, np.empty(0, dtype=np.float64)
     while pos < end:
         key, pos = read_varint(buf, pos)
@@ -165,7 +165,7 @@ def _decode_field(data: bytes, buf: memoryview, pos: int, end: int):
     return name, width, values
 
 
-def _decode_with_protobuf(data: bytes) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+def _decode_with_protobuf(data: bytes | memoryview) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     msg = protobuf_class().FromString(bytes(data))
     ts = np.asarray(msg.timestamp_ns, dtype=np.int64)
     fields = {}

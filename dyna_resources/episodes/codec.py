@@ -83,6 +83,7 @@ def encode_gop(
         if enc is None:
             enc = _open_encoder(frame.width, frame.height, settings, rate_hz, frame.format.name)
         else:
+            assert enc.pix_fmt is not None  # an opened encoder has its pixel format (set in _open_encoder)
             frame = as_format(frame, enc.pix_fmt)
         frame.pts = i
         # A decoded JPEG is flagged as an I picture and libx264 honours the flag: without this

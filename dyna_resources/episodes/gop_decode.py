@@ -310,7 +310,8 @@ class _LazyPayload:
     __slots__ = ("_data", "_bytes")
 
     def __init__(self, data: memoryview):
-        self._data, self._bytes = data, None
+        self._data = data
+        self._bytes: bytes | None = None
 
     def __bytes__(self) -> bytes:
         if self._bytes is None:

@@ -276,6 +276,7 @@ def _decode(
             stream = container.streams.video[0]
             stream.thread_type = "NONE"
             if start:
+                assert stream.time_base is not None  # a video stream read from a file has a time base
                 container.seek(int(max(0.0, start - half) / stream.time_base), stream=stream, backward=True)
             for frame in container.decode(stream):
                 t = frame.time
@@ -329,10 +330,10 @@ def import_lerobot(
             site=site,
             started_at=started,
         )
-        cameras = {
-            key.removeprefix(CAMERA_PREFIX): (ts, (frame_to_jpeg(f, jpeg_quality) for f in frames))
-            for key, frames in ep.frames.items()
-        }
+        cameras = {}
+        for key, frames in ep.frames.items():
+            assert not isinstance(frames, H264Clip)  # read_lerobot yields decoded frames, never a clip
+            cameras[key.removeprefix(CAMERA_PREFIX)] = (ts, (frame_to_jpeg(f, jpeg_quality) for f in frames))
         streams = {
             "joint_states": SampleStream(
                 "joint_states", ts, {"position": ep.states}, {"position": ep.state_names} if ep.state_names else {}
@@ -396,6 +397,7 @@ def encode_h264(frames: Iterable, fps: float, crf: float, gop: int) -> H264Clip:
             enc = _h264_encoder(frame.width, frame.height, fps, crf, gop)
         elif (frame.width, frame.height) != (enc.width, enc.height):
             raise ValueError(f"frame {i} is {frame.width}x{frame.height}, earlier frames {enc.width}x{enc.height}")
+        assert enc.pix_fmt is not None  # set in _h264_encoder
         frame = as_format(frame, enc.pix_fmt)
         frame.pts = i
         # A decoded JPEG or video frame keeps its picture type, which libx264 would honour.
@@ -640,6 +642,7 @@ class _Writer:
                 key, _CameraVideo(self.root, key, self.fps, VIDEO_FILE_MB * 1_000_000)
             )
             meta = video.add(clip)
+            assert video.file is not None  # add() leaves the file it wrote to open
             width, height = video.file.size
         else:
             path = self.root / V21_VIDEO_PATH.format(episode_chunk=k // CHUNKS_SIZE, video_key=key, episode_index=k)

@@ -60,21 +60,21 @@ def _summary_of(section: bytes) -> Summary | None:
     footer says there is none). The library does this only privately (``mcap.reader.
     _read_summary_from_stream_reader``) or for a whole seekable file; we fetch the section ourselves."""
     summary = Summary()
-    slots = {Schema: summary.schemas, Channel: summary.channels}
-    lists = {
-        AttachmentIndex: summary.attachment_indexes,
-        ChunkIndex: summary.chunk_indexes,
-        MetadataIndex: summary.metadata_indexes,
-    }
+    # The record classes are flat (each derives from McapRecord only): isinstance picks by exact type.
     for record in StreamReader(io.BytesIO(section), skip_magic=True).records:
-        kind = type(record)
-        if kind in slots:
-            slots[kind][record.id] = record
-        elif kind in lists:
-            lists[kind].append(record)
-        elif kind is Statistics:
+        if isinstance(record, Schema):
+            summary.schemas[record.id] = record
+        elif isinstance(record, Channel):
+            summary.channels[record.id] = record
+        elif isinstance(record, AttachmentIndex):
+            summary.attachment_indexes.append(record)
+        elif isinstance(record, ChunkIndex):
+            summary.chunk_indexes.append(record)
+        elif isinstance(record, MetadataIndex):
+            summary.metadata_indexes.append(record)
+        elif isinstance(record, Statistics):
             summary.statistics = record
-        elif kind is Footer:
+        elif isinstance(record, Footer):
             return summary if record.summary_start else None
     return summary
 
@@ -177,6 +177,7 @@ class _RangeSource:
         if self._fd is not None:
             data = os.pread(self._fd, length, offset)
         else:
+            assert self._file is not None  # no descriptor: the source is a file object
             with self._lock:  # seek + read: the GOP-aware loader decodes cameras on threads
                 self._file.seek(offset)
                 data = self._file.read(length)
@@ -299,10 +300,12 @@ class EpisodeReader:
 
     @property
     def start_ns(self) -> int:
+        assert self.summary.statistics is not None  # MCAP writers (ours, the mcap library's) write Statistics
         return self.summary.statistics.message_start_time
 
     @property
     def end_ns(self) -> int:
+        assert self.summary.statistics is not None  # as in start_ns
         return self.summary.statistics.message_end_time
 
     def metadata(self, name: str = EPISODE_METADATA) -> dict[str, str]:
@@ -478,9 +481,10 @@ class EpisodeReader:
                 raise McapFormatError(self.path, f"H.264 decode failed: {e}", topic) from None
             cache.keep_decoder((cid, key), decoder, (j, k))
         images = [got[p] if p in got else cache.get((cid, p)) for p in picks]
-        if any(im is None for im in images):
+        present = [im for im in images if im is not None]
+        if len(present) != len(images):
             raise McapFormatError(self.path, "decoder produced fewer frames than access units", topic)
-        return Frames(requested_ns=targets, timestamps_ns=np.array(stamps, dtype=np.int64), images=np.stack(images))
+        return Frames(requested_ns=targets, timestamps_ns=np.array(stamps, dtype=np.int64), images=np.stack(present))
 
     def _keyframe_before(self, cid: int, pos: tuple[int, int], memo: dict) -> tuple[int, int]:
         chunks = self._chunks_of[cid]
@@ -514,7 +518,8 @@ class EpisodeReader:
         cid = self._channel(topic, "stream")
         md = self.channels[cid].metadata
         block_ns = int(md.get("block_ns", 0))
-        ts_parts, field_parts = [], {}
+        ts_parts: list[np.ndarray] = []
+        field_parts: dict[str, list[np.ndarray]] = {}
         for j in self._chunk_range(cid, start_ns - block_ns, end_ns):
             for m in self._load_chunk(self._chunks_of[cid][j], memo).get(cid, []):
                 if m.log_time < start_ns - block_ns or m.log_time > end_ns:
@@ -530,9 +535,8 @@ class EpisodeReader:
         order = np.argsort(ts, kind="stable")
         ts = ts[order]
         keep = (ts >= start_ns) & (ts <= end_ns)
-        fields = {f: np.concatenate(field_parts[f])[order][keep] for f in names}
         labels = {k[len("labels.") :]: v.split(",") for k, v in md.items() if k.startswith("labels.")}
-        return SampleStream(name, ts[keep], fields, labels)
+        return SampleStream(name, ts[keep], {f: np.concatenate(field_parts[f])[order][keep] for f in names}, labels)
 
     def read_window(
         self,

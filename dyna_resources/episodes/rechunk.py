@@ -33,6 +33,7 @@ def rechunk(src: str | Path, dst: str | Path, profile: ReadProfile | str) -> Non
             if profile == INTERLEAVED:
                 _write_interleaved(reader, summary, metadata, fout)
             else:
+                assert isinstance(profile, ReadProfile)  # the one string taken is INTERLEAVED
                 _write_grouped(reader, summary, metadata, fout, profile)
         os.replace(tmp, dst)
     except BaseException:
@@ -41,7 +42,7 @@ def rechunk(src: str | Path, dst: str | Path, profile: ReadProfile | str) -> Non
 
 
 def _write_grouped(reader, summary, metadata, fout, profile: ReadProfile) -> None:
-    episode = next((m.metadata for m in metadata if m.name == EPISODE_METADATA), {})
+    episode: dict[str, str] = next((m.metadata for m in metadata if m.name == EPISODE_METADATA), {})
     header = reader.get_header()
     w = GroupedChunkWriter(
         fout,

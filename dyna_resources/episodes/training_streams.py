@@ -146,8 +146,9 @@ class TrainingStreamSpec:
             or (len(parts) == 3 and not parts[2].strip().isdigit())
         ):
             raise ValueError(f"training stream spec {text!r}: expected NAME:HxW[:GOP], e.g. t128:128x128:30")
-        extra = {"gop_frames": int(parts[2])} if len(parts) == 3 else {}
-        return cls(name=parts[0], height=int(size[0]), width=int(size[1]), **extra)
+        if len(parts) == 3:
+            return cls(name=parts[0], height=int(size[0]), width=int(size[1]), gop_frames=int(parts[2]))
+        return cls(name=parts[0], height=int(size[0]), width=int(size[1]))
 
 
 @dataclass
@@ -296,7 +297,7 @@ def _rewrite(
     results: dict[str, TrainingStreamResult] = {}
     for s in specs:
         same = s.name in present and sorted(present[s.name]) == cameras and _spec_or_none(recorded.get(s.name)) == s
-        action = "kept" if same else "replaced" if s.name in present else "added"
+        action: Literal["added", "replaced", "kept"] = "kept" if same else "replaced" if s.name in present else "added"
         results[s.name] = TrainingStreamResult(s.name, action, list(cameras), 0, 0, 0, 0.0)
     new = [s for s in specs if results[s.name].action != "kept"]
     dropped = {cid for s in new for cid in present.get(s.name, {}).values()}
@@ -420,8 +421,8 @@ def _rewrite(
             stream_of.update({channel_map[c]: name for c in cids.values()})
     for ci in w.chunk_indexes:
         owners = {stream_of.get(c) for c in ci.message_index_offsets}
-        if len(owners) == 1 and (name := owners.pop()) in results:
-            results[name].bytes += ci.chunk_length + ci.message_index_length
+        if len(owners) == 1 and (owner := owners.pop()) is not None and owner in results:
+            results[owner].bytes += ci.chunk_length + ci.message_index_length
     return results, decode_t[0]
 
 

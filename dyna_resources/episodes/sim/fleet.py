@@ -232,6 +232,7 @@ def _frames(
             continue
         data = raw_format.encode_jpeg(sim.render_frame(cam, int(i)), quality)
         if corrupt_at is not None and pos == corrupt_at:
+            assert rng is not None  # a corrupted frame is garbled at random: callers pass corrupt_at with rng
             data = _corrupt(data, rng)
         held = data
         yield data

@@ -355,15 +355,20 @@ class Script:
     end_t: float = 0.0
 
     def scale_time(self, k: float, shift: float = 0.0) -> None:
-        f = lambda t: None if t is None else t * k + shift
+        def f(t: float) -> float:
+            return t * k + shift
+
+        def f_opt(t: float | None) -> float | None:  # an unset time stays unset
+            return None if t is None else f(t)
+
         self.arm_times = [f(t) for t in self.arm_times]
         self.grip_times = [f(t) for t in self.grip_times]
         self.grip_cmd = [(f(t), c) for t, c in self.grip_cmd]
         for o in [*self.objects, self.towel, self.cabinet]:
             if o is not None:
-                o.attach_t, o.detach_t = f(o.attach_t), f(o.detach_t)
+                o.attach_t, o.detach_t = f_opt(o.attach_t), f_opt(o.detach_t)
         if self.stain is not None:
-            self.stain.wipe_t0, self.stain.wipe_t1 = f(self.stain.wipe_t0), f(self.stain.wipe_t1)
+            self.stain.wipe_t0, self.stain.wipe_t1 = f_opt(self.stain.wipe_t0), f_opt(self.stain.wipe_t1)
         self.impulses = [(f(t), m, d) for t, m, d in self.impulses]
         self.press = [(f(a), f(b), n) for a, b, n in self.press]
         self.pull = [(f(a), f(b), v) for a, b, v in self.pull]
