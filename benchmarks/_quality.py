@@ -28,7 +28,7 @@ def quality(g, mcap_path: Path, every: int, sources: dict | None = None) -> tupl
     with RawEpisode(g.path) as raw, EpisodeReader(mcap_path) as r:
         for cam, stream in raw.cameras.items():
             idx = np.arange(every // 2, len(stream), every)
-            got = r.read_frames([cam], stream.timestamps_ns[idx])[cam]
+            got = r.read_frames([cam], stream.timestamps_ns[idx].tolist())[cam]
             for k, i in enumerate(idx):
                 if (cam, i) not in sources:
                     raw_frame = sim.render_frame(cam, int(g.frame_indices[cam][i]))

@@ -76,8 +76,8 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")  # the loopback server checks no signature
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
 
-    with tempfile.TemporaryDirectory(prefix="dyna-bench-cache-", dir=args.dir) as tmp:
-        tmp = Path(tmp)
+    with tempfile.TemporaryDirectory(prefix="dyna-bench-cache-", dir=args.dir) as tmp_name:
+        tmp = Path(tmp_name)
         served = tmp / "origin"
         local = served / BUCKET / "objects"  # the server's files double as the local-disk copies
         local.mkdir(parents=True)

@@ -24,6 +24,7 @@ import argparse
 import dataclasses
 import json
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -115,8 +116,12 @@ def main(argv: list[str]) -> int:
         f"step ladders vs scripted procedures: {n} episodes per column ({len(seeds)} seeds x {len(TASKS)} tasks "
         f"x 2 outcomes x {len(MODELS)} arms, 6-16 s), config {config.version}\n"
     )
-    rows = [("ladder = script", lambda r: f"{r['ladder_match']:.1%}")]
-    rows += [(f"  {t}", lambda r, t=t: f"{r['by_task'][t]:.1%}") for t in TASKS]
+
+    def share_of(task: str) -> Callable[[dict], object]:
+        return lambda r: f"{r['by_task'][task]:.1%}"
+
+    rows: list[tuple[str, Callable[[dict], object]]] = [("ladder = script", lambda r: f"{r['ladder_match']:.1%}")]
+    rows += [(f"  {t}", share_of(t)) for t in TASKS]
     rows += [
         ("boundary err mean ms", lambda r: f"{r['boundary_err_ms_mean']:.1f}"),
         ("boundary err p95 ms", lambda r: f"{r['boundary_err_ms_p95']:.1f}"),

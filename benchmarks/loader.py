@@ -577,6 +577,7 @@ def main(argv: list[str]) -> int:
             print(f"  {set_name:6} {name:12} {rows[name]['samples_per_s']:8.1f} samples/s", flush=True)
         if lerobot_ds is not None:
             drop_page_cache(*folders)
+            assert venv is not None  # a LeRobot dataset was built with it
             try:
                 rows["lerobot"] = lerobot_pass(venv, lerobot_ds, c, subset, dense, limit, base)
                 print(f"  {set_name:6} lerobot      {rows['lerobot']['samples_per_s']:8.1f} samples/s", flush=True)

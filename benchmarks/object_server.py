@@ -189,7 +189,7 @@ class ObjectServer:
         self._connections: set[socket.socket] = set()
         self._httpd = _HTTPServer((host, port), _Handler)
         self._httpd.object_server = self
-        self._thread = threading.Thread(
+        self._thread: threading.Thread | None = threading.Thread(
             target=self._httpd.serve_forever,
             kwargs={"poll_interval": 0.1},
             name=f"object-server-{self.port}",
@@ -203,7 +203,9 @@ class ObjectServer:
 
     @property
     def endpoint_url(self) -> str:
-        return f"http://{self._httpd.server_address[0]}:{self.port}"
+        host = self._httpd.server_address[0]
+        assert isinstance(host, str)  # an AF_INET server: typeshed allows bytes for AF_UNIX ones
+        return f"http://{host}:{self.port}"
 
     def reset_counters(self) -> None:
         self.counters.reset()

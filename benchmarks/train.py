@@ -58,8 +58,8 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
 
-    with tempfile.TemporaryDirectory(prefix="dyna-bench-train-", dir=args.dir) as tmp:
-        tmp = Path(tmp)
+    with tempfile.TemporaryDirectory(prefix="dyna-bench-train-", dir=args.dir) as tmp_name:
+        tmp = Path(tmp_name)
         served = tmp / "origin"
         (served / BUCKET / "mcap").mkdir(parents=True)
         (served / BUCKET / "checkpoints").mkdir(parents=True)
