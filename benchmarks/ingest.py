@@ -340,6 +340,7 @@ def main(argv: list[str]) -> int:
     from dyna_assets.deployment import embedded_resources
     from dyna_resources.catalog.registry import TRANSCODED
     from dyna_resources.episodes.sim import generate_fleet
+    from dyna_resources.home import DynaHome
     from dyna_resources.ingest.gates import GateConfig
     from dyna_resources.ingest.ray_units import ray_cluster
     from dyna_resources.ingest.tick import LandingSettings
@@ -348,9 +349,10 @@ def main(argv: list[str]) -> int:
     subreaper = become_subreaper()
     with tempfile.TemporaryDirectory(prefix="dyna-ingest-bench-", dir=args.workdir or None) as tmp:
         home = Path(tmp) / "home"
+        landing = DynaHome(home).landing
         t = time.perf_counter()
         generated = generate_fleet(
-            home / "landing",
+            landing,
             n_eps,
             seed=args.seed,
             width=w,
@@ -361,7 +363,7 @@ def main(argv: list[str]) -> int:
             mark_complete=True,
         )  # as uploaders do: landed at once, not after settle_s
         gen_s = time.perf_counter() - t
-        landed = sorted((home / "landing").glob("*.h5"))
+        landed = sorted(landing.glob("*.h5"))
         landed_bytes = sum(p.stat().st_size for p in landed)
         target = max(1, landed_bytes // n_batches)
 
@@ -414,7 +416,7 @@ def main(argv: list[str]) -> int:
 
         # -- codec floor and post gates, same frames, this process --------------------------
         video = transcode.settings().video
-        sources = [home / "landing" / e["source_path"] for e in good]
+        sources = [landing / e["source_path"] for e in good]
         floor = codec_floor_parallel(sources, video, transcode.pool_size())
         # every LONE_FLOOR_EVERY-th episode again alone (this process, nothing else of ours
         # running): what the cores lose to each other, as a ratio on the same episodes

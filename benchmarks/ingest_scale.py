@@ -117,13 +117,14 @@ def one_size(n: int, workdir: Path) -> dict:
 
     from dyna_assets.definitions import defs
     from dyna_assets.ingest.sensors import landing_sensor
+    from dyna_resources.home import DynaHome
     from dyna_resources.ingest.landing import LandingZone
     from dyna_resources.ingest.tick import LandingCursor, LandingSettings, landing_tick
     from dyna_resources.resources import HomeResource, IngestResource
 
     home = workdir / "home"
     t = time.perf_counter()
-    keys, total_bytes = make_zone(home / "landing", n)
+    keys, total_bytes = make_zone(DynaHome(home).landing, n)
     make_s = time.perf_counter() - t
     settings = LandingSettings()  # production
     ingest = IngestResource.with_landing(settings, home=HomeResource(root=str(home)))
@@ -155,7 +156,7 @@ def one_size(n: int, workdir: Path) -> dict:
     pending_bytes = sum(f.bytes for f in registry.unbatched_files()[0])
 
     # -- reconciliation: a sweep over the last W keys, against listing the whole zone ------------
-    zone = LandingZone(home / "landing")
+    zone = LandingZone(DynaHome(home).landing)
     w = min(WINDOW_KEYS, n - 1)
     state = LandingCursor.loads(cursor)
     sweep_times = []
