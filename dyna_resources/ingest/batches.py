@@ -419,7 +419,7 @@ def transcode_batch(
     attempt = list(range(len(jobs)))
     try:
         while attempt:  # a first pass, then rounds of the episodes a machine fault interrupted
-            again = []
+            again: list[int] = []
             with closing(
                 run_each(
                     _transcode_one,

@@ -69,24 +69,27 @@ class LandingZone:
     def _walk(self, folder: Path, prefix: str, after: str | None, limit: int | None, out: list[LandedFile]) -> bool:
         try:
             with os.scandir(folder) as it:
-                entries = [e for e in it if not e.name.startswith(".")]
+                entries = [entry for entry in it if not entry.name.startswith(".")]
         except FileNotFoundError:
             return True  # vanished between listing its parent and opening it
         except PermissionError as e:
             raise StoreUnavailableError(str(folder), f"cannot list: {e.strerror}") from None
         # A folder's keys are "<name>/...": sort it as "<name>/" so the order is the keys' byte order.
         keyed = sorted(
-            ((prefix + e.name + "/" if e.is_dir(follow_symlinks=False) else prefix + e.name), e) for e in entries
+            ((prefix + entry.name + "/" if entry.is_dir(follow_symlinks=False) else prefix + entry.name), entry)
+            for entry in entries
         )
-        for key, e in keyed:
+        for key, entry in keyed:
             if key.endswith("/"):
                 # every key below sorts in [key, key[:-1] + "0"): skip the subtree if it all lies before the cursor
                 if after is not None and key[:-1] + "0" <= after:
                     continue
-                if not self._walk(Path(e.path), key, after, limit, out):
+                if not self._walk(Path(entry.path), key, after, limit, out):
                     return False
-            elif e.is_file(follow_symlinks=False) and key.endswith(self.suffixes) and (after is None or key > after):
-                st = e.stat(follow_symlinks=False)
+            elif (
+                entry.is_file(follow_symlinks=False) and key.endswith(self.suffixes) and (after is None or key > after)
+            ):
+                st = entry.stat(follow_symlinks=False)
                 out.append(LandedFile(key, st.st_size, st.st_mtime_ns))
                 if limit is not None and len(out) >= limit:
                     return False

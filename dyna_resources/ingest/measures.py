@@ -11,7 +11,7 @@ def drop_fraction(ts_ns: np.ndarray) -> float:
     """Share of a regular stream's frames that are missing, from gaps in its timestamps."""
     if len(ts_ns) < 3:
         return 0.0
-    d = np.diff(ts_ns.astype(np.int64))
+    d: np.ndarray = np.diff(ts_ns.astype(np.int64))  # numpy's stubs type an int64 diff as timedelta64
     period = float(np.median(d))
     if period <= 0:
         return 0.0

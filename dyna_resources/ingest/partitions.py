@@ -146,6 +146,7 @@ def ingest_partition(
     units = sorted(registry.partition_units(partition_key), key=lambda u: (-u.bytes, u.seq))
     seconds = _episode_seconds(registry, units) if job.stage == "post" else {}
     work = [WorkUnit(u.key, job, bytes=u.bytes, episode_s=seconds.get(u.key, 0.0)) for u in units]
+    results: Iterator[UnitResult]
     if units_on == "ray":
         results = run_units(
             run_unit,

@@ -66,6 +66,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -243,11 +244,13 @@ def spike_rows(joint_states: Mapping[str, np.ndarray], z: float) -> tuple[np.nda
     acceleration belongs to the later of its two steps, a jerk to the middle of its three."""
     pos, vel, eff = (joint_states.get(k) for k in ("position", "velocity", "effort"))
     if vel is None:
+        assert pos is not None  # velocity is derived from position: a joint_states stream has one or the other
         vel = np.diff(np.asarray(pos, dtype=np.float64), axis=0, prepend=pos[:1])
     vel = np.asarray(vel, dtype=np.float64).reshape(len(vel), -1)
     n = len(vel)
-    hits = {
-        "velocity": spike_cells(vel, z).any(axis=1),
+    # cast: numpy's stubs type any(axis=1) as possibly a scalar; of an (n, c) array it is (n,)
+    hits: dict[str, np.ndarray] = {
+        "velocity": cast(np.ndarray, spike_cells(vel, z).any(axis=1)),
         "acceleration": np.zeros(n, dtype=bool),
         "jerk": np.zeros(n, dtype=bool),
     }
@@ -258,7 +261,7 @@ def spike_rows(joint_states: Mapping[str, np.ndarray], z: float) -> tuple[np.nda
     hits["acceleration"] &= ~_near(hits["velocity"])  # a velocity glitch's own derivatives
     hits["jerk"] &= ~_near(hits["velocity"] | hits["acceleration"])
     if eff is not None:
-        hits["effort"] = spike_cells(np.asarray(eff).reshape(len(eff), -1), z).any(axis=1)
+        hits["effort"] = cast(np.ndarray, spike_cells(np.asarray(eff).reshape(len(eff), -1), z).any(axis=1))
     mask = np.logical_or.reduce(list(hits.values()))
     return mask, {k: int(v.sum()) for k, v in hits.items()}
 
@@ -267,7 +270,7 @@ def gap_fraction(ts_ns: np.ndarray, periods: float) -> float:
     """Share of a regular stream's span that falls inside gaps longer than ``periods`` nominal periods."""
     if len(ts_ns) < 3:
         return 0.0
-    d = np.diff(np.asarray(ts_ns, dtype=np.int64))
+    d: np.ndarray = np.diff(np.asarray(ts_ns, dtype=np.int64))  # numpy's stubs type an int64 diff as timedelta64
     period = float(np.median(d))
     span = float(ts_ns[-1] - ts_ns[0])
     if period <= 0 or span <= 0:
@@ -292,7 +295,7 @@ def _worst(per: Mapping[str, float]) -> tuple[str | None, float]:
     """The name with the highest value, and that value (None, 0.0 when there is none)."""
     if not per:
         return None, 0.0
-    name = max(per, key=per.get)
+    name = max(per, key=per.__getitem__)
     return name, per[name]
 
 

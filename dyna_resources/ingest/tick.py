@@ -229,7 +229,8 @@ def _settled(
                 continue
             seen[key] = f
             (version_keys if key in version_keys or settling[key][3:] == ["version"] else new_keys).add(key)
-    settled_new, settled_versions = [], []
+    settled_new: list[LandedFile] = []
+    settled_versions: list[LandedFile] = []
     for key, f in seen.items():
         prev = settling.get(key)
         if landing.complete(key) or (

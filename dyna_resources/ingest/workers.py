@@ -92,7 +92,7 @@ def run_each(
                 i, args = todo.pop()
                 slot = free.pop()
                 recv, send = ctx.Pipe(duplex=False)
-                p: BaseProcess = ctx.Process(
+                p: BaseProcess = ctx.Process(  # type: ignore[attr-defined]  # typeshed's BaseContext lacks Process
                     target=_child,
                     args=(send, fn, args, cpu_limit_s, os.getpid() if ctx.get_start_method() == "fork" else None),
                     name=f"worker-{slot}-job-{i}",
