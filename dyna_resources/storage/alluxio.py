@@ -267,6 +267,7 @@ class AlluxioConfig:
     @property
     def addresses(self) -> tuple[str, ...]:
         """``host:port`` of every worker address the client talks to (the DNS name for a domain)."""
+        assert isinstance(self.worker_hosts, tuple)  # __post_init__ parses a string into host:port addresses
         return self.worker_hosts or (f"{self.load_balance_domain}:{self.worker_http_port}",)
 
     @classmethod
@@ -561,7 +562,7 @@ class AlluxioFront:
         return origin_op()
 
     # ---- addressing -----------------------------------------------------------------------------
-    def key_of(self, path: str) -> str:
+    def key_of(self, path: str | os.PathLike[str]) -> str:
         """The origin key of ``path``: a full URL under the origin root, or the origin filesystem's
         path form of one (``bucket/prefix/key``, ``/abs/path``); ``ValueError`` outside the root."""
         text = os.fspath(path)
@@ -579,7 +580,7 @@ class AlluxioFront:
             raise ValueError(f"{redact(text)!r} is not under the origin {root} this Alluxio front serves")
         return check_key(url[len(root) + 1 :])
 
-    def url(self, path: str) -> str:
+    def url(self, path: str | os.PathLike[str]) -> str:
         """The full origin URL of ``path`` (what Alluxio is asked for)."""
         return self.origin.url(self.key_of(path))
 

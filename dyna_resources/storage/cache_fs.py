@@ -134,7 +134,7 @@ class CachedFile(io.RawIOBase):
         self._pos += len(data)
         return data
 
-    def readall(self) -> bytearray:
+    def readall(self) -> bytearray:  # type: ignore[override]  # a bytearray as read() gives, not a copy into bytes
         return self.read(-1)
 
     def readinto(self, buffer) -> int:

@@ -340,11 +340,11 @@ class PageCache:
                 if inner_lo <= k < inner_hi:
                     continue
                 lo, hi = k * bs, min((k + 1) * bs, want)
-                blk = os.pread(fd, hi - lo, data_at + lo)
-                if len(blk) != hi - lo or xxhash.xxh3_64_intdigest(blk) != sums[k]:
+                edge = os.pread(fd, hi - lo, data_at + lo)
+                if len(edge) != hi - lo or xxhash.xxh3_64_intdigest(edge) != sums[k]:
                     return self._drop_bad(key, f"checksum mismatch in block {k}")
-                s, e = max(a, lo), min(b, hi)
-                dest[s - a : e - a] = blk[s - lo : e - lo]
+                cut_lo, cut_hi = max(a, lo), min(b, hi)
+                dest[cut_lo - a : cut_hi - a] = edge[cut_lo - lo : cut_hi - lo]
         except OSError as e:
             self._warn("read", f"cache page unreadable ({e.strerror or e}): reading from the origin")
             return False
@@ -428,7 +428,7 @@ class PageCache:
         self._with_index(lambda db: db.execute("DELETE FROM pages WHERE key = ?", (key,)))
 
     # ---- misses -------------------------------------------------------------------------------
-    def _fill(self, url: str, info: ObjectInfo, page: int, dataset: str) -> tuple[bytes, bool]:
+    def _fill(self, url: str, info: ObjectInfo, page: int, dataset: str) -> tuple[bytes | bytearray, bool]:
         """(the page's bytes, whether they came from the origin): from the cache if another reader
         filled it meanwhile, else from the origin, then stored (best effort)."""
         ps = self.config.page_size

@@ -342,12 +342,12 @@ def _progress_bar(total: int, progress):
 
     bar = tqdm(total=total, unit="page", desc="prewarm", file=sys.stderr, mininterval=0.5)
 
-    def step(n, done=False):
+    def bar_step(n, done=False):
         bar.update(n)
         if done:
             bar.close()
 
-    return step
+    return bar_step
 
 
 __all__ = [

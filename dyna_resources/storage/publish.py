@@ -259,7 +259,10 @@ def _gcs_condition(key: str, current: dict | None, expect: Expect) -> dict:
     _check_expected("gs", key, current, expect)
     if expect is None:
         return {}
-    return {"ifGenerationMatch": "0" if expect == "absent" else str(current["generation"])}
+    if expect == "absent":
+        return {"ifGenerationMatch": "0"}
+    assert current is not None  # a version was expected: _check_expected raised if there is no object
+    return {"ifGenerationMatch": str(current["generation"])}
 
 
 def _publish_gcs(store: Store, path: str, key: str, source: _Source, expect: Expect, part_size: int) -> ObjectInfo:
@@ -381,7 +384,10 @@ def _s3_condition(key: str, current: dict | None, expect: Expect) -> dict:
     if expect is None:
         return {}
     # S3 conditions compare ETags, not version ids: a rewrite with identical bytes would pass, harmlessly.
-    return {"IfNoneMatch": "*"} if expect == "absent" else {"IfMatch": current["ETag"]}
+    if expect == "absent":
+        return {"IfNoneMatch": "*"}
+    assert current is not None  # a version was expected: _check_expected raised if there is no object
+    return {"IfMatch": current["ETag"]}
 
 
 def _publish_s3(store: Store, path: str, key: str, source: _Source, expect: Expect, part_size: int) -> ObjectInfo:

@@ -278,7 +278,7 @@ class Store:
         path = self._path(key)
         with self._guard(key):
             if mode == "wb" and self.protocol == "file":
-                return _AtomicLocalWriter(path)
+                return _AtomicLocalWriter(path)  # type: ignore[return-value]  # duck-typed: BinaryIO's writing half
             if self.protocol != "file":  # s3fs opens with the cached ETag (If-Match): a rewrite would fail the read
                 self.filesystem.invalidate_cache(path)
             return self.filesystem.open(path, mode)
