@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -84,21 +85,21 @@ def photo_dir() -> Path:
 def load_photo(name: str) -> np.ndarray:
     """A photograph from scikit-image's wheel as uint8 (H, W, 3) or (H, W) for grey textures."""
     path = photo_dir() / _FILES[name]
-    with Image.open(path) as im:
-        im = im.convert("L" if name in GREY_TEXTURES or name in ("text", "page", "camera", "coins") else "RGB")
+    with Image.open(path) as photo:
+        im = photo.convert("L" if name in GREY_TEXTURES or name in ("text", "page", "camera", "coins") else "RGB")
         a = np.asarray(im).copy()
     a.setflags(write=False)
     return a
 
 
-def _resize(a: np.ndarray, w: int, h: int, resample=Image.BILINEAR) -> np.ndarray:
+def _resize(a: np.ndarray, w: int, h: int, resample=Image.Resampling.BILINEAR) -> np.ndarray:
     return np.asarray(Image.fromarray(a).resize((max(1, w), max(1, h)), resample))
 
 
 def smooth_field(rng: np.random.Generator, h: int, w: int, cells: int = 6) -> np.ndarray:
     """Low-frequency noise in [-1, 1]-ish: a small random grid upsampled bicubically."""
     g = rng.normal(0.0, 1.0, size=(cells + 3, max(3, int(cells * w / max(h, 1)) + 3))).astype(np.float32)
-    im = Image.fromarray(g, mode="F").resize((w + 2 * w // cells, h + 2 * h // cells), Image.BICUBIC)
+    im = Image.fromarray(g, mode="F").resize((w + 2 * w // cells, h + 2 * h // cells), Image.Resampling.BICUBIC)
     a = np.asarray(im)
     oy, ox = h // cells, w // cells
     return a[oy : oy + h, ox : ox + w] / 1.5
@@ -111,7 +112,7 @@ def mirror_tile(
     mirror-tiled (seamless); float32 normalised to zero mean, unit std."""
     th = max(8, int(round(gray.shape[0] * scale)))
     tw = max(8, int(round(gray.shape[1] * scale * aniso)))
-    t = _resize(gray, tw, th, Image.LANCZOS if scale < 1 else Image.BICUBIC).astype(np.float32)
+    t = _resize(gray, tw, th, Image.Resampling.LANCZOS if scale < 1 else Image.Resampling.BICUBIC).astype(np.float32)
     if rng.random() < 0.5:
         t = t[:, ::-1]
     quad = np.concatenate([np.concatenate([t, t[:, ::-1]], 1), np.concatenate([t[::-1], t[::-1, ::-1]], 1)], 0)
@@ -277,21 +278,22 @@ class World:
         self.wall_ppm = 330.0 * self.scale
         tcol, tname, tcon, taniso = _TABLES[int(srng.integers(len(_TABLES)))]
         wcol, wname, wcon = _WALLS[int(srng.integers(len(_WALLS)))]
-        tcol = np.array(tcol) * rng.uniform(0.96, 1.04, 3)
-        self.table = self._table_texture(rng, tcol, tname, tcon, taniso)
+        table_colour = np.array(tcol) * rng.uniform(0.96, 1.04, 3)
+        self.table = self._table_texture(rng, table_colour, tname, tcon, taniso)
         self.wall = self._wall_texture(rng, srng, wcol, wname, wcon)
-        fl = (0.55 * np.array(tcol)).astype(int)
+        fl = (0.55 * np.array(table_colour)).astype(int)
         self.floor_colour = tuple(int(v) for v in fl)
         self.boxes: dict[str, BoxLook] = {}
         for obj in script.objects:
             self.boxes[obj.name] = self._box_look(rng, obj.kind, obj.size)
-        self.towel_tex = self.towel_back = None
+        self.towel_tex: Textured | None = None
+        self.towel_back: Textured | None = None
         if script.towel is not None:
             self._towel(rng)
         self.stain_tex = None
         if script.stain is not None:
             self._stain(rng)
-        self.cabinet_looks = None
+        self.cabinet_looks: dict[str, Textured] | None = None
         if script.cabinet is not None:
             self._cabinet(rng)
         self.table_img = Image.fromarray(self.table)
@@ -335,8 +337,8 @@ class World:
         if pad:
             img = np.pad(img, ((pad, pad), (pad, pad), (0, 0)))
             a = np.pad(a, pad)
-        pil = Image.fromarray(img).rotate(angle_deg, Image.BILINEAR, expand=True)
-        al = Image.fromarray(a).rotate(angle_deg, Image.BILINEAR, expand=True)
+        pil = Image.fromarray(img).rotate(angle_deg, Image.Resampling.BILINEAR, expand=True)
+        al = Image.fromarray(a).rotate(angle_deg, Image.Resampling.BILINEAR, expand=True)
         cx, cy = self.table_px(x, y)
         x0, y0 = int(cx - pil.width / 2), int(cy - pil.height / 2)
         h, w = tex.shape[:2]
@@ -347,8 +349,10 @@ class World:
         dst = tex[ya:yb, xa:xb].astype(np.float32)
         if pad:
             # light from above, slightly from +x / +y: the shadow falls towards -x / -y (up, left here)
-            sh = al.transform(al.size, Image.AFFINE, (1, 0, pad * 0.35, 0, 1, pad * 0.5), Image.BILINEAR)
-            sh = np.asarray(sh.filter(ImageFilter.GaussianBlur(pad * 0.3)))[win].astype(np.float32) / 255.0
+            shifted = al.transform(
+                al.size, Image.Transform.AFFINE, (1, 0, pad * 0.35, 0, 1, pad * 0.5), Image.Resampling.BILINEAR
+            )
+            sh = np.asarray(shifted.filter(ImageFilter.GaussianBlur(pad * 0.3)))[win].astype(np.float32) / 255.0
             dst *= 1.0 - shadow * sh[..., None]
         src = np.asarray(pil)[win].astype(np.float32)
         k = np.asarray(al)[win][..., None].astype(np.float32) / 255.0
@@ -462,7 +466,7 @@ class World:
                 crop = photo_crop(rng, photo, w / h, (0.25, 0.7))
                 if crop.mean() > 60 and crop.std() > 25:
                     break
-            rgb = _resize(crop, w, h, Image.LANCZOS)
+            rgb = _resize(crop, w, h, Image.Resampling.LANCZOS)
         rgba = np.dstack([rgb, np.full((h, w), 255, np.uint8)])
         return Textured(Image.fromarray(rgba, "RGBA"))
 
@@ -478,7 +482,7 @@ class World:
         for f, (a, b) in {"+x": (W, H), "-x": (W, H), "+y": (L, H), "-y": (L, H)}.items():
             faces[f] = self._face(rng, a, b, "photo", photo)
         col = np.asarray(faces["+z"].image)[..., :3].reshape(-1, 3).mean(0)
-        return BoxLook(faces, tuple(int(v) for v in col))
+        return BoxLook(faces, (int(col[0]), int(col[1]), int(col[2])))  # col: the mean RGB
 
     def _towel(self, rng) -> None:
         tw = self.script.towel
@@ -583,7 +587,8 @@ def _hull(pts: np.ndarray) -> np.ndarray:
     def cross(o, a, b):
         return (a[0] - o[0]) * (b[1] - o[1]) - (a[1] - o[1]) * (b[0] - o[0])
 
-    lower, upper = [], []
+    lower: list[tuple[float, ...]] = []
+    upper: list[tuple[float, ...]] = []
     for q in p:
         while len(lower) >= 2 and cross(lower[-2], lower[-1], q) <= 0:
             lower.pop()
@@ -661,14 +666,19 @@ class Painter:
             coeffs = pil_coeffs(Hm, (x0, y0))
         except np.linalg.LinAlgError:
             return
-        patch = tex.transform((x1 - x0, y1 - y0), Image.PERSPECTIVE, coeffs, Image.BILINEAR, fillcolor=(0, 0, 0, 0))
+        patch = tex.transform(
+            (x1 - x0, y1 - y0), Image.Transform.PERSPECTIVE, coeffs, Image.Resampling.BILINEAR, fillcolor=(0, 0, 0, 0)
+        )
         self.img.paste(patch, (x0, y0), patch)
 
     def box(self, centre, R, half, look: BoxLook | None, colour=None, textures: dict | None = None) -> None:
         centre, half = np.asarray(centre, dtype=np.float64), np.asarray(half, dtype=np.float64)
         eye = self.view.cam.centre
         faces = textures if textures is not None else (look.faces if look is not None else {})
-        base_col = np.asarray(colour if colour is not None else look.colour, dtype=np.float64)
+        if colour is None:
+            assert look is not None  # a box is drawn with its look or an explicit colour
+            colour = look.colour
+        base_col = np.asarray(colour, dtype=np.float64)
         for name, (n, signs) in _BOX_FACES.items():
             nw = R @ np.asarray(n, dtype=np.float64)
             fc = centre + R @ (np.asarray(n) * half)
@@ -782,7 +792,7 @@ class ShadowMask:
             return img
         # the matching region of the low-res mask, upsampled
         box = (x0 / sx, y0 / sy, x1 / sx, y1 / sy)
-        region = m.resize((x1 - x0, y1 - y0), Image.BILINEAR, box=box)
+        region = m.resize((x1 - x0, y1 - y0), Image.Resampling.BILINEAR, box=box)
         inv = region.point(self._lut)
         part = img.crop((x0, y0, x1, y1))
         img.paste(ImageChops.multiply(part, Image.merge("RGB", (inv, inv, inv))), (x0, y0))
@@ -873,7 +883,8 @@ class SensorModel:
         )
         self.flicker = (rng.uniform(0.003, 0.007), rng.uniform(8, 12), rng.uniform(0, 2 * math.pi))
         self.base_gain = rng.uniform(0.96, 1.04)
-        self._y = self._s = None
+        self._y: np.ndarray | None = None
+        self._s: np.ndarray | None = None
 
     def gain(self, t: float, rng: np.random.Generator) -> float:
         a1, p1, f1, a2, p2, f2 = self.drift
@@ -890,6 +901,7 @@ class SensorModel:
             self._y = np.empty((self.height, self.width, 3), np.float32)
             self._s = np.empty_like(self._y)
         y, s = self._y, self._s
+        assert s is not None  # allocated with self._y
         np.multiply(frame, self.gain_map, out=y)
         y *= np.float32(self.gain(t, rng))
         np.multiply(y, np.float32(self.k_shot), out=s)
@@ -963,9 +975,9 @@ class Renderer:
         eye = np.array(base[0]) + rng_r.uniform(-0.06, 0.06, 3) + rng_e.uniform(-0.008, 0.008, 3)
         target = np.array(base[1]) + rng_r.uniform(-0.04, 0.04, 3) + rng_e.uniform(-0.005, 0.005, 3)
         # a bigger arm gets its cameras mounted further back, aimed higher
-        k = max(1.0, (abs(self.arm.a[1]) + abs(self.arm.a[2])) / 0.8172) - 1.0
-        target[2] += 0.3 * k
-        eye = target + (eye - target) * (1.0 + 0.75 * k)
+        bigger = max(1.0, (abs(self.arm.a[1]) + abs(self.arm.a[2])) / 0.8172) - 1.0
+        target[2] += 0.3 * bigger
+        eye = target + (eye - target) * (1.0 + 0.75 * bigger)
         up = np.array([rng_r.uniform(-0.03, 0.03), rng_r.uniform(-0.03, 0.03), 1.0])
         R, t = look_at(eye, target, up)
         K = intrinsics(self.W, self.H, base[2] + rng_r.uniform(-2, 2))
@@ -1010,7 +1022,9 @@ class Renderer:
             vv = np.arange(h, dtype=np.float32)[:, None]
             mask = ((d0 + uu * du + vv * dv) > 0.05).astype(np.uint8) * 255
             rgba.putalpha(Image.fromarray(mask))
-        layer = rgba.transform(img.size, Image.PERSPECTIVE, coeffs, Image.BILINEAR, fillcolor=(0, 0, 0, 0))
+        layer = rgba.transform(
+            img.size, Image.Transform.PERSPECTIVE, coeffs, Image.Resampling.BILINEAR, fillcolor=(0, 0, 0, 0)
+        )
         img.paste(layer, (0, 0), layer)
 
     def _camera_motion(self, rng) -> tuple:
@@ -1049,7 +1063,7 @@ class Renderer:
         """(depth point, draw(painter), shadow(mask)) for the arm, gripper and fingers."""
         fr = st.frames
         o = fr[:, :3, 3]
-        items = []
+        items: list[tuple[np.ndarray, Callable[..., object], Callable[..., object] | None]] = []
         arm = self.arm
         lc, cc = self.link_colour, self.cap_colour
         if not wrist:
@@ -1124,6 +1138,7 @@ class Renderer:
 
     def _cabinet_item(self, cab, offset: float):
         lk = self.world.cabinet_looks
+        assert lk is not None  # World builds the cabinet's looks when the script has a cabinet
         sx, sy, sz = cab.size
         cx, cy = cab.centre
         side = cab.side
@@ -1201,9 +1216,11 @@ class Renderer:
             folded = E[0] < cx  # past the fold line: we see the back of the cloth
             # texture: row 0 at the fold line, columns along +y
             quad = np.stack([A, B, C, D])
-            tex = (w.towel_back if folded else w.towel_tex).shaded(0.95 if folded else 1.0)
+            towel = w.towel_back if folded else w.towel_tex
+            assert towel is not None  # World builds both sides when the script has a towel
+            tex = towel.shaded(0.95 if folded else 1.0)
             if folded:
-                tex = tex.transpose(Image.FLIP_TOP_BOTTOM)
+                tex = tex.transpose(Image.Transpose.FLIP_TOP_BOTTOM)
             painter.textured_quad(quad, tex)
 
     def _paint_dynamic(self, img: Image.Image, view: View, st: WorldState, wrist: bool) -> Image.Image:
@@ -1232,7 +1249,7 @@ class Renderer:
             sc = A[0, 0]
             x0, y0 = -A[0, 2] / sc + m, -A[1, 2] / sc + m
             box = (x0, y0, x0 + self.W / sc, y0 + self.H / sc)
-            img = canvas.resize((self.W, self.H), Image.BILINEAR, box=box)
+            img = canvas.resize((self.W, self.H), Image.Resampling.BILINEAR, box=box)
             img = self._paint_dynamic(img, View(cam, A, (self.W, self.H)), st, wrist=False)
         frame = np.asarray(img)
         return self.sensors[camera].apply(frame, t, frame_rng)
@@ -1261,14 +1278,18 @@ class Renderer:
             w2, h2 = self.W // 2, self.H // 2
             img = tex.transform(
                 (w2, h2),
-                Image.PERSPECTIVE,
+                Image.Transform.PERSPECTIVE,
                 pil_coeffs(Hm, out_scale=w2 / self.W),
-                Image.BILINEAR,
+                Image.Resampling.BILINEAR,
                 fillcolor=self.world.floor_colour,
-            ).resize((self.W, self.H), Image.BILINEAR)
+            ).resize((self.W, self.H), Image.Resampling.BILINEAR)
         else:
             img = tex.transform(
-                (self.W, self.H), Image.PERSPECTIVE, pil_coeffs(Hm), Image.BILINEAR, fillcolor=self.world.floor_colour
+                (self.W, self.H),
+                Image.Transform.PERSPECTIVE,
+                pil_coeffs(Hm),
+                Image.Resampling.BILINEAR,
+                fillcolor=self.world.floor_colour,
             )
         A = np.array([[1.0, 0, 0], [0, 1.0, 0]])
         return self._paint_dynamic(img, View(cam, A, (self.W, self.H)), st, wrist=True)
