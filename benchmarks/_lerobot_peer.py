@@ -193,7 +193,7 @@ def _create_from_jpeg_episodes(root: Path, files: list[Path]) -> dict:
         frames += n
     if hasattr(ds, "finalize"):
         ds.finalize()
-    sizes = {}
+    sizes: dict[str, int] = {}
     for p in root.rglob("*"):
         if p.is_file():
             top = p.relative_to(root).parts[0]
@@ -388,7 +388,7 @@ class _MemorySampler(threading.Thread):
 def _versions() -> dict[str, str | None]:
     import importlib.metadata as md
 
-    out = {}
+    out: dict[str, str | None] = {}
     for p in ("lerobot", "torch", "torchvision", "torchcodec", "av", "datasets", "numpy"):
         try:
             out[p] = md.version(p)
@@ -451,7 +451,8 @@ def load(root: Path, plan: dict, hf_cache: Path) -> dict:
     t = time.perf_counter()
     it = iter(loader)
     first_batch_s = None
-    samples, pad = 0, {}
+    samples = 0
+    pad: dict = {}
     for batch in it:
         if first_batch_s is None:
             first_batch_s = time.perf_counter() - t
@@ -477,7 +478,7 @@ def load(root: Path, plan: dict, hf_cache: Path) -> dict:
 
     read_bytes, rchar = delta_io("read_bytes"), delta_io("rchar")
     me = os.getpid()
-    mem = {
+    mem: dict = {
         "method": "peak PSS/RSS/USS per process from /proc/<pid>/smaps_rollup, sampled every "
         f"{sampler.interval * 1000:.0f} ms during the pass and once at its end ({sampler.samples} "
         "samples), workers still alive; vm_hwm_kb: the kernel's peak RSS (/proc/<pid>/status VmHWM); "

@@ -633,11 +633,11 @@ def main(argv: list[str]) -> int:
             f"${pk.cost.total_usd:.3f}/episode-hour"
         )
     if current is not None:
-        c = current.point
+        cur = current.point
         print(
-            f"  current default {c.label}: {c.bytes_per_frame / ref.bytes_per_frame:.3f} x JPEG, PSNR {c.psnr_db:.2f} dB, "
-            f"{episode_hours_per_core_hour(c, model):.2f} episode-hours/core-hour, "
-            f"${cost_per_episode_hour(c, model).total_usd:.3f}/episode-hour"
+            f"  current default {cur.label}: {cur.bytes_per_frame / ref.bytes_per_frame:.3f} x JPEG, "
+            f"PSNR {cur.psnr_db:.2f} dB, {episode_hours_per_core_hour(cur, model):.2f} episode-hours/core-hour, "
+            f"${cost_per_episode_hour(cur, model).total_usd:.3f}/episode-hour"
         )
     print(
         f"  settings with ratio <= {SIZE_RATIO_GOAL}, PSNR >= floor and >= 1 episode-hour/core-hour: "
