@@ -231,6 +231,7 @@ def _drift(url: str, home: Path, registry) -> dict:
     """The drift sensor through Dagster's evaluation, 1 % then 100 % stale."""
     from dagster import DagsterInstance, build_sensor_context
 
+    from dyna_assets.dagster_private import requested_partitions
     from dyna_assets.definitions import defs
     from dyna_assets.ingest.partitions import ingest_partitions
     from dyna_assets.ingest.sensors import version_drift_sensor
@@ -238,10 +239,11 @@ def _drift(url: str, home: Path, registry) -> dict:
     from dyna_resources.resources import HomeResource, IngestResource, LadderResource
 
     keys = [p.key for p in registry.sealed_partitions_after(0)]
-    res = {"ingest": IngestResource(home=HomeResource(root=str(home), registry_url=url))}
-    res["ladders"] = LadderResource(home=res["ingest"].home)
-    out = {"partitions": len(keys)}
+    ingest = IngestResource(home=HomeResource(root=str(home), registry_url=url))
+    res = {"ingest": ingest, "ladders": LadderResource(home=ingest.home)}
+    out: dict = {"partitions": len(keys)}
     with DagsterInstance.ephemeral() as instance:
+        assert ingest_partitions.name is not None  # a named dynamic partitions definition
         instance.add_dynamic_partitions(ingest_partitions.name, keys)
         saved = versions.PIPELINE_VERSION
         try:
@@ -251,11 +253,7 @@ def _drift(url: str, home: Path, registry) -> dict:
                     t = time.perf_counter()
                     result = version_drift_sensor.evaluate_tick(ctx)
                     s = time.perf_counter() - t
-                requested = {
-                    ap.partition_key
-                    for req in result.run_requests or []
-                    for ap in req.asset_graph_subset.iterate_asset_partitions()
-                }
+                requested = {key for req in result.run_requests or [] for _, key in requested_partitions(req)}
                 want = set(
                     registry.outdated_partitions(schema_version=versions.SCHEMA_VERSION, pipeline_version=current)
                 )
@@ -295,20 +293,20 @@ def run_backend(backend: str, url: str, sizes: list[int], tmp: Path, log, unit_c
     shape = synthetic.CorpusShape()
     done, rows, extra, concurrent = 0, [], UNIT_CALL_EPISODES_FROM, 0
     for n in sizes:
-        registry.record_outcomes = timed = TimedOutcomes(record)
+        registry.record_outcomes = timed = TimedOutcomes(record)  # type: ignore[method-assign]  # wrapped to time it
         t = time.perf_counter()
         synthetic.populate(registry, n - done, start=done, shape=shape, pipeline_version=_stale_version(shape))
         grow_s = time.perf_counter() - t
         bulk = timed.rate()
         # one unit a call, on top: the smallest commit ingest makes
-        registry.record_outcomes = unit = TimedOutcomes(record)
+        registry.record_outcomes = unit = TimedOutcomes(record)  # type: ignore[method-assign]  # wrapped to time it
         synthetic.populate(registry, unit_calls * shape.episodes_per_unit, start=extra, shape=shape, units_per_call=1)
         extra += unit_calls * shape.episodes_per_unit
         k_writers = min(max(n // 10, 4 * shape.episodes_per_unit), 100_000)
         together = _concurrent_writes(url, registry, WRITERS_EPISODES_FROM + concurrent, k_writers, WRITERS)
         concurrent += k_writers
         done = n
-        registry.record_outcomes = record
+        registry.record_outcomes = record  # type: ignore[method-assign]  # wrapped to time it
         drift = _drift(url, tmp / "home", registry)
         wh = tmp / f"warehouse-{backend}-{n}.duckdb"
         first = _in_fresh_process(_first_sync, url, str(wh))
