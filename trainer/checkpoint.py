@@ -227,6 +227,9 @@ class CheckpointManager:
             async_stager=self._stager,
             no_dist=self._pg is None,
         )
+        # use_async_staging=False: the stager hands back the state dict, not a Future, so async_save
+        # returns the upload's Future (an AsyncSaveResponse comes only with async staging)
+        assert isinstance(future, Future), type(future)
         handle = SaveHandle(step=step, path=path, waited_s=waited)
         handle.blocking_s = time.perf_counter() - t0
         handle._future = self._executor.submit(self._finish, handle, future, t0, extra)
@@ -332,6 +335,7 @@ class CheckpointManager:
                 shutil.rmtree(folder, ignore_errors=True)
 
     def _prune_remote(self) -> None:
+        assert self.store is not None, "only called with a store"
         by_step = _remote_steps(self.store)
         complete = sorted(s for s, keys in by_step.items() if f"{step_dir(s)}/{MARKER}" in keys)
         try:
@@ -428,7 +432,7 @@ class CheckpointManager:
         with self._lock():
             record = _read_json(folder / MARKER)
             from_store = record is None
-            if from_store:
+            if record is None:
                 record = self._remote_record(name)
             files = record["files"]
             if not _stamp_matches(folder, files, session):
@@ -457,6 +461,7 @@ class CheckpointManager:
 
     def _download(self, key: str, dest: Path, expect: dict) -> None:
         dest.parent.mkdir(parents=True, exist_ok=True)
+        assert self.store is not None, "only called with a store: without one a damaged file raises _Damaged"
         tmp = dest.with_name(f".{dest.name}.tmp-{uuid.uuid4().hex}")
         try:
             h, size = hashlib.sha256(), 0

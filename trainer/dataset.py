@@ -358,8 +358,13 @@ class ManifestDataset(IterableDataset):
         r, frame_cache, memo = self._reader(self.sample_uri(i), readers)
         times = self.sample_times(i)
         cams = list(spec.cameras) if spec.cameras is not None else r.cameras
-        kw = {"stream": spec.stream} if spec.stream else {}
-        frames = r.read_frames(cams, times.frames, memo=memo, cache=frame_cache, **kw)
+        frames = r.read_frames(
+            cams,
+            times.frames,  # type: ignore[arg-type]  # read_frames takes any int array (np.asarray), annotated Sequence[int]
+            memo=memo,
+            cache=frame_cache,
+            stream=spec.stream or None,
+        )
         streams = r.read_streams(
             spec.stream_names(),
             int(times.proprio[0]) - _ns(spec.tolerance_s),
@@ -389,10 +394,10 @@ class ManifestDataset(IterableDataset):
             span,
             times.actions_pad,
         )
-        images = torch.from_numpy(images)
+        pixels = torch.from_numpy(images)
         return {
-            "frames": images[:, :-1],
-            "future": images[:, -1],
+            "frames": pixels[:, :-1],
+            "future": pixels[:, -1],
             "proprio": torch.from_numpy(proprio),
             "actions": torch.from_numpy(actions),
             "proprio_is_pad": torch.from_numpy(times.proprio_pad),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -94,7 +95,9 @@ def evaluate(model: WorldActionModel, manifest_table: pa.Table, spec, *, batch_s
     }
 
 
-def load_model(run_dir: str | Path, step: int | None = None) -> tuple[WorldActionModel, TrainConfig, CheckpointInfo]:
+def load_model(
+    run_dir: str | os.PathLike, step: int | None = None
+) -> tuple[WorldActionModel, TrainConfig, CheckpointInfo]:
     """The model of a training run's checkpoint (the latest complete one, or ``step``): weights only,
     the optimizer state is never read."""
     run_dir = Path(run_dir)
@@ -116,7 +119,7 @@ def load_model(run_dir: str | Path, step: int | None = None) -> tuple[WorldActio
     return model, cfg, info
 
 
-def checkpoint_ref(run_dir: str | Path, info: CheckpointInfo) -> dict:
+def checkpoint_ref(run_dir: str | os.PathLike, info: CheckpointInfo) -> dict:
     marker = (info.path / MARKER).read_bytes()
     return {
         "run_dir": str(run_dir),

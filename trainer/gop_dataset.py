@@ -163,7 +163,8 @@ class GopDataset(ManifestDataset):
         """Every frame and stream value the samples (of one episode) read, decoded once."""
         spec, plan = self.spec, self.plan
         if self._backend is None:
-            self._backend = DecoderBackend(self.decoder)  # type: ignore[arg-type]
+            self._backend = DecoderBackend(self.decoder)  # type: ignore[arg-type]  # a str, checked by DecoderBackend
+        backend = self._backend
         uri = self._uri_names[int(plan.code[samples[0]])]
         r = self._open(uri)
         bytes_before = r.log.bytes
@@ -200,8 +201,8 @@ class GopDataset(ManifestDataset):
                 transform=transform,
                 stream=spec.stream,
                 memo=memo,
-                backend=self._backend,
-                tolerance_ns=tolerance,
+                backend=backend,
+                tolerance_ns=tolerance,  # type: ignore[arg-type]  # decode_at takes one per request too, annotated int
             )
 
         pool = self._threads(len(cams))

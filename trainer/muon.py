@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from fnmatch import fnmatch
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -78,10 +79,13 @@ class MuonConfig:
     node_local_min_nodes: int = 2
 
 
-def split_params(model: nn.Module, adamw_params: tuple[str, ...] = ()):
+def split_params(
+    model: nn.Module, adamw_params: tuple[str, ...] = ()
+) -> tuple[list[tuple[str, torch.Tensor]], list[tuple[str, torch.Tensor]]]:
     """(Muon, AdamW) lists of (name, parameter) for the trainable parameters of ``model``."""
     tables = {id(m.weight) for m in model.modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag))}
-    muon, adamw = [], []
+    muon: list[tuple[str, torch.Tensor]] = []
+    adamw: list[tuple[str, torch.Tensor]] = []
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
@@ -158,7 +162,7 @@ class DistributedMuon(torch.optim.Optimizer):
         for kind, params in (("Muon", self._muon_params), ("AdamW", self._adamw_params)):
             if len({(p.dtype, p.device) for p in params}) > 1:
                 raise ValueError(f"the {kind} parameters must share one dtype and device")
-        muon_kwargs = {
+        muon_kwargs: dict[str, Any] = {  # torch.optim.Muon's keyword arguments, of several types
             "lr": config.lr,
             "weight_decay": config.weight_decay,
             "momentum": config.momentum,

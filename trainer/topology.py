@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -62,7 +63,7 @@ class Topology:
         )
 
     @classmethod
-    def from_env(cls, env: dict | None = None, ranks_per_node: int | None = None) -> Topology:
+    def from_env(cls, env: Mapping[str, str] | None = None, ranks_per_node: int | None = None) -> Topology:
         env = os.environ if env is None else env
         rank, world = int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1))
         simulated = ranks_per_node or int(env.get(SIMULATED_RANKS_PER_NODE) or 0)
@@ -189,4 +190,6 @@ def build_groups(topology: Topology, stats: CommStats) -> ProcessGroups:
         handle = dist.new_group(topology.peer_ranks(r))
         if r == topology.local_rank:
             peers = CountedGroup(topology.peer_ranks(r), topology, stats, handle)
+    # topology.node < num_nodes and local_rank < local_world_size, so both loops matched once
+    assert node is not None and peers is not None, f"{topology} names no node or peer group of its own"
     return ProcessGroups(world=world, node=node, peers=peers)

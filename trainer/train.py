@@ -34,7 +34,7 @@ import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import torch
 import torch.distributed as dist
@@ -227,7 +227,7 @@ def run(cfg: TrainConfig) -> dict:
 
         cache = PageCache(CacheConfig.from_env(cfg.cache_dir, root=cfg.cache_dir), Origins.from_env())
         open_file = CachedFileSystem(cache).open
-    common = dict(
+    common: dict[str, Any] = dict(  # the datasets' shared keyword arguments, of several types
         batch_size=cfg.batch_size,
         rank=topo.rank,
         world=topo.world_size,
@@ -235,6 +235,7 @@ def run(cfg: TrainConfig) -> dict:
         open_file=open_file,
         continuous=True,
     )
+    ds: ManifestDataset  # a GopDataset is one
     if cfg.loader.kind == "gop":
         lc = cfg.loader
         decoder = lc.decoder if lc.decoder != "auto" or torch.cuda.is_available() else "cpu"
