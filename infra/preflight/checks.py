@@ -98,6 +98,7 @@ def check_gpu_model(inventory: GpuInventory | None, config: GpuConfig) -> CheckR
     name = "gpu_model"
     if skip := _gpu_check_skipped(name, inventory, config):
         return skip
+    assert inventory is not None, "_gpu_check_skipped skips without an inventory"
     if not config.expected_model:
         return skipped(name, "no model expected")
     wrong = [g for g in inventory.gpus if g.product_name != config.expected_model]
@@ -111,6 +112,7 @@ def check_driver_version(inventory: GpuInventory | None, config: GpuConfig) -> C
     name = "driver_version"
     if skip := _gpu_check_skipped(name, inventory, config):
         return skip
+    assert inventory is not None, "_gpu_check_skipped skips without an inventory"
     version = inventory.driver_version
     if config.allowed_driver_versions and version not in config.allowed_driver_versions:
         return failed(name, f"driver {version or 'unknown'} not in {', '.join(config.allowed_driver_versions)}")
@@ -121,6 +123,7 @@ def check_volatile_ecc(inventory: GpuInventory | None, config: GpuConfig) -> Che
     name = "ecc_volatile"
     if skip := _gpu_check_skipped(name, inventory, config):
         return skip
+    assert inventory is not None, "_gpu_check_skipped skips without an inventory"
     bad = [g for g in inventory.gpus if g.volatile_uncorrectable_ecc > config.max_volatile_uncorrectable_ecc]
     if bad:
         return failed(
@@ -143,6 +146,7 @@ def check_row_remapping(inventory: GpuInventory | None, config: GpuConfig) -> Ch
     name = "row_remapping"
     if skip := _gpu_check_skipped(name, inventory, config):
         return skip
+    assert inventory is not None, "_gpu_check_skipped skips without an inventory"
     problems = []
     for g in inventory.gpus:
         if g.remap_pending:
@@ -156,6 +160,7 @@ def check_page_retirement(inventory: GpuInventory | None, config: GpuConfig) -> 
     name = "page_retirement"
     if skip := _gpu_check_skipped(name, inventory, config):
         return skip
+    assert inventory is not None, "_gpu_check_skipped skips without an inventory"
     pending = [g for g in inventory.gpus if g.retirement_pending]
     if pending:
         return failed(name, ", ".join(f"{_label(g)}: page retirement pending (needs GPU reset)" for g in pending))
@@ -166,6 +171,7 @@ def check_clocks(inventory: GpuInventory | None, config: GpuConfig) -> CheckResu
     name = "clocks"
     if skip := _gpu_check_skipped(name, inventory, config):
         return skip
+    assert inventory is not None, "_gpu_check_skipped skips without an inventory"
     floor = config.min_max_sm_clock_mhz
     if floor is not None:
         slow = [g for g in inventory.gpus if g.max_sm_clock_mhz is None or g.max_sm_clock_mhz < floor]

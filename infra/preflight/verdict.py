@@ -85,6 +85,7 @@ def conclude(
         elif dry_run:
             print(f"preflight: {node} unhealthy; would run: {command}")
         else:
+            assert command is not None, "a failing check always has a drain command"
             print(f"preflight: {node} unhealthy; drained: {command[-1]}")
     if drain_error:
         print(f"preflight: could not drain {node}: {drain_error}", file=sys.stderr)
