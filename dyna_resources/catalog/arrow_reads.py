@@ -235,6 +235,7 @@ def _child(path, mode: str, columns, batch_rows: int, keys: bytes):
             stdout=subprocess.PIPE,
             stderr=err,
         )
+        assert proc.stdin is not None and proc.stdout is not None, "both are pipes"
         try:
             try:
                 proc.stdin.write(len(schema).to_bytes(8, "little") + schema + keys)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from operator import itemgetter
 
-from sqlalchemy import Table
+from sqlalchemy import ColumnDefault, Table
 
 PAGE = 1000  # rows per PostgreSQL VALUES statement
 COPY_FROM = 200  # rows from which PostgreSQL writes go through COPY and a staging table
@@ -322,6 +322,7 @@ def _defaults(table: Table) -> tuple[tuple[str, object], ...]:
         if c.default is not None:
             if not c.default.is_scalar:
                 raise TypeError(f"{table.name}.{c.name}: only scalar column defaults are written in bulk")
+            assert isinstance(c.default, ColumnDefault), "a scalar default is a ColumnDefault, which has .arg"
             out.append((c.name, c.default.arg))
     return tuple(out)
 

@@ -61,14 +61,14 @@ def sync(
     if warehouse.position(source) is None:
         rep.upserts += _snapshot(registry, warehouse, source, slot, snapshot_batch)
         if slot is None and prune:  # what the snapshot holds is applied
-            changelog.prune(registry.engine, consumer_name(warehouse), int(warehouse.position(source)))
+            changelog.prune(registry.engine, consumer_name(warehouse), int(_synced_position(warehouse, source)))
         if slot is not None:
             # The changes after the snapshot's point come with the next sync: a new slot's first
             # decode waits for the server's next running-transactions record (PostgreSQL writes
             # one every 15 s; measured 7-13 s here), which the first sync need not wait for.
-            rep.position = warehouse.position(source)
+            rep.position = _synced_position(warehouse, source)
             return rep
-    position = warehouse.position(source)
+    position = _synced_position(warehouse, source)
     rep.position = int(position) if slot is None else position
     step = _step_sqlite if slot is None else _step_postgres
     while max_batches is None or rep.batches < max_batches:
@@ -76,6 +76,12 @@ def sync(
             break
         rep.batches += 1
     return rep
+
+
+def _synced_position(warehouse: Warehouse, source: str) -> str:
+    position = warehouse.position(source)
+    assert position is not None, "a warehouse synced (or just snapshot) from this source has a position"
+    return position
 
 
 def consumer_name(warehouse: Warehouse) -> str:

@@ -37,6 +37,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -325,7 +326,7 @@ def _conditions(where: Mapping, prefix: str, params: dict, qualifier: str = "") 
     return conds
 
 
-def _normalize(cond) -> tuple[str, object]:
+def _normalize(cond) -> tuple[str, Any]:  # the value as the query gives it
     if isinstance(cond, Mapping):
         ((op, value),) = cond.items()
         return str(op), value

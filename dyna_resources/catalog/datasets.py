@@ -250,8 +250,12 @@ class DatasetRegistry:
             with self.engine.begin() as c:
                 c.execute(datasets_table.insert().values(**row))
         except IntegrityError:  # someone published this name@version meanwhile
-            return self._same_or_refuse(self._get(name, version), spec_name, spec_sha, sha), False
-        return self._get(name, version), True
+            existing = self._get(name, version)
+            assert existing is not None, "the insert refused: the name@version is there (never deleted)"
+            return self._same_or_refuse(existing, spec_name, spec_sha, sha), False
+        published = self._get(name, version)
+        assert published is not None, "inserted just now (never deleted)"
+        return published, True
 
     def _same_or_refuse(self, existing: DatasetRef, spec_name: str, spec_sha: str, sha: str) -> DatasetRef:
         if (existing.spec_name, existing.spec_sha256, existing.sha256) == (spec_name, spec_sha, sha):

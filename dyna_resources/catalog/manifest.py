@@ -242,7 +242,7 @@ class _Stats:
 
     def __init__(self, schema: pa.Schema, count_by):
         self.count_by = [c for c in count_by if c in schema.names]
-        self.counts = {c: Counter() for c in self.count_by}
+        self.counts: dict[str, Counter] = {c: Counter() for c in self.count_by}
         self.has_time = {"start_ns", "end_ns"} <= set(schema.names)
         self.has_episode = "episode_id" in schema.names
         self.seconds = 0.0

@@ -155,6 +155,7 @@ def decode(rows) -> list[Transaction]:
             current = Transaction(commit_lsn="")
         elif kind == b"C":
             _flags, commit_lsn, end_lsn, _ts = struct.unpack_from(">bQQq", buf, 1)
+            assert current is not None, "pgoutput sends changes and Commit only inside a Begin"
             current.commit_lsn = _lsn_text(commit_lsn)
             current.end_lsn = _lsn_text(end_lsn)
             out.append(current)
@@ -165,19 +166,21 @@ def decode(rows) -> list[Transaction]:
             name, pos = _cstring(buf, pos)
             pos += 1  # replica identity setting
             (ncols,), pos = struct.unpack_from(">h", buf, pos), pos + 2
-            cols, keys = [], []
+            cols: list[str] = []
+            key_cols: list[int] = []
             for i in range(ncols):
                 flags, pos = buf[pos], pos + 1
                 col, pos = _cstring(buf, pos)
                 pos += 8  # type oid, type modifier
                 cols.append(col)
                 if flags & 1:
-                    keys.append(i)
-            relations[relid] = (name, cols, keys)
+                    key_cols.append(i)
+            relations[relid] = (name, cols, key_cols)
         elif kind in (b"I", b"U", b"D"):
             (relid,) = struct.unpack_from(">I", buf, 1)
             table, cols, key_idx = relations[relid]
             pos = 5
+            assert current is not None, "pgoutput sends changes and Commit only inside a Begin"
             keys = current.keys.setdefault(table, set())
             while pos < len(buf):
                 # I: 'N' (new row); D: 'K' (key columns, others null) or 'O' (old row); U: an
@@ -192,6 +195,7 @@ def decode(rows) -> list[Transaction]:
                     break
         elif kind == b"T":
             (nrel,) = struct.unpack_from(">I", buf, 1)
+            assert current is not None, "pgoutput sends changes and Commit only inside a Begin"
             for j in range(nrel):
                 (relid,) = struct.unpack_from(">I", buf, 6 + 4 * j)
                 current.truncated.add(relations[relid][0])

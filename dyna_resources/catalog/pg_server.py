@@ -19,6 +19,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 USER = "dyna"
 DATABASE = "dyna_test"
@@ -84,7 +85,8 @@ def throwaway_postgres(*, durable: bool = True, parent: str | None = None) -> It
     if as_root:
         for p in (tmp, data, sock):
             os.chown(p, pg.pw_uid, pg.pw_gid)
-    run = dict(cwd=tmp, capture_output=True, text=True, timeout=120)  # the tools must be able to stat their cwd
+    # subprocess.run's keyword arguments; the tools must be able to stat their cwd
+    run: dict[str, Any] = dict(cwd=tmp, capture_output=True, text=True, timeout=120)
 
     def pg_ctl(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([*prefix, str(bins / "pg_ctl"), "-D", str(data), *args], **run)

@@ -184,10 +184,11 @@ def _gate_row(o: Outcome, episode_id: str | None, now: float, encoded: dict | No
             key = orjson.dumps(o.gates, option=orjson.OPT_SERIALIZE_NUMPY)  # C-speed; the rest is ~10 µs of Python
         except TypeError:  # a value orjson cannot encode: no caching, the slow path says what is wrong
             key = None
-    enc = encoded.get(key) if key is not None else None
+    # a key only with a cache (encoded is not None)
+    enc = encoded.get(key) if encoded is not None and key is not None else None
     if enc is None:
         enc = _encode_gates(o.gates)
-        if key is not None:
+        if encoded is not None and key is not None:
             encoded[key] = enc
     version, checked, failed, failed_gates, gates = enc
     return {
@@ -742,7 +743,8 @@ class Registry:
             try:
                 return self._record_outcomes_once(outcomes, now)
             except Exception as e:  # SQLAlchemy's wrapper, or psycopg2's own error from a raw cursor (bulk.py)
-                reason = _RUN_AGAIN.get(getattr(e.orig if isinstance(e, DBAPIError) else e, "pgcode", None))
+                pgcode = getattr(e.orig if isinstance(e, DBAPIError) else e, "pgcode", None)
+                reason = _RUN_AGAIN.get(pgcode) if pgcode is not None else None
                 if reason is None or attempt == OUTCOME_ATTEMPTS:
                     raise
                 log.warning(
@@ -769,8 +771,11 @@ class Registry:
     def _outcome_writes(self, outcomes: Sequence[Outcome], now: float, c=None) -> _OutcomeWrites:
         """The statements that record these outcomes, built and checked: no connection needed on
         PostgreSQL (the server scores the episodes); SQLite's score is read through ``c``."""
-        results, whole, partial, held, released, scored = {}, {}, {}, {}, set(), {}
-        every_row, every_held, encoded = [], [], {}
+        results, held, released, scored = {}, {}, set(), {}
+        whole: dict[str, dict] = {}  # episode_id -> its merged rows
+        partial: dict[str, dict] = {}
+        every_row, every_held = [], []
+        encoded: dict[bytes, tuple[str, int, int, str, str]] = {}  # the gates' JSON -> _encode_gates of them
         for o in outcomes:  # later outcomes of a file replace earlier ones, as separate calls would
             r, row, h = _outcome_rows(o, now, encoded)
             if r is not None:
@@ -1246,7 +1251,8 @@ def _fold_legacy_gate_rows(engine: Engine) -> None:
     q = legacy.c
     backend = engine.dialect.name
     with engine.begin() as c:
-        last, group = None, []
+        last: tuple | None = None
+        group: list[dict] = []
         while True:
             page = select(legacy).order_by(q.source_path, q.stage, q.gate).limit(LEGACY_PAGE)
             if last is not None:
@@ -1255,7 +1261,7 @@ def _fold_legacy_gate_rows(engine: Engine) -> None:
             if not rows:
                 break
             last = (rows[-1]["source_path"], rows[-1]["stage"], rows[-1]["gate"])
-            done = []
+            done: list[list[dict]] = []
             for r in group + rows:
                 if done and (done[-1][0]["source_path"], done[-1][0]["stage"]) == (r["source_path"], r["stage"]):
                     done[-1].append(r)
@@ -1269,7 +1275,7 @@ def _fold_legacy_gate_rows(engine: Engine) -> None:
 
 
 def _write_folded(c, backend: str, groups: list[list[dict]]) -> None:
-    rows = []
+    rows: list[dict] = []
     for g in groups:
         first = max(g, key=lambda r: r["checked_at"])
         o = Outcome(
@@ -1287,7 +1293,9 @@ def _write_folded(c, backend: str, groups: list[list[dict]]) -> None:
                 for r in g
             ],
         )
-        rows.append(_gate_row(o, first["episode_id"], first["checked_at"]))
+        row = _gate_row(o, first["episode_id"], first["checked_at"])
+        assert row is not None, "a group holds one legacy row per gate: at least one gate"
+        rows.append(row)
     bulk.upsert(c, backend, t.gate_results, rows, ["source_path", "stage"])
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -169,7 +170,11 @@ def outcomes(
         )
         if rejected or waiting:
             continue
-        row = {"episode_id": eid, "schema_version": schema_version, "pipeline_version": pipeline_version}
+        row: dict[str, Any] = {
+            "episode_id": eid,
+            "schema_version": schema_version,
+            "pipeline_version": pipeline_version,
+        }
         if quarantined:
             row.update(
                 status=QUARANTINED, mcap_path=None, mcap_uri=None, mcap_bytes=None, mcap_version=None, quality_ok=False

@@ -197,8 +197,8 @@ class Warehouse:
             raise
 
     def episodes(self) -> list[dict]:
-        names = ", ".join(n for n, _ in self.columns if n != "synced_at")
-        cur = self.con.execute(f"SELECT {names} FROM episodes ORDER BY episode_id")
+        selected = ", ".join(n for n, _ in self.columns if n != "synced_at")
+        cur = self.con.execute(f"SELECT {selected} FROM episodes ORDER BY episode_id")
         names = [d[0] for d in cur.description]
         return [dict(zip(names, row)) for row in cur.fetchall()]
 
@@ -209,7 +209,9 @@ class Warehouse:
         return [dict(zip(names, row)) for row in cur.fetchall()]
 
     def count(self) -> int:
-        return self.con.execute("SELECT count(*) FROM episodes").fetchone()[0]
+        row = self.con.execute("SELECT count(*) FROM episodes").fetchone()
+        assert row is not None, "an aggregate query returns one row"
+        return row[0]
 
     def summary(self, top_tasks: int = 50) -> dict:
         """What the warehouse holds, in aggregate queries (memory does not grow with the rows):
@@ -217,9 +219,11 @@ class Warehouse:
         summed), and how many transcoded episodes carry each quality flag."""
         q = self.con.execute
         by_status = dict(q("SELECT status, count(*) FROM episodes GROUP BY status ORDER BY status").fetchall())
-        hours, tasks = q(
+        totals = q(
             "SELECT coalesce(sum(duration_s), 0) / 3600, count(DISTINCT task) FROM episodes WHERE status = 'transcoded'"
         ).fetchone()
+        assert totals is not None, "an aggregate query returns one row"
+        hours, tasks = totals
         by_task = q(
             "SELECT task, sum(duration_s) / 3600 AS h FROM episodes WHERE status = 'transcoded' "
             "GROUP BY task ORDER BY h DESC, task LIMIT ?",
@@ -231,6 +235,7 @@ class Warehouse:
                             count(*) FILTER (WHERE quality_verdict = 'fail'),
                             count(*) FILTER (WHERE review_verdict IS NOT NULL)
                      FROM episodes WHERE status = 'transcoded'""").fetchone()
+        assert flags is not None, "an aggregate query returns one row"
         listed = sum(h for _, h in by_task)
         return {
             "rows": sum(by_status.values()),
@@ -305,7 +310,8 @@ def rows_to_arrow(rows: Sequence[tuple], columns: Sequence[tuple[str, pa.DataTyp
 
 class SnapshotLoad:
     def __init__(self, warehouse: Warehouse):
-        self.wh, self.position, self.rows = warehouse, None, 0
+        self.wh, self.rows = warehouse, 0
+        self.position: str | None = None  # the change-log position the snapshot reflects, set by its loader
 
     def append(self, batch: pa.RecordBatch) -> None:
         con = self.wh.con
