@@ -66,6 +66,7 @@ def backfills_in_flight(instance: DagsterInstance, tag: str) -> list:
 
 def record_backfill(instance: DagsterInstance, request: RunRequest, backfill_id: str) -> None:
     """Record ``request``'s backfill as in flight, as the sensor daemon does when it takes the request."""
+    assert request.asset_graph_subset is not None, "a backfill's RunRequest names its asset graph subset"
     instance.add_backfill(
         PartitionBackfill.from_asset_graph_subset(
             backfill_id=backfill_id,

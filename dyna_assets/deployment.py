@@ -95,7 +95,7 @@ def production_ray(env: Mapping[str, str]):
     }
     spec = RayClusterSpec(enable_in_tree_autoscaling=True, ray_version="2.60.0", worker_group_specs=[worker])
     return KubeRayInteractiveJob(
-        ray_job={
+        ray_job={  # type: ignore[arg-type]  # pydantic validates the dict into InteractiveRayJobConfig
             "metadata": {"namespace": env.get("DYNA_RAY_NAMESPACE", "dyna")},
             "spec": {"ray_cluster_spec": spec.model_dump(), "active_deadline_seconds": 24 * 3600},
         },

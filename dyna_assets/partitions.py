@@ -5,7 +5,7 @@ key added through the Dagster API that is not a safe identifier fails the run, n
 before it reaches a path, a query or a store. ``allow_retries=False``: the key will not improve.
 """
 
-from dagster import AssetExecutionContext, Failure
+from dagster import AssetCheckExecutionContext, AssetExecutionContext, Failure
 
 from dyna_resources.keys import UnsafeKeyError, check_key
 
@@ -15,7 +15,9 @@ def partition_key(context: AssetExecutionContext, what: str = "partition key") -
     return partition_keys(context, what)[0]
 
 
-def partition_keys(context: AssetExecutionContext, what: str = "partition key") -> list[str]:
+def partition_keys(
+    context: AssetExecutionContext | AssetCheckExecutionContext, what: str = "partition key"
+) -> list[str]:
     """Every partition key of the run (a ranged backfill run has several), all checked first."""
     keys = list(context.partition_keys)
     try:

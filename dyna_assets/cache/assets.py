@@ -68,10 +68,12 @@ def cache_sets(context: AssetExecutionContext, home: HomeResource, cache: CacheR
             context.log.info(f"prewarm: {done}/{total} pages")
 
     with cache.cache() as page_cache:
-        report = prewarm_manifest(table, page_cache, read_set, dataset=name, parallel=cache.parallel, progress=progress)
+        prewarmed = prewarm_manifest(
+            table, page_cache, read_set, dataset=name, parallel=cache.parallel, progress=progress
+        )
         usage = page_cache.usage()
         root = str(page_cache.root)
-    for url, why in report.errors.items():
+    for url, why in prewarmed.errors.items():
         context.log.warning(f"not prewarmed: {url}: {why}")
     return MaterializeResult(
         metadata={
@@ -79,12 +81,12 @@ def cache_sets(context: AssetExecutionContext, home: HomeResource, cache: CacheR
             "cache_dir": MetadataValue.path(root),
             "manifest_sha256": manifest_sha,
             "groups": MetadataValue.json(list(read_set.groups)),
-            **report.as_metadata(),
+            **prewarmed.as_metadata(),
             "dataset_bytes_cached": usage.get(name, 0),
-            "errors": MetadataValue.json(report.errors),
+            "errors": MetadataValue.json(prewarmed.errors),
         },
         check_results=[
-            AssetCheckResult(passed=not report.errors, metadata={"files_not_prewarmed": len(report.errors)})
+            AssetCheckResult(passed=not prewarmed.errors, metadata={"files_not_prewarmed": len(prewarmed.errors)})
         ],
         data_version=DataVersion(version),
     )

@@ -22,7 +22,8 @@ from ..partitions import partition_key
 
 # One partition per spec file stem, added by the curation sensor; every asset of the partition checks
 # its key (dyna_assets/partitions.py), since anyone with API access can add one.
-curation_specs = DynamicPartitionsDefinition(name="curation_specs")
+CURATION_SPECS = "curation_specs"  # the definition's name (its .name attribute is typed str | None)
+curation_specs = DynamicPartitionsDefinition(name=CURATION_SPECS)
 
 
 @asset(

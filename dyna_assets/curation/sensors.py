@@ -8,7 +8,7 @@ from dyna_resources.keys import RULE, is_safe_key
 from dyna_resources.resources import HomeResource
 
 from ..deployment import sensor_status
-from .assets import curation_specs
+from .assets import CURATION_SPECS, curation_specs
 
 
 @sensor(
@@ -25,7 +25,7 @@ def curation_spec_sensor(context: SensorEvaluationContext, home: HomeResource):
             specs[p.stem] = hashlib.sha256(p.read_bytes()).hexdigest()[:16]
         elif not p.name.startswith("."):
             context.log.warning(f"ignoring curation spec {p.name}: the name must be {RULE}")
-    known = set(context.instance.get_dynamic_partitions(curation_specs.name))
+    known = set(context.instance.get_dynamic_partitions(CURATION_SPECS))
     new = sorted(set(specs) - known)
     return SensorResult(
         run_requests=[RunRequest(run_key=f"{name}-{digest}", partition_key=name) for name, digest in specs.items()],

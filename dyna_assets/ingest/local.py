@@ -6,15 +6,21 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from dagster import DagsterInstance, Definitions, build_sensor_context, materialize
+from dagster import DagsterInstance, Definitions, SensorResult, build_sensor_context, materialize
 
 from .sensors import landing_sensor
+
+
+def _resources(defs: Definitions, resources: Mapping | None) -> dict:
+    given = resources or defs.resources
+    assert given is not None, "the definitions carry their resources (build_definitions binds them)"
+    return dict(given)
 
 
 def landing_tick_in_process(
     instance: DagsterInstance, defs: Definitions, cursor: str | None, resources: Mapping | None = None
 ):
-    given = dict(resources or defs.resources)  # only what the sensor uses: others (Ray) start nothing here
+    given = _resources(defs, resources)  # only what the sensor uses: others (Ray) start nothing here
     # a context manager: resources with nested resources (each holds ``home``) are set up as generators
     with build_sensor_context(
         instance=instance,
@@ -23,6 +29,7 @@ def landing_tick_in_process(
         resources={k: given[k] for k in landing_sensor.required_resource_keys},
     ) as ctx:
         result = landing_sensor(ctx)
+    assert isinstance(result, SensorResult), "the landing sensor always returns a SensorResult"
     for req in result.dynamic_partitions_requests or []:
         instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
     return result
@@ -41,7 +48,7 @@ def ingest_landed(
     for, see ``tick.py``: the loop sleeps until they may have settled); returns every run's in-process result."""
     from dyna_resources.ingest.tick import LandingCursor
 
-    resources = dict(resources or defs.resources)
+    resources = _resources(defs, resources)
     assets = [defs.get_assets_def(k) for k in ("raw_episodes", "mcap_episodes", "step_ladders")]
     cursor = cursor_file.read_text() if cursor_file and cursor_file.exists() else None
     results = []
@@ -84,7 +91,7 @@ def check_mcaps_present(
 
     from .presence import mcaps_present
 
-    resources = dict(resources or defs.resources)
+    resources = _resources(defs, resources)
     return [
         materialize(
             [defs.get_assets_def("mcap_episodes"), mcaps_present],
@@ -106,7 +113,7 @@ def reprocess_stale(
     ingest partition holding episodes stamped with older versions (inside each, only those are redone)."""
     from dyna_resources import versions
 
-    resources = dict(resources or defs.resources)
+    resources = _resources(defs, resources)
     registry = resources["ingest"].stores().registry
     stale = registry.outdated_partitions(
         schema_version=versions.SCHEMA_VERSION, pipeline_version=versions.PIPELINE_VERSION

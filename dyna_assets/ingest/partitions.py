@@ -1,4 +1,4 @@
-from dagster import AssetExecutionContext, DynamicPartitionsDefinition
+from dagster import AssetCheckExecutionContext, AssetExecutionContext, DynamicPartitionsDefinition
 
 from ..partitions import partition_keys
 
@@ -7,9 +7,10 @@ from ..partitions import partition_keys
 # byte-balanced work units (a few TiB in all in production), so a 1M-hour corpus stays in the thousands
 # of partitions. The assets read their keys through ingest_partition_keys, which refuses any key that is
 # not a safe identifier.
-ingest_partitions = DynamicPartitionsDefinition(name="ingest_partitions")
+INGEST_PARTITIONS = "ingest_partitions"  # the definition's name (its .name attribute is typed str | None)
+ingest_partitions = DynamicPartitionsDefinition(name=INGEST_PARTITIONS)
 
 
-def ingest_partition_keys(context: AssetExecutionContext) -> list[str]:
+def ingest_partition_keys(context: AssetExecutionContext | AssetCheckExecutionContext) -> list[str]:
     """The run's ingest partition keys (several in a ranged backfill run), each checked before any is used."""
     return partition_keys(context, "ingest partition")

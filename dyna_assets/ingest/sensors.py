@@ -14,7 +14,7 @@ from dyna_resources.resources import IngestResource, LadderResource
 
 from ..dagster_private import backfill_request, backfills_in_flight
 from ..deployment import sensor_status
-from .partitions import ingest_partitions
+from .partitions import INGEST_PARTITIONS, ingest_partitions
 
 INGEST_ASSETS = [AssetKey("raw_episodes"), AssetKey("mcap_episodes"), AssetKey("step_ladders")]
 DRIFT_ASSETS = [AssetKey("mcap_episodes"), AssetKey("step_ladders")]  # what a drift backfill may redo
@@ -31,7 +31,12 @@ DRIFT_TAG = "dyna/drift"
 )
 def landing_sensor(context: SensorEvaluationContext, ingest: IngestResource):
     stores = ingest.stores()
-    plan = landing_tick(LandingCursor.loads(context.cursor), stores.landing, stores.registry, ingest.landing_settings())
+    plan = landing_tick(
+        LandingCursor.loads(context.cursor),
+        stores.landing,  # type: ignore[arg-type]  # landing_tick takes either landing zone, annotated LandingZone
+        stores.registry,
+        ingest.landing_settings(),
+    )
     context.log.info(
         f"listed {plan.listed} (new {plan.new_files}), packed {len(plan.created)} work units, "
         f"sealed {len(plan.sealed)} partitions, launching {len(plan.launch)}, "
@@ -39,7 +44,7 @@ def landing_sensor(context: SensorEvaluationContext, ingest: IngestResource):
         + (f" [reconciliation sweep: {plan.swept} keys]" if plan.reconciled else "")
     )
     # Partitions already handed to Dagster (a fresh cursor, e.g. after the demo ran ticks by hand) are not relaunched.
-    keys = [p.key for p in plan.launch if not context.instance.has_dynamic_partition(ingest_partitions.name, p.key)]
+    keys = [p.key for p in plan.launch if not context.instance.has_dynamic_partition(INGEST_PARTITIONS, p.key)]
     return SensorResult(
         run_requests=[
             RunRequest(
@@ -72,7 +77,7 @@ def version_drift_sensor(context: SensorEvaluationContext, ingest: IngestResourc
     # Both from the registry's per-partition version summary; only the stale keys are looked up in
     # Dagster (one that was never handed to it cannot be backfilled), never the whole partition list.
     def known(keys: list[str]) -> list[str]:
-        return [k for k in keys if context.instance.has_dynamic_partition(ingest_partitions.name, k)]
+        return [k for k in keys if context.instance.has_dynamic_partition(INGEST_PARTITIONS, k)]
 
     stale = known(
         registry.outdated_partitions(schema_version=versions.SCHEMA_VERSION, pipeline_version=versions.PIPELINE_VERSION)
@@ -105,6 +110,7 @@ def version_drift_sensor(context: SensorEvaluationContext, ingest: IngestResourc
         f"{stale[:20]}; re-segmenting {len(relabel)} partitions to ladder {ladder_version}: "
         f"{relabel[:20]}"
     )
+    assert context.repository_def is not None, "a sensor is evaluated within its code location's repository"
     return backfill_request(
         wanted,
         context.repository_def.asset_graph,
