@@ -464,7 +464,7 @@ def train_wait(tmp: Path, manifest: pa.Table, steps: int, stream: str | None = N
     )  # the demo's, dense
     summary = run(cfg)
     out = {
-        k: summary[k]
+        k: getattr(summary, k)
         for k in (
             "data_wait_first_epoch",
             "data_wait_fraction",
@@ -476,8 +476,8 @@ def train_wait(tmp: Path, manifest: pa.Table, steps: int, stream: str | None = N
     }
     # The first batch also waits for the DataLoader worker to start (a process, imports, its first unit):
     # once per run, whatever the epoch's length; shown apart so a short run's figure can be read.
-    waits, compute = summary["step_wait_s"][1:], summary["step_compute_s"][1:]
-    out["first_batch_wait_s"] = summary["step_wait_s"][0] if summary["step_wait_s"] else None
+    waits, compute = summary.step_wait_s[1:], summary.step_compute_s[1:]
+    out["first_batch_wait_s"] = summary.step_wait_s[0] if summary.step_wait_s else None
     out["data_wait_after_first_batch"] = sum(waits) / (sum(waits) + sum(compute)) if waits else None
     return out
 

@@ -178,24 +178,25 @@ def _run(tmp: Path, manifest: pa.Table, server: ObjectServer, steps: int, worker
     origin_reads = server.counters.snapshot()["bytes_by_object"]
     mcap_origin_bytes = sum(v for k, v in origin_reads.items() if "/mcap/" in k)
     warm = ds.batches_per_epoch  # the training run's own workers decode every GOP in their first epoch
-    waits, computes = summary["step_wait_s"][warm:], summary["step_compute_s"][warm:]
+    waits, computes = summary.step_wait_s[warm:], summary.step_compute_s[warm:]
     wait_after = sum(waits) / (sum(waits) + sum(computes))
-    ck = summary["checkpoints"]
-    blocking = summary["checkpoint_blocking_s"]
+    ck = summary.checkpoints
+    blocking = summary.checkpoint_blocking_s
     write_s = [c["write_s"] for c in ck]
     total_s = [c["total_s"] for c in ck]
-    step_rate = cfg.batch_size / statistics.median(summary["step_compute_s"])
+    step_rate = cfg.batch_size / statistics.median(summary.step_compute_s)
+    assert summary.loss_first is not None and summary.loss_last is not None  # it ran steps
     return {
-        "steps": summary["steps"],
+        "steps": summary.steps,
         "batch_size": cfg.batch_size,
         "samples_per_epoch": len(manifest),
-        "samples_per_s": round(summary["samples_per_s"], 2),
+        "samples_per_s": round(summary.samples_per_s, 2),
         "step_samples_per_s": round(step_rate, 2),
         "loader_samples_per_s": round(statistics.mean(epochs[1:]), 2),
         "loader_first_epoch_samples_per_s": round(epochs[0], 2),
         "loader_vs_step": round(statistics.mean(epochs[1:]) / step_rate, 2),
         "data_wait_fraction": round(wait_after, 4),
-        "data_wait_fraction_all": round(summary["data_wait_fraction"], 4),
+        "data_wait_fraction_all": round(summary.data_wait_fraction, 4),
         "checkpoint_blocking_s": round(statistics.median(blocking), 4),
         "checkpoint_blocking_max_s": round(max(blocking), 4),
         "checkpoint_write_s": round(statistics.median(write_s), 4),
@@ -203,8 +204,8 @@ def _run(tmp: Path, manifest: pa.Table, server: ObjectServer, steps: int, worker
         "blocking_vs_write": round(statistics.median(blocking) / statistics.median(write_s), 3),
         "blocking_vs_total": round(statistics.median(blocking) / statistics.median(total_s), 3),
         "checkpoints": len(ck),
-        "loss_first": round(summary["loss_first"], 4),
-        "loss_last": round(summary["loss_last"], 4),
+        "loss_first": round(summary.loss_first, 4),
+        "loss_last": round(summary.loss_last, 4),
         "origin_mcap_bytes_while_training": mcap_origin_bytes,
         "prewarm_s": round(report.seconds, 2),
     }

@@ -13,15 +13,20 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 from dagster import DagsterInstance, materialize
 
+from dyna_resources.catalog.datasets import DatasetRef, DatasetRegistry, UnknownDatasetError
 from dyna_resources.episodes.sim import generate_fleet
 from dyna_resources.episodes.sim.fleet import arrival_folder
 from dyna_resources.home import DynaHome
 from dyna_resources.ingest.batches import batch_summary
 from dyna_resources.ingest.ray_units import ray_cluster
 from dyna_resources.resources import IngestResource
+from trainer.evaluate import EvaluationResult, latest_recorded
+from trainer.summary import RESULT_FILE, TrainSummary
+from trainer.train import TrainConfig
 
 from .definitions import defs
 from .ingest.local import check_mcaps_present, ingest_landed, reprocess_stale
@@ -85,10 +90,11 @@ def main(argv: list[str] | None = None) -> int:
             mark_complete=True,
         )
     landed = sum(p.stat().st_size for p in home.landing.rglob("*.h5"))
+    assert defs.resources is not None  # build_definitions always binds the deployment's resources
     ingest = IngestResource(
         home=defs.resources["home"], target_batch_bytes=max(1, landed // args.batches), max_wait_s=0
     )
-    resources = {**defs.resources, "ingest": ingest}
+    resources: dict[str, Any] = {**defs.resources, "ingest": ingest}
 
     instance = DagsterInstance.get()
     quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
@@ -158,10 +164,16 @@ def main(argv: list[str] | None = None) -> int:
     warmed, replica = done.metadata("cache_sets", spec.stem), done.metadata("mcap_replica", spec.stem)
     if warmed is not None and replica is not None:
         print_cache(spec.stem, warmed, replica)
-    if (trained := done.metadata("checkpoints", spec.stem)) is not None:
-        print_training(spec.stem, trained)
-    later = {name: done.metadata(name) for name in ("datasets", "evaluations", "released_models", "review_pool")}
-    print_flywheel(later)
+    # What the engines recorded (typed), read where they keep it: the run folder is computed, not looked up.
+    run_dir = resources["trainer"].run_dir(resources["home"], resources["cache"], spec.stem)
+    if (run_dir / RESULT_FILE).exists():
+        print_training(spec.stem, run_dir)
+    print_flywheel(
+        published_dataset(resources["home"].resolved_registry_url(), "demo-clean"),
+        latest_recorded(run_dir),
+        done.metadata("released_models"),
+        done.metadata("review_pool"),
+    )
     print_howto(home, files)
     if failed:
         print(f"{len(failed)} run(s) failed: {[r.run_id for r in failed]}", file=sys.stderr)
@@ -262,35 +274,52 @@ def print_cache(partition: str, c: dict, r: dict) -> None:
     print("=" * 86)
 
 
-def print_training(partition: str, m: dict) -> None:
+def print_training(partition: str, run_dir: Path) -> None:
+    s = TrainSummary.read(run_dir)
+    lineage = TrainConfig.from_json((run_dir / "config.json").read_text()).lineage
+    loss = f"{s.loss_first:.3f} -> {s.loss_last:.3f}" if s.loss_first is not None and s.loss_last is not None else "-"
     print(
-        f"checkpoints {partition}: {m['steps']} steps, loss {m['loss_first']:.3f} -> {m['loss_last']:.3f}, "
-        f"{m['samples_per_s']:.1f} samples/s, data wait {m['data_wait_fraction']:.1%}, optimizer {m['optimizer_mode']}"
+        f"checkpoints {partition}: {s.steps} steps, loss {loss}, {s.samples_per_s:.1f} samples/s, "
+        f"data wait {s.data_wait_fraction:.1%}, optimizer {s.optimizer_mode}"
     )
-    if "loader" in m:
-        print(
-            f"  loader {m['loader']}: {m['samples_per_epoch']} samples per epoch, "
-            f"{m['decodes_per_frame']:.2f} frames decoded per frame delivered, first-epoch data wait "
-            f"{m['data_wait_first_epoch']:.1%}, {m['skipped_samples']} samples skipped"
-        )
     print(
-        f"  {m['checkpoints_dir']}  (async, sharded; each COMPLETE.json records the manifest, versions and commit "
-        f"{m['lineage'].get('code_commit', '?')[:12]})"
+        f"  loader {s.loader}: {s.samples_per_epoch} samples per epoch, "
+        f"{s.decodes_per_frame or 0.0:.2f} frames decoded per frame delivered, first-epoch data wait "
+        f"{s.data_wait_first_epoch or 0.0:.1%}, {s.skipped} samples skipped"
+    )
+    print(
+        f"  {run_dir / 'checkpoints'}  (async, sharded; each COMPLETE.json records the manifest, versions and commit "
+        f"{lineage.get('code_commit', '?')[:12]})"
     )
     print("=" * 86)
 
 
-def print_flywheel(found: dict) -> None:
-    d, e, rel, pool = (found.get(name) for name in ("datasets", "evaluations", "released_models", "review_pool"))
-    if d and d.get("dataset"):
+def published_dataset(registry_url: str, name: str) -> DatasetRef | None:
+    """The highest published version of dataset ``name``, or None when none is."""
+    registry = DatasetRegistry(registry_url)
+    try:
+        return registry.resolve(name, verify=False)
+    except UnknownDatasetError:
+        return None
+    finally:
+        registry.close()
+
+
+def print_flywheel(d: DatasetRef | None, e: EvaluationResult | None, rel: dict | None, pool: dict | None) -> None:
+    if d is not None:
         print(
-            f"dataset {d['dataset']}: {d['rows']} segments, {d['episodes']} episodes, manifest {d['sha256'][:12]}… "
+            f"dataset {d.ref}: {d.rows} segments, {d.episodes} episodes, manifest {d.sha256[:12]}… "
             f"(immutable; training can name it instead of a path)"
         )
-    if e:
+    if e is not None:
+        mse = {
+            k: f"{e.metrics[k]:.4f}" if isinstance(e.metrics.get(k), (int, float)) else "-"
+            for k in ("action_mse", "latent_mse")
+        }
+        held_out = "not held out: the training manifest" if e.heldout_is_training_data else "held-out manifest"
         print(
-            f"evaluation of step {e['checkpoint_step']}: action MSE {e['action_mse']:.4f}, latent MSE "
-            f"{e['latent_mse']:.4f} ({e.get('note', 'held-out manifest')})"
+            f"evaluation of step {e.checkpoint['step']}: action MSE {mse['action_mse']}, latent MSE "
+            f"{mse['latent_mse']} ({held_out})"
         )
     if rel:
         print(

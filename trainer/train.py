@@ -55,6 +55,7 @@ from .faults import Fault
 from .gop_dataset import GopDataset
 from .manifest_loader import local_copy, open_manifest
 from .model import ModelConfig, WorldActionModel
+from .summary import FinalCheckpoint, TrainSummary
 
 log = logging.getLogger("dyna.train")
 
@@ -187,7 +188,7 @@ class StepCounter:
         self.step = int(state["step"])
 
 
-def run(cfg: TrainConfig) -> dict:
+def run(cfg: TrainConfig) -> TrainSummary:
     """Train until ``cfg.steps``; returns the summary (also written to ``run_dir/result.json``)."""
     from .muon import DistributedMuon, MuonConfig
     from .topology import Topology
@@ -270,12 +271,13 @@ def run(cfg: TrainConfig) -> dict:
     )
     counter = StepCounter()
     state = {"app": AppState(model, optimizer), "data": DataPosition(ds), "rng": RNGState(topo.rank), "step": counter}
-    summary: dict = {
-        "attempt": attempt,
-        "attempt_name": attempt_name,
-        "world_size": topo.world_size,
-        "optimizer_mode": optimizer.mode,
-    }
+    summary = TrainSummary(
+        attempt=attempt,
+        attempt_name=attempt_name,
+        world_size=topo.world_size,
+        optimizer_mode=optimizer.mode,
+        loader=cfg.loader.kind,
+    )
     with ExitStack() as stack:
         endpoint = os.environ.get("DYNA_S3_ENDPOINT_URL") if cfg.checkpoint_store.startswith("s3://") else None
         ckpt = stack.enter_context(
@@ -290,34 +292,30 @@ def run(cfg: TrainConfig) -> dict:
         if latest is not None:
             ckpt.load(latest, state)
             log.info("resumed from step %d (%s)", counter.step, latest.path)
-            summary["resumed_from"] = counter.step
+            summary.resumed_from = counter.step
         pipes = stack.enter_context(_pipes()) if topo.rank == 0 else None
         metrics = open(run_dir / "metrics.jsonl", "a") if topo.rank == 0 else None
         if metrics is not None:
             stack.callback(metrics.close)
-        summary.update(_loop(cfg, model, optimizer, ds, ckpt, counter, state, topo, attempt, metrics, pipes, fault))
+        _loop(cfg, model, optimizer, ds, ckpt, counter, state, topo, attempt, metrics, pipes, summary, fault)
         ckpt.wait()
-        summary["checkpoints"] = [h.timings() for h in ckpt.history]
+        summary.checkpoints = [h.timings() for h in ckpt.history]
         final = ckpt.latest()  # collective; verified
         if final is not None:
             marker = (final.path / "COMPLETE.json").read_bytes()
-            summary["checkpoint"] = {
-                "step": final.step,
-                "path": str(final.path),
-                "sha256": hashlib.sha256(marker).hexdigest(),
-            }
+            summary.checkpoint = FinalCheckpoint(final.step, str(final.path), hashlib.sha256(marker).hexdigest())
         if topo.rank == 0:
-            (run_dir / "result.json").write_text(json.dumps(summary, indent=1, default=str))
+            summary.write(run_dir)
             if pipes is not None:
                 pipes.report_asset_materialization(
-                    metadata=_pipes_metadata(summary, cfg), data_version=(summary.get("checkpoint") or {}).get("sha256")
+                    metadata=summary.as_metadata(cfg.run_dir, cfg.lineage), data_version=summary.data_version
                 )
     if distributed:
         dist.destroy_process_group()
     return summary
 
 
-def _resume_point(ckpt: CheckpointManager, cfg: TrainConfig, summary: dict) -> CheckpointInfo | None:
+def _resume_point(ckpt: CheckpointManager, cfg: TrainConfig, summary: TrainSummary) -> CheckpointInfo | None:
     """The verified checkpoint to resume from (None: start at step 0); what was skipped goes to the
     log and to ``summary``."""
     try:
@@ -330,19 +328,32 @@ def _resume_point(ckpt: CheckpointManager, cfg: TrainConfig, summary: dict) -> C
         for reason in e.skipped:
             log.warning("damaged checkpoint skipped: %s", reason)
         log.warning("no intact checkpoint: starting from step 0 (all_checkpoints_damaged = 'start_fresh')")
-        summary["skipped_checkpoints"] = e.skipped
-        summary["started_fresh"] = True
+        summary.skipped_checkpoints = list(e.skipped)
+        summary.started_fresh = True
         return None
     if latest is not None and latest.skipped:
         for reason in latest.skipped:
             log.warning("damaged checkpoint skipped: %s", reason)
-        summary["skipped_checkpoints"] = list(latest.skipped)
+        summary.skipped_checkpoints = list(latest.skipped)
     return latest
 
 
 def _loop(
-    cfg, model, optimizer, ds, ckpt, counter, state, topo, attempt, metrics, pipes, fault: Fault | None = None
-) -> dict:
+    cfg,
+    model,
+    optimizer,
+    ds,
+    ckpt,
+    counter,
+    state,
+    topo,
+    attempt,
+    metrics,
+    pipes,
+    summary: TrainSummary,
+    fault: Fault | None = None,
+) -> None:
+    """Steps until ``cfg.steps``; what they measured goes into ``summary``."""
     losses: dict[int, float] = {}
     window, total = StepTimes(), StepTimes()
     blocking: list[float] = []
@@ -418,24 +429,22 @@ def _loop(
         if fault is not None:
             fault.after_step(step, topo.rank, attempt, ckpt)
     first = min(losses) if losses else None
-    return {
-        "steps": counter.step,
-        "losses": losses,
-        "loss_first": losses.get(first) if first else None,
-        "loss_last": losses.get(counter.step),
-        "samples_per_s": total.samples / total.total_s if total.total_s else 0,
-        "data_wait_fraction": total.fraction(),
-        "checkpoint_blocking_s": blocking,
-        "step_compute_s": compute,
-        "step_wait_s": waits,
-        "data_wait_first_epoch": first_epoch.fraction() if first_epoch.total_s else None,
-        "first_epoch_steps": first_epoch_steps,
-        "decodes_per_frame": io["decoded_frames"] / io["delivered_frames"] if io["delivered_frames"] else None,
-        **io,
-        "loader": cfg.loader.kind,
-        "samples_per_epoch": ds.rows * topo.world_size,
-        "wall_s": time.perf_counter() - t_start,
-    }
+    summary.steps = counter.step
+    summary.losses = losses
+    summary.loss_first = losses.get(first) if first else None
+    summary.loss_last = losses.get(counter.step)
+    summary.samples_per_s = total.samples / total.total_s if total.total_s else 0.0
+    summary.data_wait_fraction = total.fraction()
+    summary.checkpoint_blocking_s = blocking
+    summary.step_compute_s = compute
+    summary.step_wait_s = waits
+    summary.data_wait_first_epoch = first_epoch.fraction() if first_epoch.total_s else None
+    summary.first_epoch_steps = first_epoch_steps
+    summary.decoded_frames, summary.delivered_frames = io["decoded_frames"], io["delivered_frames"]
+    summary.decodes_per_frame = io["decoded_frames"] / io["delivered_frames"] if io["delivered_frames"] else None
+    summary.bytes_read, summary.skipped = io["bytes_read"], io["skipped"]
+    summary.samples_per_epoch = ds.rows * topo.world_size
+    summary.wall_s = time.perf_counter() - t_start
 
 
 class Prefetcher:
@@ -492,30 +501,6 @@ def _pipes():
     return open_dagster_pipes()
 
 
-def _pipes_metadata(summary: dict, cfg: TrainConfig) -> dict:
-    ck = summary.get("checkpoints") or []
-    return {
-        "steps": summary["steps"],
-        "loss_first": summary["loss_first"],
-        "loss_last": summary["loss_last"],
-        "samples_per_s": round(summary["samples_per_s"], 2),
-        "data_wait_fraction": round(summary["data_wait_fraction"], 4),
-        "data_wait_first_epoch": round(summary["data_wait_first_epoch"] or 0.0, 4),
-        "decodes_per_frame": round(summary["decodes_per_frame"] or 0.0, 3),
-        "loader": summary["loader"],
-        "samples_per_epoch": summary["samples_per_epoch"],
-        "skipped_samples": summary["skipped"],
-        "checkpoint_blocking_s": max(summary["checkpoint_blocking_s"] or [0.0]),
-        "checkpoint_write_s": max((c.get("write_s") or 0.0 for c in ck), default=0.0),
-        "attempt": summary["attempt"],
-        "world_size": summary["world_size"],
-        "optimizer_mode": summary["optimizer_mode"],
-        "run_dir": cfg.run_dir,
-        "checkpoint": {"raw_value": summary.get("checkpoint") or {}, "type": "json"},
-        "lineage": {"raw_value": cfg.lineage, "type": "json"},
-    }
-
-
 def _log_to(path: Path) -> None:
     handler = logging.FileHandler(path)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
@@ -553,7 +538,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error(message)
         raise
     if int(os.environ.get("RANK", "0")) == 0:
-        print(json.dumps({k: v for k, v in summary.items() if k != "losses"}, default=str))
+        print(json.dumps({k: v for k, v in summary.as_record().items() if k != "losses"}, default=str))
     return 0
 
 

@@ -46,6 +46,7 @@ def checkpoints(context: AssetExecutionContext, home: HomeResource, cache: Cache
         ) from None
     progress = [m for m in invocation.get_custom_messages() if isinstance(m, dict) and "step" in m]
     (result,) = invocation.get_results()
+    assert isinstance(result, MaterializeResult)  # the trainer reports one materialization and no check
     metadata = dict(result.metadata or {})
     metadata.update(
         {

@@ -63,7 +63,7 @@ def finished_run(tmp_path_factory, mcap_fleet) -> TrainConfig:
         log_every=4,
         **SMALL,
     )
-    assert [c["step"] for c in run(cfg)["checkpoints"]] == [4, 8]
+    assert [c["step"] for c in run(cfg).checkpoints] == [4, 8]
     return cfg
 
 
@@ -93,9 +93,9 @@ def test_bit_rot_with_mtime_kept_resumes_from_the_previous_intact_checkpoint(tra
     flip_byte_keeping_metadata(shard(trained, 8))
     longer = replace(trained, steps=10)
     summary = run(longer)
-    assert summary["resumed_from"] == 4
-    assert sorted(summary["losses"]) == [5, 6, 7, 8, 9, 10]
-    (reason,) = summary["skipped_checkpoints"]
+    assert summary.resumed_from == 4
+    assert sorted(summary.losses) == [5, 6, 7, 8, 9, 10]
+    (reason,) = summary.skipped_checkpoints
     assert reason.startswith(f"{step_dir(8)} (rank 0): ") and SHARD in reason and "sha256" in reason
     assert json.loads((Path(trained.run_dir) / "result.json").read_text())["skipped_checkpoints"] == [reason]
     assert f"damaged checkpoint skipped: {reason}" in attempt_log(trained)
@@ -131,10 +131,10 @@ def test_every_checkpoint_damaged_starts_fresh_when_configured(trained):
     for step in (4, 8):
         flip_byte_keeping_metadata(shard(trained, step))
     summary = run(replace(trained, all_checkpoints_damaged="start_fresh"))
-    assert summary["started_fresh"] is True and "resumed_from" not in summary
-    assert sorted(summary["losses"]) == list(range(1, 9))
-    assert [r.split(" ", 1)[0] for r in summary["skipped_checkpoints"]] == [step_dir(8), step_dir(4)]
-    assert all(SHARD in r for r in summary["skipped_checkpoints"])
+    assert summary.started_fresh is True and summary.resumed_from is None
+    assert sorted(summary.losses) == list(range(1, 9))
+    assert [r.split(" ", 1)[0] for r in summary.skipped_checkpoints] == [step_dir(8), step_dir(4)]
+    assert all(SHARD in r for r in summary.skipped_checkpoints)
     assert "starting from step 0" in attempt_log(trained)
     mgr = CheckpointManager(Path(trained.run_dir) / "checkpoints")
     assert mgr.latest().step == 8 and not mgr.latest().skipped  # rewritten whole

@@ -17,6 +17,7 @@ from dyna_resources.catalog.manifest import write_manifest
 from trainer.dataset import SampleSpec
 from trainer.faults import ENV as FAULT_ENV
 from trainer.model import ModelConfig
+from trainer.summary import TrainSummary
 from trainer.train import TrainConfig, run
 
 SMALL = dict(
@@ -44,16 +45,18 @@ def test_single_process_run_lowers_the_loss_and_checkpoints(tmp_path, mcap_fleet
         **SMALL,
     )
     summary = run(cfg)
-    losses = summary["losses"]
-    assert summary["steps"] == 24 and len(losses) == 24
+    losses = summary.losses
+    assert summary.steps == 24 and len(losses) == 24
     first, last = sum(losses[s] for s in (1, 2, 3)) / 3, sum(losses[s] for s in (22, 23, 24)) / 3
     assert last < 0.7 * first
-    assert [c["step"] for c in summary["checkpoints"]] == [10, 20, 24]
+    assert [c["step"] for c in summary.checkpoints] == [10, 20, 24]
     done = json.loads((tmp_path / "run" / "checkpoints" / "step-000000024" / "COMPLETE.json").read_text())
     assert done["extra"]["lineage"] == {"manifest_sha256": "abc"}
     assert (tmp_path / "run" / "attempts" / "0" / "rank0.log").exists()
+    assert TrainSummary.read(tmp_path / "run") == summary  # result.json holds the whole summary, types and all
+    assert summary.checkpoint is not None and summary.checkpoint.step == 24 and summary.data_version
     again = run(cfg)  # the same run again: resumes at its last checkpoint and has nothing left to do
-    assert again["resumed_from"] == 24 and again["losses"] == {}
+    assert again.resumed_from == 24 and again.losses == {}
 
 
 def _free_port() -> int:
