@@ -17,23 +17,21 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from contextlib import closing, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .. import versions
 from ..catalog import schema
 from ..catalog.leases import RunEnded, RunLease
 from ..catalog.registry import ACCEPTED, PENDING, QUARANTINED, REJECTED, TRANSCODED, FieldValueError, Outcome, Registry
-from ..episodes.errors import EpisodeError
-from ..episodes.raw_format import RawEpisode
-from ..episodes.transcode import TranscodeSettings, transcode_episode
+from ..episodes.transcode import TranscodeSettings
 from ..storage.stores import Store, StoreUnavailableError
-from .episode_io import McapSink, PreconditionFailed, RawSource
+from .episode_io import McapSink, RawSource
+from .episode_transcode import Quarantine, TranscodeJob, TranscodeOutcome, transcode_job, worker_died
 from .faults import (
     INFRASTRUCTURE,
     INFRASTRUCTURE_ATTEMPTS,
@@ -46,22 +44,8 @@ from .gates import GateConfig, GateResult
 from .landing import LandingZone
 from .object_landing import ObjectLandingZone
 from .outcomes import OutcomeBuffer
-from .post_gates import post_gates
 from .pre_gates import Inspection, inspect_file
-from .quality import score_episode
 from .workers import Stopped, WorkerFailure, run_each
-
-
-def quality_row(src: str | Path, cameras: dict, gates: GateConfig) -> dict:
-    """The episode's quality columns. The raw file just transcoded cleanly, so scoring it only
-    re-reads its small streams; if that fails anyway, the episode goes to review with the reason
-    instead of passing unscored."""
-    try:
-        with RawEpisode(src) as raw:
-            return score_episode(raw, cameras, gates.quality_config()).as_row()
-    except EpisodeError as e:
-        reason = {"check": "scoring", "detail": f"quality not scored: {e.reason}"}
-        return {"quality_verdict": "review", "quality_reasons": json.dumps([reason])}
 
 
 @dataclass(frozen=True)
@@ -267,11 +251,14 @@ _STREAM_MAX = schema.string_limits(schema.quarantine)["stream"]
 TRANSCODE_COMMIT_INTERVAL_S = 2.0
 
 
-def _q(q: dict | None) -> dict | None:
-    """A quarantine record as the registry stores it. Its stream may be a dataset name from the
-    file (any length): clipped to the column, the reason (unbounded) keeps everything."""
+def _q(q: Quarantine | dict | None) -> dict | None:
+    """A quarantine record as the registry stores it (``q``: a transcode's, or a pre gate's record). Its
+    stream may be a dataset name from the file (any length): clipped to the column, the reason
+    (unbounded) keeps everything."""
     if q is None:
         return None
+    if isinstance(q, Quarantine):
+        q = q.as_record()
     out = {**q, "pipeline_version": versions.PIPELINE_VERSION, "reason": q["reason"].replace("\x00", "\\x00")}
     stream = q.get("stream")
     if stream is not None:
@@ -395,7 +382,7 @@ def transcode_batch(
     todo.sort(key=lambda r: (-r["source_bytes"], r["episode_id"]))
     raw, sink = stores.raw(), stores.sink()
     jobs = [
-        (
+        TranscodeJob(
             raw,
             r["source_path"],
             r["source_bytes"],
@@ -422,8 +409,8 @@ def transcode_batch(
             again: list[int] = []
             with closing(
                 run_each(
-                    _transcode_one,
-                    [jobs[i] for i in attempt],
+                    transcode_job,
+                    [(jobs[i],) for i in attempt],
                     workers,
                     cpu_limit_s=settings.max_cpu_s,
                     context=mp_context,
@@ -433,21 +420,20 @@ def transcode_batch(
                 for k, slot, out in results:
                     i = attempt[k]
                     if isinstance(out, WorkerFailure):
-                        out = _worker_died(out, stores.mcap_dir)
-                    elif out.get("run_ended"):  # it found the run gone before publishing
+                        remove_orphan_temps(stores.mcap_dir)  # what the dead worker was writing
+                        out = worker_died(out)
+                    elif out.run_ended:  # it found the run gone before publishing
                         raise Stopped([i])
-                    elif out.get(
-                        "unavailable"
-                    ):  # the MCAP store did not answer: critical, the unit fails (and is retried)
-                        raise StoreUnavailableError(*out["unavailable"])
-                    episodes_cpu += out.get("cpu_s", 0.0)
-                    machine = out.get("infrastructure")
+                    elif out.unavailable:  # the MCAP store did not answer: critical, the unit fails (and is retried)
+                        raise StoreUnavailableError(*out.unavailable)
+                    episodes_cpu += out.cpu_s
+                    machine = out.infrastructure
                     if machine is None:
                         finished += 1
                         _record(outcomes, stores, rep, todo[i], out, slot, log)
                         continue
                     tries = faults.setdefault(i, [])
-                    tries.append((machine, bool(out.get("worker_died"))))
+                    tries.append((machine, out.worker_died))
                     limit = WORKER_DEATH_ATTEMPTS if all(d for _, d in tries) else INFRASTRUCTURE_ATTEMPTS
                     log(
                         f"{todo[i]['episode_id']}: attempt {len(tries)} of {limit} met an infrastructure fault: "
@@ -461,19 +447,15 @@ def transcode_batch(
             if all(died for _, died in tries) and finished:
                 # the worker died on every attempt at this file while the unit's other files finished on the same
                 # workers: it follows the file, so it is the file's verdict
-                out = {
-                    "gates": [],
-                    "wall_s": 0.0,
-                    "cpu_s": 0.0,
-                    "quarantine": {
-                        "gate": "transcode",
-                        "stage": "transcode",
-                        "stream": None,
-                        "reason": f"the worker process died on each of {len(tries)} attempts ("
-                        + "; ".join(why for why, _ in tries)
-                        + f") while {finished} other episode(s) of its unit finished on the same workers",
-                    },
-                }
+                why = "; ".join(why for why, _ in tries)
+                out = TranscodeOutcome(
+                    quarantine=Quarantine(
+                        "transcode",
+                        "transcode",
+                        f"the worker process died on each of {len(tries)} attempts ({why}) while {finished} "
+                        "other episode(s) of its unit finished on the same workers",
+                    )
+                )
                 _record(outcomes, stores, rep, todo[i], out, 0, log)
             else:
                 pending[todo[i]["episode_id"]] = f"{tries[-1][0]} (after {len(tries)} attempts)"
@@ -494,129 +476,6 @@ def transcode_batch(
     if pending:
         raise InfrastructureFault(batch_key, pending)
     return rep
-
-
-def _worker_died(failure: WorkerFailure, mcap_dir: Path) -> dict:
-    """An episode whose process returned nothing. Over its CPU cap: the file's own work, a verdict. A
-    result that could not be sent back: a fault of this code with this file, a verdict. Any other death
-    (killed, out of memory, a crash): the machine's until it repeats (see transcode_batch). Its MCAP
-    is left where it is: an episode's MCAP is only ever published whole, so one in place is good, and
-    the next attempt replaces or adopts it."""
-    remove_orphan_temps(mcap_dir)  # what the dead worker was writing
-    out: dict = {"gates": [], "wall_s": 0.0, "cpu_s": 0.0}
-    if failure.exitcode is not None and failure.exitcode < 0 and -failure.exitcode != signal.SIGXCPU:
-        return {**out, "infrastructure": failure.reason, "worker_died": True}
-    if failure.exitcode is not None and failure.exitcode > 0:
-        return {**out, "infrastructure": failure.reason, "worker_died": True}
-    return {**out, "quarantine": {"gate": "transcode", "stage": "transcode", "reason": failure.reason, "stream": None}}
-
-
-def _failed(out: dict, e: BaseException, reason: str, stage: str, held: Callable[[], str | None] | None = None) -> dict:
-    """``out`` after ``e``: a machine fault leaves the episode to be tried again; anything else holds the
-    file back with ``reason`` (and its MCAP, by ``held``)."""
-    if exception_class(e) == INFRASTRUCTURE:
-        out["infrastructure"] = reason
-        return out
-    out["quarantine"] = {
-        "gate": "transcode",
-        "stage": stage,
-        "stream": getattr(e, "stream", None),
-        "reason": reason,
-        **({"held_at": held()} if held else {}),
-    }
-    return out
-
-
-def _transcode_one(
-    raw: RawSource,
-    key: str,
-    size: int,
-    sink: McapSink,
-    episode_id: str,
-    sha256: str,
-    expect_version: str | None,
-    settings: TranscodeSettings,
-    gates: GateConfig,
-    lease: RunLease | None = None,
-) -> dict:
-    """One episode, in a worker process: stage (object stores), transcode, post gates, publish (only
-    while the run's lease is alive)."""
-    t0, c0 = time.perf_counter(), time.process_time()
-    dst = sink.work_path(episode_id)
-    out: dict = {"gates": []}
-    try:
-        with raw.local(key, size) as src:
-            out = _transcode_local(src, dst, sink, episode_id, sha256, expect_version, settings, gates, lease)
-    except StoreUnavailableError as e:
-        out = {"unavailable": (e.url, e.reason), "gates": []}
-    except FileNotFoundError as e:
-        out["quarantine"] = {
-            "gate": "transcode",
-            "stage": "transcode",
-            "stream": None,
-            "reason": f"raw file vanished from the landing zone: {e}",
-        }
-    except Exception as e:
-        out = _failed({"gates": []}, e, f"cannot read the raw file: {type(e).__name__}: {e}", "transcode")
-    dst.unlink(missing_ok=True)  # unpublished (a machine fault, the run gone): scratch, the next attempt writes it
-    out["wall_s"], out["cpu_s"] = time.perf_counter() - t0, time.process_time() - c0
-    return out
-
-
-def _transcode_local(
-    src: Path,
-    dst: Path,
-    sink: McapSink,
-    episode_id: str,
-    sha256: str,
-    expect_version: str | None,
-    settings: TranscodeSettings,
-    gates: GateConfig,
-    lease: RunLease | None = None,
-) -> dict:
-    out: dict = {"gates": []}
-    try:
-        report = transcode_episode(src, dst, settings, source_sha256=sha256).as_dict()
-    except EpisodeError as e:
-        return _failed(out, e, e.reason, "transcode")
-    except Exception as e:
-        return _failed(out, e, f"{type(e).__name__}: {e}", "transcode")
-    try:
-        results = post_gates(dst, report, gates)
-        quality = quality_row(src, report["cameras"], gates)
-    except Exception as e:
-        return _failed(
-            out, e, f"checking the MCAP failed: {type(e).__name__}: {e}", "post", lambda: sink.hold(episode_id, dst)
-        )
-    failed = [r for r in results if not r.passed and r.action == "quarantine"]
-    out.update(report=report, gates=results, quality=quality)
-    if failed:
-        out["quarantine"] = {
-            "gate": failed[0].gate,
-            "stage": "post",
-            "reason": failed[0].detail,
-            "stream": None,
-            "held_at": sink.hold(episode_id, dst),
-        }
-        return out
-    if lease is not None and not lease.alive():  # the run ended while this episode was transcoded
-        return {"gates": [], "run_ended": True}
-    try:
-        published = sink.publish(episode_id, dst, expect_version)
-    except PreconditionFailed as e:
-        adopted = sink.adopt(episode_id, dst)  # this very MCAP, published by a killed attempt: kept as it is
-        if adopted is None:  # someone else's (newer) MCAP is at the key: kept, this one held back
-            out["quarantine"] = {
-                "gate": "transcode",
-                "stage": "post",
-                "stream": None,
-                "held_at": sink.hold(episode_id, dst),
-                "reason": f"not published: {e}",
-            }
-            return out
-        published = adopted
-    report.update(output=published.path, output_uri=published.uri, output_version=published.version)
-    return out
 
 
 def _leave_pending(outcomes: OutcomeBuffer, rep: StageReport, row: dict) -> None:
@@ -650,83 +509,68 @@ def _record(
     stores: IngestStores,
     rep: StageReport,
     row: dict,
-    out: dict,
+    out: TranscodeOutcome,
     slot: int,
     log: Callable[[str], None],
 ) -> None:
     pv = versions.PIPELINE_VERSION
-    rep.worker_busy_s[slot] = rep.worker_busy_s.get(slot, 0.0) + out["wall_s"]
-    report = out.get("report") or {}
-    rep.codec_cpu_s += report.get("jpeg_decode_cpu_s", 0.0) + report.get("video_encode_cpu_s", 0.0)
-    results: list[GateResult] = out["gates"]
+    rep.worker_busy_s[slot] = rep.worker_busy_s.get(slot, 0.0) + out.wall_s
+    if out.report is not None:
+        rep.codec_cpu_s += out.report.jpeg_decode_cpu_s + out.report.video_encode_cpu_s
     episode = _post_row(row, out)
-    gate_records = [g.as_record(pv) for g in results]
+    gate_records = [g.as_record(pv) for g in out.gates]
     try:
-        outcomes.add(
-            Outcome(row["source_path"], rep.batch_key, "post", gate_records, episode, _q(out.get("quarantine")))
-        )
+        outcomes.add(Outcome(row["source_path"], rep.batch_key, "post", gate_records, episode, _q(out.quarantine)))
     except FieldValueError as e:  # e.g. an output path longer than its column: held back, said why
         held = stores.sink().hold(row["episode_id"]) if episode.get("mcap_path") else None
-        out = {
-            **out,
-            "quarantine": {
-                "gate": "transcode",
-                "stage": "post",
-                "stream": e.column,
-                "held_at": held,
-                "reason": f"the registry cannot store the outcome: {e}",
-            },
-        }
+        reason = f"the registry cannot store the outcome: {e}"
+        out = replace(out, mcap=None, quarantine=Quarantine("transcode", "post", reason, e.column, held))
         episode = _post_row(row, out)
-        outcomes.add(Outcome(row["source_path"], rep.batch_key, "post", gate_records, episode, _q(out["quarantine"])))
-    rep.tally(row["source_path"], row["episode_id"], results)
-    q = out.get("quarantine")
+        outcomes.add(Outcome(row["source_path"], rep.batch_key, "post", gate_records, episode, _q(out.quarantine)))
+    rep.tally(row["source_path"], row["episode_id"], out.gates)
+    q = out.quarantine
     if q:
-        rep.quarantined.append({"path": row["source_path"], "episode_id": row["episode_id"], **q})
-        log(f"quarantined {row['episode_id']} ({row['source_path']}): {q['gate']}: {q['reason']}")
+        rep.quarantined.append({"path": row["source_path"], "episode_id": row["episode_id"], **q.as_record()})
+        log(f"quarantined {row['episode_id']} ({row['source_path']}): {q.gate}: {q.reason}")
     else:
         rep.processed.append(row["episode_id"])
 
 
-def _post_row(row: dict, out: dict) -> dict:
+def _post_row(row: dict, out: TranscodeOutcome) -> dict:
     """The episode's registry update after its transcode."""
-    results: list[GateResult] = out["gates"]
     episode = {
         "episode_id": row["episode_id"],
         "schema_version": versions.SCHEMA_VERSION,
         "pipeline_version": versions.PIPELINE_VERSION,
     }
-    if out.get("quarantine"):
+    if out.quarantine:
         episode.update(
             status=QUARANTINED, mcap_path=None, mcap_uri=None, mcap_bytes=None, mcap_version=None, quality_ok=False
         )
-    else:
-        r = out["report"]
-        episode.update(
-            status=TRANSCODED,
-            mcap_path=r["output"],
-            mcap_uri=r["output_uri"],
-            mcap_version=r["output_version"],
-            mcap_bytes=r["bytes_out"],
-            quality_ok=bool(row.get("quality_ok", True)) and all(g.passed for g in results),
-            start_ns=r["start_ns"],
-            end_ns=r["end_ns"],
-            n_steps=r["streams"].get("joint_states", 0),
-            n_frames=sum(c["frames"] for c in r["cameras"].values()),
-            dropped_cameras=json.dumps(sorted(c for c, v in r["cameras"].items() if v["dropped_frames"])),
-        )
-        # The pre gate samples frames; the transcode saw every one: a camera that went dark
-        # between two samples is flagged here (the pre gate's flag is never cleared).
-        dark = sorted(c for c, v in r["cameras"].items() if v["dark_frames"] >= max(2, 0.01 * v["frames"]))
-        episode["dark_frame_fraction"] = round(
-            max((v["dark_frames"] / v["frames"] for v in r["cameras"].values() if v["frames"]), default=0.0), 6
-        )
-        episode["frozen_frame_fraction"] = round(
-            max((v.get("frozen_frames", 0) / v["frames"] for v in r["cameras"].values() if v["frames"]), default=0.0), 6
-        )
-        if dark:
-            episode.update(camera_dead=True, quality_ok=False)
-        episode.update(out.get("quality") or {})
+        return episode
+    r, mcap = out.report, out.mcap
+    assert r is not None and mcap is not None  # not held back: transcoded and published
+    cams = r.cameras.values()
+    episode.update(
+        status=TRANSCODED,
+        mcap_path=mcap.path,
+        mcap_uri=mcap.uri,
+        mcap_version=mcap.version,
+        mcap_bytes=r.bytes_out,
+        quality_ok=bool(row.get("quality_ok", True)) and all(g.passed for g in out.gates),
+        start_ns=r.start_ns,
+        end_ns=r.end_ns,
+        n_steps=r.streams.get("joint_states", 0),
+        n_frames=sum(c.frames for c in cams),
+        dropped_cameras=json.dumps(sorted(name for name, c in r.cameras.items() if c.dropped_frames)),
+        dark_frame_fraction=round(max((c.dark_frames / c.frames for c in cams if c.frames), default=0.0), 6),
+        frozen_frame_fraction=round(max((c.frozen_frames / c.frames for c in cams if c.frames), default=0.0), 6),
+    )
+    # The pre gate samples frames; the transcode saw every one: a camera that went dark
+    # between two samples is flagged here (the pre gate's flag is never cleared).
+    if any(c.dark_frames >= max(2, 0.01 * c.frames) for c in cams):
+        episode.update(camera_dead=True, quality_ok=False)
+    episode.update(out.quality or {})
     return episode
 
 

@@ -190,7 +190,7 @@ def test_measurements():
 def test_an_episode_that_cannot_be_scored_goes_to_review_with_the_reason(tmp_path):
     import json
 
-    from dyna_resources.ingest.batches import quality_row
+    from dyna_resources.ingest.episode_transcode import quality_row
     from dyna_resources.ingest.gates import GateConfig
 
     bad = tmp_path / "gone.h5"

@@ -1,0 +1,175 @@
+"""One episode's transcode, as a worker process runs it (no Dagster here): stage the raw file,
+transcode, post gates, score, publish; and the typed outcome it sends back to the batch engine
+(:mod:`.batches`), which records it."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..catalog.leases import RunLease
+from ..episodes.errors import EpisodeError
+from ..episodes.raw_format import RawEpisode
+from ..episodes.transcode import TranscodeReport, TranscodeSettings, transcode_episode
+from ..storage.stores import StoreUnavailableError
+from .episode_io import McapSink, PreconditionFailed, Published, RawSource
+from .faults import INFRASTRUCTURE, exception_class
+from .gates import GateConfig, GateResult
+from .post_gates import post_gates
+from .quality import score_episode
+from .workers import WorkerFailure
+
+
+@dataclass(frozen=True)
+class Quarantine:
+    """Why an episode is held back: the gate and stage that held it, and where its MCAP was put
+    aside (``held_at``) when there is one."""
+
+    gate: str
+    stage: str  # "transcode" | "post"
+    reason: str
+    stream: str | None = None
+    held_at: str | None = None
+
+    def as_record(self) -> dict:
+        return {
+            "gate": self.gate,
+            "stage": self.stage,
+            "reason": self.reason,
+            "stream": self.stream,
+            "held_at": self.held_at,
+        }
+
+
+@dataclass
+class TranscodeOutcome:
+    """What one episode's worker found. Exactly one of: transcoded and published (``mcap``), held
+    back (``quarantine``), a machine fault to try again (``infrastructure``), the MCAP store not
+    answering (``unavailable``), or the run gone before publishing (``run_ended``)."""
+
+    gates: list[GateResult] = field(default_factory=list)
+    report: TranscodeReport | None = None
+    quality: dict | None = None  # the episode's quality columns (quality.py)
+    mcap: Published | None = None
+    quarantine: Quarantine | None = None
+    infrastructure: str | None = None
+    worker_died: bool = False  # the infrastructure fault was the worker's death
+    unavailable: tuple[str, str] | None = None  # (url, reason)
+    run_ended: bool = False
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class TranscodeJob:
+    """One episode to transcode, as the batch engine hands it to a worker process."""
+
+    raw: RawSource
+    key: str  # the raw file's key in the landing zone
+    size: int
+    sink: McapSink
+    episode_id: str
+    sha256: str
+    expect_version: str | None  # the MCAP version it replaces (None: a first publish)
+    settings: TranscodeSettings
+    gates: GateConfig
+    lease: RunLease | None = None
+
+
+def quality_row(src: str | Path, cameras: dict, gates: GateConfig) -> dict:
+    """The episode's quality columns. The raw file just transcoded cleanly, so scoring it only
+    re-reads its small streams; if that fails anyway, the episode goes to review with the reason
+    instead of passing unscored."""
+    try:
+        with RawEpisode(src) as raw:
+            return score_episode(raw, cameras, gates.quality_config()).as_row()
+    except EpisodeError as e:
+        reason = {"check": "scoring", "detail": f"quality not scored: {e.reason}"}
+        return {"quality_verdict": "review", "quality_reasons": json.dumps([reason])}
+
+
+def transcode_job(job: TranscodeJob) -> TranscodeOutcome:
+    """One episode, in a worker process: stage (object stores), transcode, post gates, publish (only
+    while the run's lease is alive)."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    dst = job.sink.work_path(job.episode_id)
+    try:
+        with job.raw.local(job.key, job.size) as src:
+            out = _transcode_local(src, dst, job)
+    except StoreUnavailableError as e:
+        out = TranscodeOutcome(unavailable=(e.url, e.reason))
+    except FileNotFoundError as e:
+        out = TranscodeOutcome(
+            quarantine=Quarantine("transcode", "transcode", f"raw file vanished from the landing zone: {e}")
+        )
+    except Exception as e:
+        out = failed(e, f"cannot read the raw file: {type(e).__name__}: {e}", "transcode")
+    dst.unlink(missing_ok=True)  # unpublished (a machine fault, the run gone): scratch, the next attempt writes it
+    out.wall_s, out.cpu_s = time.perf_counter() - t0, time.process_time() - c0
+    return out
+
+
+def worker_died(failure: WorkerFailure) -> TranscodeOutcome:
+    """An episode whose process returned nothing. Over its CPU cap: the file's own work, a verdict. A
+    result that could not be sent back: a fault of this code with this file, a verdict. Any other death
+    (killed, out of memory, a crash): the machine's until it repeats (see batches.transcode_batch)."""
+    code = failure.exitcode
+    if code is not None and ((code < 0 and -code != signal.SIGXCPU) or code > 0):
+        return TranscodeOutcome(infrastructure=failure.reason, worker_died=True)
+    return TranscodeOutcome(quarantine=Quarantine("transcode", "transcode", failure.reason))
+
+
+def failed(
+    e: BaseException,
+    reason: str,
+    stage: str,
+    held: Callable[[], str | None] | None = None,
+    out: TranscodeOutcome | None = None,
+) -> TranscodeOutcome:
+    """The outcome after ``e``: a machine fault leaves the episode to be tried again; anything else holds
+    the file back with ``reason`` (and its MCAP, by ``held``). ``out``: what was found before."""
+    out = out or TranscodeOutcome()
+    if exception_class(e) == INFRASTRUCTURE:
+        out.infrastructure = reason
+        return out
+    out.quarantine = Quarantine("transcode", stage, reason, getattr(e, "stream", None), held() if held else None)
+    return out
+
+
+def _transcode_local(src: Path, dst: Path, job: TranscodeJob) -> TranscodeOutcome:
+    sink, episode_id = job.sink, job.episode_id
+    try:
+        report = transcode_episode(src, dst, job.settings, source_sha256=job.sha256)
+    except EpisodeError as e:
+        return failed(e, e.reason, "transcode")
+    except Exception as e:
+        return failed(e, f"{type(e).__name__}: {e}", "transcode")
+    as_dict = report.as_dict()
+    try:
+        results = post_gates(dst, as_dict, job.gates)
+        quality = quality_row(src, as_dict["cameras"], job.gates)
+    except Exception as e:
+        return failed(
+            e, f"checking the MCAP failed: {type(e).__name__}: {e}", "post", lambda: sink.hold(episode_id, dst)
+        )
+    out = TranscodeOutcome(gates=results, report=report, quality=quality)
+    blocking = [r for r in results if not r.passed and r.action == "quarantine"]
+    if blocking:
+        out.quarantine = Quarantine(blocking[0].gate, "post", blocking[0].detail, None, sink.hold(episode_id, dst))
+        return out
+    if job.lease is not None and not job.lease.alive():  # the run ended while this episode was transcoded
+        return TranscodeOutcome(run_ended=True)
+    try:
+        out.mcap = sink.publish(episode_id, dst, job.expect_version)
+    except PreconditionFailed as e:
+        out.mcap = sink.adopt(episode_id, dst)  # this very MCAP, published by a killed attempt: kept as it is
+        if out.mcap is None:  # someone else's (newer) MCAP is at the key: kept, this one held back
+            out.quarantine = Quarantine("transcode", "post", f"not published: {e}", None, sink.hold(episode_id, dst))
+    return out
+
+
+__all__ = ["Quarantine", "TranscodeJob", "TranscodeOutcome", "failed", "quality_row", "transcode_job", "worker_died"]
