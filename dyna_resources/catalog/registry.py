@@ -22,7 +22,7 @@ from operator import itemgetter
 from pathlib import Path
 
 import orjson
-from sqlalchemy import String, and_, bindparam, func, not_, or_, select, update
+from sqlalchemy import String, Table, and_, bindparam, func, not_, or_, select, update
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 
@@ -932,9 +932,13 @@ class Registry:
 
     def episodes(self, batch_key: str | Sequence[str] | None = None) -> list[dict]:
         """Episode rows of a work unit, of several units, or of all (None), by id."""
-        q = select(t.episodes).order_by(t.episodes.c.episode_id)
+        return self._rows_of_batches(t.episodes, t.episodes.c.episode_id, batch_key)
+
+    def _rows_of_batches(self, table: Table, order, batch_key: str | Sequence[str] | None) -> list[dict]:
+        """Rows of ``table`` of a work unit, of several units, or of all (None), ordered by ``order``."""
+        q = select(table).order_by(order)
         if batch_key is not None:
-            q = q.where(_of_batches(t.episodes.c.batch_key, batch_key))
+            q = q.where(_of_batches(table.c.batch_key, batch_key))
         with self._begin() as c:
             return [dict(r) for r in c.execute(q).mappings()]
 
@@ -1170,11 +1174,7 @@ class Registry:
             return [dict(r) for r in c.execute(select(pv_summary).order_by(*pv_summary.primary_key.columns)).mappings()]
 
     def quarantined(self, batch_key: str | Sequence[str] | None = None) -> list[dict]:
-        q = select(t.quarantine).order_by(t.quarantine.c.source_path)
-        if batch_key is not None:
-            q = q.where(_of_batches(t.quarantine.c.batch_key, batch_key))
-        with self._begin() as c:
-            return [dict(r) for r in c.execute(q).mappings()]
+        return self._rows_of_batches(t.quarantine, t.quarantine.c.source_path, batch_key)
 
     def gate_results(self, batch_key: str, stage: str | None = None) -> list[dict]:
         """The latest result of every gate of a work unit's files, a dict a gate (source_path, stage,
@@ -1243,7 +1243,7 @@ def _fold_legacy_gate_rows(engine: Engine) -> None:
     """A registry from before ``gate_results`` kept one row a gate in ``quality_results``: fold
     them into one row per file and stage, in one transaction (killed midway, the old table is
     still whole and the next open folds again), then drop the old table."""
-    from sqlalchemy import MetaData, Table, inspect, tuple_
+    from sqlalchemy import MetaData, inspect, tuple_
 
     if "quality_results" not in inspect(engine).get_table_names():
         return
