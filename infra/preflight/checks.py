@@ -7,8 +7,10 @@ fault would condemn a healthy node forever.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .commands import CommandOutcome
@@ -86,19 +88,29 @@ def check_gpu_count(inventory: GpuInventory | None, error: str | None, config: G
     return passed(name, f"{found} GPUs")
 
 
-def _gpu_check_skipped(name: str, inventory: GpuInventory | None, config: GpuConfig) -> CheckResult | None:
-    if config.expected_count == 0:
-        return skipped(name, "no GPUs expected")
-    if inventory is None:
-        return skipped(name, "no GPU inventory (see gpu_count)")
-    return None
+_GpuCheck = Callable[[GpuInventory | None, GpuConfig], CheckResult]
 
 
-def check_gpu_model(inventory: GpuInventory | None, config: GpuConfig) -> CheckResult:
-    name = "gpu_model"
-    if skip := _gpu_check_skipped(name, inventory, config):
-        return skip
-    assert inventory is not None, "_gpu_check_skipped skips without an inventory"
+def _gpu_check(name: str) -> Callable[[Callable[[str, GpuInventory, GpuConfig], CheckResult]], _GpuCheck]:
+    """``check(name, inventory, config)`` as the check ``name``, called ``(inventory, config)``: skipped
+    where no GPUs are expected or there is no inventory (gpu_count says why), else run on the inventory."""
+
+    def wrap(check: Callable[[str, GpuInventory, GpuConfig], CheckResult]) -> _GpuCheck:
+        @functools.wraps(check)
+        def run(inventory: GpuInventory | None, config: GpuConfig) -> CheckResult:
+            if config.expected_count == 0:
+                return skipped(name, "no GPUs expected")
+            if inventory is None:
+                return skipped(name, "no GPU inventory (see gpu_count)")
+            return check(name, inventory, config)
+
+        return run
+
+    return wrap
+
+
+@_gpu_check("gpu_model")
+def check_gpu_model(name: str, inventory: GpuInventory, config: GpuConfig) -> CheckResult:
     if not config.expected_model:
         return skipped(name, "no model expected")
     wrong = [g for g in inventory.gpus if g.product_name != config.expected_model]
@@ -108,22 +120,16 @@ def check_gpu_model(inventory: GpuInventory | None, config: GpuConfig) -> CheckR
     return passed(name, config.expected_model)
 
 
-def check_driver_version(inventory: GpuInventory | None, config: GpuConfig) -> CheckResult:
-    name = "driver_version"
-    if skip := _gpu_check_skipped(name, inventory, config):
-        return skip
-    assert inventory is not None, "_gpu_check_skipped skips without an inventory"
+@_gpu_check("driver_version")
+def check_driver_version(name: str, inventory: GpuInventory, config: GpuConfig) -> CheckResult:
     version = inventory.driver_version
     if config.allowed_driver_versions and version not in config.allowed_driver_versions:
         return failed(name, f"driver {version or 'unknown'} not in {', '.join(config.allowed_driver_versions)}")
     return passed(name, f"driver {version}, CUDA {inventory.cuda_version or 'unknown'}")
 
 
-def check_volatile_ecc(inventory: GpuInventory | None, config: GpuConfig) -> CheckResult:
-    name = "ecc_volatile"
-    if skip := _gpu_check_skipped(name, inventory, config):
-        return skip
-    assert inventory is not None, "_gpu_check_skipped skips without an inventory"
+@_gpu_check("ecc_volatile")
+def check_volatile_ecc(name: str, inventory: GpuInventory, config: GpuConfig) -> CheckResult:
     bad = [g for g in inventory.gpus if g.volatile_uncorrectable_ecc > config.max_volatile_uncorrectable_ecc]
     if bad:
         return failed(
@@ -142,11 +148,8 @@ def check_volatile_ecc(inventory: GpuInventory | None, config: GpuConfig) -> Che
     return passed(name, f"no uncorrectable ECC errors since boot{note}")
 
 
-def check_row_remapping(inventory: GpuInventory | None, config: GpuConfig) -> CheckResult:
-    name = "row_remapping"
-    if skip := _gpu_check_skipped(name, inventory, config):
-        return skip
-    assert inventory is not None, "_gpu_check_skipped skips without an inventory"
+@_gpu_check("row_remapping")
+def check_row_remapping(name: str, inventory: GpuInventory, config: GpuConfig) -> CheckResult:
     problems = []
     for g in inventory.gpus:
         if g.remap_pending:
@@ -156,22 +159,16 @@ def check_row_remapping(inventory: GpuInventory | None, config: GpuConfig) -> Ch
     return failed(name, ", ".join(problems)) if problems else passed(name, "no pending or failed row remaps")
 
 
-def check_page_retirement(inventory: GpuInventory | None, config: GpuConfig) -> CheckResult:
-    name = "page_retirement"
-    if skip := _gpu_check_skipped(name, inventory, config):
-        return skip
-    assert inventory is not None, "_gpu_check_skipped skips without an inventory"
+@_gpu_check("page_retirement")
+def check_page_retirement(name: str, inventory: GpuInventory, config: GpuConfig) -> CheckResult:
     pending = [g for g in inventory.gpus if g.retirement_pending]
     if pending:
         return failed(name, ", ".join(f"{_label(g)}: page retirement pending (needs GPU reset)" for g in pending))
     return passed(name, "no pending page retirements")
 
 
-def check_clocks(inventory: GpuInventory | None, config: GpuConfig) -> CheckResult:
-    name = "clocks"
-    if skip := _gpu_check_skipped(name, inventory, config):
-        return skip
-    assert inventory is not None, "_gpu_check_skipped skips without an inventory"
+@_gpu_check("clocks")
+def check_clocks(name: str, inventory: GpuInventory, config: GpuConfig) -> CheckResult:
     floor = config.min_max_sm_clock_mhz
     if floor is not None:
         slow = [g for g in inventory.gpus if g.max_sm_clock_mhz is None or g.max_sm_clock_mhz < floor]
