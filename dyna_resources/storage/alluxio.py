@@ -484,34 +484,27 @@ class AlluxioFront:
         kwargs["worker_http_port"] = cfg.worker_http_port
         return kwargs
 
+    def _alluxiofs_object(self, cls):
+        """An alluxiofs ``cls`` (AlluxioFileSystem, AlluxioClient) over this configuration; a
+        configuration it refuses raises AlluxioConfigError."""
+        try:
+            return cls(logger=logging.getLogger(f"{__name__}.alluxiofs"), **self._alluxiofs_kwargs())
+        except (AssertionError, ValueError, TypeError, AttributeError) as e:
+            raise AlluxioConfigError(f"alluxiofs refused the configuration {self.config!r}: {_describe(e)}") from None
+
     def _alluxio_fs(self):
         self._check_fork()
         with self._lock:
             if self._fs is None:
-                alluxiofs = _import_alluxiofs()
-                try:  # no under filesystem: the front falls back itself (see the module doc)
-                    self._fs = alluxiofs.AlluxioFileSystem(
-                        logger=logging.getLogger(f"{__name__}.alluxiofs"), **self._alluxiofs_kwargs()
-                    )
-                except (AssertionError, ValueError, TypeError, AttributeError) as e:
-                    raise AlluxioConfigError(
-                        f"alluxiofs refused the configuration {self.config!r}: {_describe(e)}"
-                    ) from None
+                # no under filesystem: the front falls back itself (see the module doc)
+                self._fs = self._alluxiofs_object(_import_alluxiofs().AlluxioFileSystem)
             return self._fs
 
     def _load_client(self):
         self._check_fork()
         with self._lock:
             if self._client is None:
-                alluxiofs = _import_alluxiofs()
-                try:
-                    self._client = alluxiofs.AlluxioClient(
-                        logger=logging.getLogger(f"{__name__}.alluxiofs"), **self._alluxiofs_kwargs()
-                    )
-                except (AssertionError, ValueError, TypeError, AttributeError) as e:
-                    raise AlluxioConfigError(
-                        f"alluxiofs refused the configuration {self.config!r}: {_describe(e)}"
-                    ) from None
+                self._client = self._alluxiofs_object(_import_alluxiofs().AlluxioClient)
             return self._client
 
     def _cluster_ready(self) -> bool:
