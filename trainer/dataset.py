@@ -197,15 +197,19 @@ class ManifestDataset(IterableDataset):
     def _usable_samples(self, per_rank: int) -> int:
         """Samples per epoch on every rank (equal, so collective steps never wait on a rank whose
         epoch ended): the fewest any rank's slice holds."""
+        return int(self._rank_sample_counts(per_rank).min())
+
+    def _rank_sample_counts(self, per_rank: int) -> np.ndarray:
+        """The samples each rank's slice of ``per_rank`` rows holds, one count a rank."""
         if self.spec.anchors == "end":
-            return per_rank
+            return np.full(self.world, per_rank)
         counts = samples_per_row(
             self.manifest.column("start_ns").to_numpy(),
             self.manifest.column("end_ns").to_numpy(),
             self.spec.anchors,
             self.spec.anchor_every_ns,
         )[: per_rank * self.world]
-        return int(counts.reshape(self.world, per_rank).sum(axis=1).min())
+        return counts.reshape(self.world, per_rank).sum(axis=1)
 
     # ---- position (the data part of a checkpoint) ---------------------------------------------
     @property

@@ -36,7 +36,7 @@ from dyna_resources.episodes.gop_decode import CameraFrames, DecoderBackend, dec
 from dyna_resources.episodes.mcap_reader import EpisodeReader
 
 from .dataset import EDGE_PAD_NS, ManifestDataset, SampleTimes, _fsspec_open, _ns, open_episode
-from .sampling import LaneOrder, lane_orders, samples_per_row, unit_of, usable_samples
+from .sampling import LaneOrder, lane_orders, unit_of, usable_samples
 
 BAD_SAMPLES = ("raise", "skip")
 
@@ -68,17 +68,7 @@ class GopDataset(ManifestDataset):
         self._backend: DecoderBackend | None = None
 
     def _usable_samples(self, per_rank: int) -> int:
-        if self.spec.anchors == "end":
-            counts = np.full(self.world, per_rank)
-        else:
-            counts = samples_per_row(
-                self.manifest.column("start_ns").to_numpy(),
-                self.manifest.column("end_ns").to_numpy(),
-                self.spec.anchors,
-                self.spec.anchor_every_ns,
-            )[: per_rank * self.world]
-            counts = counts.reshape(self.world, per_rank).sum(axis=1)
-        n, self.lanes = usable_samples(counts, self.lanes, self.batch_size)
+        n, self.lanes = usable_samples(self._rank_sample_counts(per_rank), self.lanes, self.batch_size)
         return n
 
     @property
@@ -86,6 +76,8 @@ class GopDataset(ManifestDataset):
         return self.rows // self.batch_size
 
     def lanes_of(self, epoch: int) -> list[LaneOrder]:
+        # (lane_orders' keyword call is alike in shape only to generate_fleet's in sim/fleet.py and
+        # transcode_batch's in ingest/partitions.py)
         if self._lane_memo is None or self._lane_memo[0] != epoch:
             self._lane_memo = (
                 epoch,
