@@ -21,7 +21,7 @@ from dyna_resources.catalog.datasets import DatasetRef, DatasetRegistry, Unknown
 from dyna_resources.episodes.sim import generate_fleet
 from dyna_resources.episodes.sim.fleet import arrival_folder
 from dyna_resources.home import DynaHome
-from dyna_resources.ingest.batches import batch_summary
+from dyna_resources.ingest.batch_summary import batch_summary
 from dyna_resources.ingest.ray_units import ray_cluster
 from dyna_resources.resources import IngestResource
 from trainer.evaluate import EvaluationResult, latest_recorded
@@ -364,8 +364,8 @@ def print_summary(home: DynaHome, ingest: IngestResource, results) -> list[Path]
         for label, keys in [(f"{partition.key} ({len(mine)} units)", mine)] + [(f"  {k}", [k]) for k in mine]:
             s = batch_summary(keys, registry)
             print(
-                f"{label:<30}{s['files']:>6}{s['episodes']:>9}{s['hours'] * 60:>8.1f}{s['bytes_in'] / 1e6:>8.1f}"
-                f"{s['bytes_out'] / 1e6:>8.1f}{s['compression_ratio']:>7.3f}{s['quarantined']:>12}"
+                f"{label:<30}{s.files:>6}{s.episodes:>9}{s.hours * 60:>8.1f}{s.bytes_in / 1e6:>8.1f}"
+                f"{s.bytes_out / 1e6:>8.1f}{s.compression_ratio:>7.3f}{s.quarantined:>12}"
             )
     for r in results:
         for ev in r.get_asset_check_evaluations():

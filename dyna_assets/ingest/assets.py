@@ -21,7 +21,7 @@ from dagster import (
 from dagster_ray import RayResource
 
 from dyna_resources import versions
-from dyna_resources.ingest.batches import batch_summary
+from dyna_resources.ingest.batch_summary import BatchSummary, batch_summary
 from dyna_resources.ingest.gates import POST_GATES, PRE_GATES
 from dyna_resources.ingest.partitions import PartitionReport, UnitJob, ingest_partition
 from dyna_resources.ingest.ray_units import UnitResources
@@ -42,22 +42,11 @@ def version_tags() -> dict[str, str]:
 BACKFILL = BackfillPolicy.multi_run(max_partitions_per_run=16)
 
 
-def _partition_metadata(summary: dict, report: PartitionReport) -> dict:
+def _partition_metadata(summary: BatchSummary, report: PartitionReport) -> dict:
     """Everything shown for one partition; set per partition, so a ranged run shows each its own."""
     rep = report.combined
     return {
-        "units": summary["units"],
-        "files": summary["files"],
-        "episodes": summary["episodes"],
-        "hours": summary["hours"],
-        "bytes_in": summary["bytes_in"],
-        "bytes_out": summary["bytes_out"],
-        "compression_ratio": summary["compression_ratio"],
-        "quarantined": summary["quarantined"],
-        "quarantined_reasons": MetadataValue.json(summary["quarantined_reasons"]),
-        "episodes_by_status": MetadataValue.json(summary["episodes_by_status"]),
-        "flags": MetadataValue.json(summary["flags"]),
-        "pipeline_versions": MetadataValue.json(summary["pipeline_versions"]),
+        **summary.as_metadata(),
         "this_run_processed": len(rep.processed),
         "this_run_skipped_up_to_date": len(rep.skipped),
         "this_run_cpu_s": round(rep.cpu_s, 2),
@@ -70,9 +59,8 @@ def _partition_metadata(summary: dict, report: PartitionReport) -> dict:
     }
 
 
-def _summary(registry, partition: str, stage: str = "post") -> dict:
-    units = [u.key for u in registry.partition_units(partition)]
-    return {**batch_summary(units, registry, stage), "units": len(units)}
+def _summary(registry, partition: str, stage: str = "post") -> BatchSummary:
+    return batch_summary([u.key for u in registry.partition_units(partition)], registry, stage)
 
 
 def _log_totals(context, reports: list[PartitionReport]) -> None:
@@ -189,7 +177,7 @@ def mcap_episodes(
     ]
     summaries = [(r.partition_key, _summary(stores.registry, r.partition_key)) for r in reports]
     digest = hashlib.sha256(
-        repr(sorted((k, s["pipeline_versions"], s["episodes"], s["bytes_out"]) for k, s in summaries)).encode()
+        repr(sorted((k, s.pipeline_versions, s.episodes, s.bytes_out) for k, s in summaries)).encode()
     ).hexdigest()[:16]
     _log_totals(context, reports)
     _fail_on_failed_units(context, "mcap_episodes", reports, ingest)

@@ -18,7 +18,6 @@ import json
 import os
 import re
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 from contextlib import closing, suppress
 from dataclasses import dataclass, field, replace
@@ -572,43 +571,3 @@ def _post_row(row: dict, out: TranscodeOutcome) -> dict:
         episode.update(camera_dead=True, quality_ok=False)
     episode.update(out.quality or {})
     return episode
-
-
-# -- what the UI shows for a partition ---------------------------------------------------------
-
-
-def batch_summary(batch_key: str | Sequence[str], registry: Registry, stage: str = "post") -> dict:
-    """What a work unit, or an ingest partition's units, hold after a stage: "pre" counts the
-    episodes that passed the pre gates (input bytes only), "post" the transcoded ones (bytes in and out)."""
-    eps = registry.episodes(batch_key)
-    q = registry.quarantined(batch_key)
-    status = Counter(e["status"] for e in eps)
-    done = [e for e in eps if (e["status"] == TRANSCODED if stage == "post" else e["status"] != REJECTED)]
-    bytes_in = sum(e["source_bytes"] for e in done)
-    bytes_out = sum(e["mcap_bytes"] or 0 for e in done if e["status"] == TRANSCODED)
-    return {
-        "files": len(registry.batch_files(batch_key)),
-        "episodes": len(done),
-        "episodes_by_status": dict(sorted(status.items())),
-        "hours": round(sum(e["duration_s"] for e in done) / 3600, 4),
-        "bytes_in": bytes_in,
-        "bytes_out": bytes_out,
-        "compression_ratio": round(bytes_out / bytes_in, 4) if bytes_in and stage == "post" else 0.0,
-        "quarantined": len(q),
-        "quarantined_reasons": [
-            {
-                "path": r["source_path"],
-                "episode_id": r["episode_id"],
-                "stage": r["stage"],
-                "gate": r["gate"],
-                "reason": r["reason"],
-            }
-            for r in q[:100]
-        ],
-        "flags": {
-            "camera_dropped": sum(bool(e["camera_dropped"]) for e in eps),
-            "camera_dead": sum(bool(e["camera_dead"]) for e in eps),
-        },
-        "pipeline_versions": dict(Counter(e["pipeline_version"] for e in eps if e["status"] == TRANSCODED)),
-        "schema_versions": dict(Counter(e["schema_version"] for e in eps if e["status"] == TRANSCODED)),
-    }
