@@ -1130,38 +1130,28 @@ class Registry:
         """Ingest partitions holding a work unit that :meth:`outdated_batches` names, from the
         per-partition version summary: the cost follows the partitions, not the episodes."""
         v = pv_summary.c
-        q = (
-            select(v.partition_key)
-            .where(
-                v.partition_key != "",
-                v.episodes > 0,
-                # pending and missing episodes are to be redone whatever their versions
-                or_(
-                    v.status.in_([PENDING, MISSING]),
-                    and_(
-                        v.status.in_([TRANSCODED, QUARANTINED]),
-                        or_(v.pipeline_version != pipeline_version, v.schema_version != schema_version),
-                    ),
+        return self._summary_partitions(
+            # pending and missing episodes are to be redone whatever their versions
+            or_(
+                v.status.in_([PENDING, MISSING]),
+                and_(
+                    v.status.in_([TRANSCODED, QUARANTINED]),
+                    or_(v.pipeline_version != pipeline_version, v.schema_version != schema_version),
                 ),
-            )
-            .distinct()
-            .order_by(v.partition_key)
+            ),
         )
-        with self._begin() as c:
-            return list(c.execute(q).scalars())
 
     def outdated_ladder_partitions(self, version: str) -> list[str]:
         """Ingest partitions holding a work unit that :meth:`outdated_ladder_batches` names (summary)."""
         v = pv_summary.c
+        return self._summary_partitions(v.status == TRANSCODED, v.ladder_version != "", v.ladder_version != version)
+
+    def _summary_partitions(self, *where) -> list[str]:
+        """Ingest partitions of the per-partition version summary with episodes in a row meeting ``where``."""
+        v = pv_summary.c
         q = (
             select(v.partition_key)
-            .where(
-                v.partition_key != "",
-                v.episodes > 0,
-                v.status == TRANSCODED,
-                v.ladder_version != "",
-                v.ladder_version != version,
-            )
+            .where(v.partition_key != "", v.episodes > 0, *where)
             .distinct()
             .order_by(v.partition_key)
         )
