@@ -47,10 +47,14 @@ import resource
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ._cli import add_size_flags, size_of
+
+if TYPE_CHECKING:
+    from dyna_resources.episodes.raw_format import CameraStream
 
 PUBLISHED_EPISODE_HOURS_PER_WEEK_1000_CORES = 440_000
 TARGET_OVERHEAD_RATIO = 1.2  # on Ray (issue 17)
@@ -104,7 +108,8 @@ class Probe:
 
     def __init__(self, module, name: str):
         self.module, self.name, self.fn = module, name, getattr(module, name)
-        self.calls, self.wall_s, self.cpu_s, self.returned = 0, 0.0, 0.0, []
+        self.calls, self.wall_s, self.cpu_s = 0, 0.0, 0.0
+        self.returned: list[Any] = []
 
     def __enter__(self) -> Probe:
         fn = self.fn
@@ -151,7 +156,9 @@ def engine_cpu_from_metadata(results) -> dict[str, float]:
     return out
 
 
-def gop_windows(raw, gop_frames: int) -> tuple[list, float, list[tuple[object, list[tuple[int, int]]]]]:
+def gop_windows(
+    raw, gop_frames: int
+) -> tuple[list[CameraStream], float, list[tuple[CameraStream, list[tuple[int, int]]]]]:
     """The transcoder's GOP windows (dyna_resources/episodes/transcode.py), per camera:
     [(camera, [(lo, hi), ...])] in the transcoder's camera order, plus the rate it encodes at."""
     from dyna_resources.episodes.transcode import nominal_rate_hz
@@ -253,7 +260,9 @@ def video_bytes(mcap_path: Path) -> int:
 
     with open(mcap_path, "rb") as f:
         reader = make_reader(f)
-        topics = [c.topic for c in reader.get_summary().channels.values() if is_camera_topic(c.topic)]
+        summary = reader.get_summary()
+        assert summary is not None  # the transcoder writes every episode MCAP indexed, with a summary
+        topics = [c.topic for c in summary.channels.values() if is_camera_topic(c.topic)]
         return sum(len(m.data) for _, _, m in reader.iter_messages(topics=topics))
 
 
@@ -464,7 +473,7 @@ def main(argv: list[str]) -> int:
         busy = list(rep.worker_busy_s.values())
         fair = len(busy) == transcode.pool_size() >= 2 and not rep.quarantined
         worker_bal[rep.batch_key] = (max(busy) / min(busy) if len(busy) >= 2 else None, len(busy), fair)
-    fair_bal = [b for b, _, fair in worker_bal.values() if fair]
+    fair_bal = [b for b, _, fair in worker_bal.values() if fair and b is not None]  # fair: 2+ workers, so a ratio
 
     pre_cpu, tc_cpu = md["raw_episodes"], md["mcap_episodes"]
     run_machinery = runs.cpu_s - pre.cpu_s - tc.cpu_s  # Dagster run execution around the engines

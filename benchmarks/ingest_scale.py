@@ -113,7 +113,7 @@ def one_size(n: int, workdir: Path) -> dict:
     shutil.copyfile(
         Path(__file__).resolve().parents[1] / "infra" / "dagster" / "dagster.yaml", workdir / "dagster" / "dagster.yaml"
     )
-    from dagster import DagsterInstance, build_sensor_context
+    from dagster import DagsterInstance, SensorResult, build_sensor_context
 
     from dyna_assets.definitions import defs
     from dyna_assets.ingest.sensors import landing_sensor
@@ -139,6 +139,7 @@ def one_size(n: int, workdir: Path) -> dict:
             t = time.perf_counter()
             with build_sensor_context(instance=instance, cursor=cursor, definitions=defs, resources=resources) as ctx:
                 result = landing_sensor(ctx)
+            assert isinstance(result, SensorResult)  # landing_sensor returns one SensorResult a tick
             for req in result.dynamic_partitions_requests or []:
                 instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
             dt = time.perf_counter() - t
@@ -443,6 +444,7 @@ def main(argv: list[str]) -> int:
             f"a year, hand-off {days}"
         )
     if ingest is not None:
+        assert growth is not None  # both come from the same non-empty runs
         print(
             f"\nreal ingest on Ray (python -m benchmarks ingest{'' if size == 'full' else ' --' + size} --episodes E "
             f"--batches U: {ingest['resolution']}, preset {ingest['preset']} CRF {ingest['crf']:g}, post gates "

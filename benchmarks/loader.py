@@ -204,13 +204,13 @@ def measure(job: dict) -> dict:
 
         from trainer.dataset import ManifestDataset
 
-        ds = ManifestDataset(manifest, spec, batch_size=8, seed=1, block=1, shuffle_buffer=1)
-        order = np.random.default_rng(5).permutation(ds.rows)[: job["limit"]]
+        mds = ManifestDataset(manifest, spec, batch_size=8, seed=1, block=1, shuffle_buffer=1)
+        order = np.random.default_rng(5).permutation(mds.rows)[: job["limit"]]
         readers: OrderedDict = OrderedDict()
         for i in order.tolist():
-            ds.sample(int(i), readers)
+            mds.sample(int(i), readers)
             samples += 1
-        decoded = ds.decoded_frames(readers)
+        decoded = mds.decoded_frames(readers)
         delivered = samples * len(next(iter(readers.values()))[0].cameras) * len(spec.all_frame_offsets_ns())
     elif kind == "jpeg":
         decoded, delivered, samples = _jpeg_pass(job, manifest, spec)

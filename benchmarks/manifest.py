@@ -44,10 +44,11 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from ._cli import add_size_flags, size_of
 
-BUILD_SPEC = {
+BUILD_SPEC: dict[str, Any] = {
     "name": "bench-build",
     "where": {
         "success": True,
@@ -194,7 +195,10 @@ def walk(pairs: list[tuple[Path, Path]]) -> tuple[float, int]:
             continue
         flags = json.loads(Path(side).read_text())  # 2: sidecar quality flags
         with open(mcap, "rb") as f:  # 3: header time range
-            stats = make_reader(f).get_summary().statistics
+            summary = make_reader(f).get_summary()
+            # the sample's files are written by make_walk_sample, indexed, with a summary and statistics
+            assert summary is not None and summary.statistics is not None
+            stats = summary.statistics
             span = stats.message_end_time - stats.message_start_time
         with open(mcap, "rb") as f:  # 4: step count
             meta = next(m for m in make_reader(f).iter_metadata() if m.name == STATS_METADATA)
@@ -359,8 +363,8 @@ def main(argv: list[str]) -> int:
     masters, master_px, master_s = (1, (64, 48), (1.0, 1.0)) if size == "tiny" else (4, (160, 120), (6.0, 8.0))
     ncpu = os.cpu_count() or 1
 
-    with tempfile.TemporaryDirectory(prefix="dyna-manifest-bench-", dir=args.workdir or None) as tmp:
-        tmp = Path(tmp)
+    with tempfile.TemporaryDirectory(prefix="dyna-manifest-bench-", dir=args.workdir or None) as tmp_name:
+        tmp = Path(tmp_name)
         t = time.perf_counter()
         (make_warehouse_from_registry if from_registry else make_warehouse)(tmp / "warehouse.duckdb", rows)
         gen_s = time.perf_counter() - t

@@ -36,6 +36,7 @@ import random
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -68,7 +69,8 @@ def crf_frontier(tmp: Path, g, settings: TranscodeSettings, workers: int) -> lis
     with ProcessPoolExecutor(workers) as pool:
         list(pool.map(transcode_episode, [g.path] * len(crfs), outs, variants))
     h5 = g.path.stat().st_size
-    rows, sources = [], {}
+    rows: list[dict] = []
+    sources: dict = {}  # quality()'s cache of the raw frames, shared by the CRFs
     for c, out in zip(crfs, outs):
         o, j = quality(g, out, 10, sources)
         rows.append(
@@ -100,7 +102,7 @@ def main(argv: list[str]) -> int:
         gens = generate_fleet(tmp / "h5", n_eps, seed=11, width=w, height=h, duration_s=dur, workers=workers)
         gen_s = time.perf_counter() - t
         settings = TranscodeSettings()
-        layouts = {"grouped": [], "per_topic": [], "interleaved": []}
+        layouts: dict[str, list[Path]] = {"grouped": [], "per_topic": [], "interleaved": []}
         t = time.perf_counter()
         from concurrent.futures import ProcessPoolExecutor
 
@@ -142,7 +144,9 @@ def main(argv: list[str]) -> int:
             r0 = readers["grouped"][e]
             end = rng.randint(r0.start_ns + int(WINDOW_S * 1e9), r0.end_ns)
             samples.append((e, end - int(WINDOW_S * 1e9), end))
-        stats = {k: {"fetches": [], "bytes": [], "local": [], "remote": []} for k in layouts}
+        stats: dict[str, dict[str, list[float]]] = {
+            k: {"fetches": [], "bytes": [], "local": [], "remote": []} for k in layouts
+        }
         order = list(layouts)
         for i, (e, start, end) in enumerate(samples):
             frame_times = [end + int(o * 1e9) for o in FRAME_OFFSETS_S]
@@ -167,8 +171,8 @@ def main(argv: list[str]) -> int:
                 r.close()
 
     mean = {k: {m: float(np.mean(v)) for m, v in s.items()} for k, s in stats.items()}
-    g, p = mean["grouped"], mean["per_topic"]
-    result = {
+    grouped, per_topic = mean["grouped"], mean["per_topic"]
+    result: dict[str, Any] = {
         "size": size,
         "episodes": n_eps,
         "seconds_per_episode": dur,
@@ -183,21 +187,21 @@ def main(argv: list[str]) -> int:
         "psnr_db": float(np.mean(ours)),
         "psnr_jpeg_db": float(np.mean(jpeg)),
         "psnr_frames": len(ours),
-        "fetches_grouped": g["fetches"],
-        "fetches_per_topic": p["fetches"],
+        "fetches_grouped": grouped["fetches"],
+        "fetches_per_topic": per_topic["fetches"],
         "fetches_interleaved": mean["interleaved"]["fetches"],
-        "fetch_ratio": p["fetches"] / g["fetches"],
-        "bytes_grouped": g["bytes"],
-        "bytes_per_topic": p["bytes"],
+        "fetch_ratio": per_topic["fetches"] / grouped["fetches"],
+        "bytes_grouped": grouped["bytes"],
+        "bytes_per_topic": per_topic["bytes"],
         "bytes_interleaved": mean["interleaved"]["bytes"],
-        "read_s_grouped": g["local"],
-        "read_s_per_topic": p["local"],
+        "read_s_grouped": grouped["local"],
+        "read_s_per_topic": per_topic["local"],
         "read_s_interleaved": mean["interleaved"]["local"],
-        "remote_s_grouped": g["remote"],
-        "remote_s_per_topic": p["remote"],
+        "remote_s_grouped": grouped["remote"],
+        "remote_s_per_topic": per_topic["remote"],
         "remote_s_interleaved": mean["interleaved"]["remote"],
-        "remote_speedup": p["remote"] / g["remote"],
-        "remote_speedup_vs_interleaved": mean["interleaved"]["remote"] / g["remote"],
+        "remote_speedup": per_topic["remote"] / grouped["remote"],
+        "remote_speedup_vs_interleaved": mean["interleaved"]["remote"] / grouped["remote"],
         "decode_s_per_sample": float(np.mean(decode_s)),
         "open_requests": open_requests["grouped"],
         "generate_s": gen_s,
