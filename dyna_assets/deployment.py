@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import Any
 
 from dagster import DefaultSensorStatus, EnvVar
 from dagster_ray import Lifecycle
@@ -198,6 +199,12 @@ def sensor_status(environ: Mapping[str, str] | None = None) -> DefaultSensorStat
     Dagster by hand)."""
     stopped = _environ(environ).get("DYNA_SENSORS", "running") == "stopped"
     return DefaultSensorStatus.STOPPED if stopped else DefaultSensorStatus.RUNNING
+
+
+def sensor_on(asset_selection: Any, every_s: int) -> dict[str, Any]:
+    """What every sensor here declares to ``@sensor``: what it requests, how often it is evaluated, and
+    its default status (:func:`sensor_status`)."""
+    return {"asset_selection": asset_selection, "minimum_interval_seconds": every_s, "default_status": sensor_status()}
 
 
 def resources(environ: Mapping[str, str] | None = None) -> dict:

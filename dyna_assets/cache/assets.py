@@ -19,7 +19,7 @@ from dyna_resources.storage.replicate import replicate
 from trainer.manifest_loader import local_copy, open_manifest
 
 from .. import k8s
-from ..curation.assets import curation_specs
+from ..curation.assets import per_spec
 from ..partitions import partition_key
 
 
@@ -32,11 +32,8 @@ def _manifest(context: AssetExecutionContext, home: HomeResource):
 
 
 @asset(
-    partitions_def=curation_specs,
+    **per_spec("cache", "cache", k8s.PREWARM),
     deps=["manifests"],
-    group_name="cache",
-    tags={"dyna/stage": "cache"},
-    op_tags=k8s.PREWARM,
     check_specs=[
         AssetCheckSpec("complete", asset="cache_sets", description="every file of the manifest was prewarmed")
     ],
@@ -93,11 +90,8 @@ def cache_sets(context: AssetExecutionContext, home: HomeResource, cache: CacheR
 
 
 @asset(
-    partitions_def=curation_specs,
+    **per_spec("replica", "cache", k8s.REPLICA),
     deps=["manifests"],
-    group_name="cache",
-    tags={"dyna/stage": "replica"},
-    op_tags=k8s.REPLICA,
     check_specs=[
         AssetCheckSpec(
             "complete", asset="mcap_replica", description="every MCAP file of the manifest is on the second origin"

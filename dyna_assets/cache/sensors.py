@@ -4,16 +4,14 @@ import json
 
 from dagster import AssetKey, AssetRecordsFilter, RunRequest, SensorEvaluationContext, SensorResult, SkipReason, sensor
 
-from ..deployment import sensor_status
+from ..deployment import sensor_on
 
 DATA_VERSION_TAG = "dagster/data_version"  # the tag Dagster stamps on a materialization's DataVersion
 BATCH = 1000
 
 
 @sensor(
-    asset_selection=[AssetKey("cache_sets")],
-    minimum_interval_seconds=30,
-    default_status=sensor_status(),
+    **sensor_on([AssetKey("cache_sets")], 30),
     description="When a manifests partition is materialized with a new DataVersion (its content hash), "
     "prewarm its cache set; a rebuild with the same content requests nothing.",
 )

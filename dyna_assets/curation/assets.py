@@ -3,6 +3,8 @@
 No ``from __future__ import annotations`` here: Dagster reads the context annotation at runtime.
 """
 
+from typing import Any
+
 from dagster import (
     AssetExecutionContext,
     DataVersion,
@@ -26,13 +28,16 @@ CURATION_SPECS = "curation_specs"  # the definition's name (its .name attribute 
 curation_specs = DynamicPartitionsDefinition(name=CURATION_SPECS)
 
 
+def per_spec(stage: str, group: str, pod: dict) -> dict[str, Any]:
+    """What every asset partitioned by curation spec declares: the partitions, its group, its stage
+    tag (the UI filters by it) and the pod it asks for (k8s.py)."""
+    return {"partitions_def": curation_specs, "group_name": group, "tags": {"dyna/stage": stage}, "op_tags": pod}
+
+
 @asset(
-    partitions_def=curation_specs,
+    **per_spec("manifest", "curation", k8s.MANIFEST),
     deps=["warehouse_episodes"],
-    group_name="curation",
     pool="duckdb",
-    tags={"dyna/stage": "manifest"},
-    op_tags=k8s.MANIFEST,
     description="The curation spec's ONE SQL query over the warehouse, written as a zstd Parquet manifest "
     "plus an Arrow IPC copy (fixed record batches) for mmap loading; content-hashed.",
 )

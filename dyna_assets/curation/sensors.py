@@ -7,14 +7,12 @@ from dagster import AssetKey, RunRequest, SensorEvaluationContext, SensorResult,
 from dyna_resources.keys import RULE, is_safe_key
 from dyna_resources.resources import HomeResource
 
-from ..deployment import sensor_status
+from ..deployment import sensor_on
 from .assets import CURATION_SPECS, curation_specs
 
 
 @sensor(
-    asset_selection=[AssetKey("manifests")],
-    minimum_interval_seconds=30,
-    default_status=sensor_status(),
+    **sensor_on([AssetKey("manifests")], 30),
     description="Curation spec files ($DYNA_HOME/curation/*.yaml) → one manifests partition each; a new or "
     "changed spec requests a build (run key = the spec's content hash).",
 )

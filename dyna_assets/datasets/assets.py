@@ -18,16 +18,13 @@ from dyna_resources.catalog.datasets import DatasetDeclaration, DatasetError, pu
 from dyna_resources.resources import HomeResource
 
 from .. import k8s
-from ..curation.assets import curation_specs
+from ..curation.assets import per_spec
 from ..partitions import partition_key
 
 
 @asset(
-    partitions_def=curation_specs,
+    **per_spec("dataset", "curation", k8s.DATASET),
     deps=["manifests"],
-    group_name="curation",
-    tags={"dyna/stage": "dataset"},
-    op_tags=k8s.DATASET,
     description="The spec's current manifest published as an immutable dataset version (name@version, "
     "declared in $DYNA_HOME/curation/datasets/<spec>.yaml), with the diff against the previous one.",
 )

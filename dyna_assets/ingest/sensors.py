@@ -13,7 +13,7 @@ from dyna_resources.ingest.tick import LandingCursor, landing_tick
 from dyna_resources.resources import IngestResource, LadderResource
 
 from ..dagster_private import backfill_request, backfills_in_flight
-from ..deployment import sensor_status
+from ..deployment import sensor_on
 from .partitions import INGEST_PARTITIONS, ingest_partitions
 
 INGEST_ASSETS = [AssetKey("raw_episodes"), AssetKey("mcap_episodes"), AssetKey("step_ladders")]
@@ -22,9 +22,7 @@ DRIFT_TAG = "dyna/drift"
 
 
 @sensor(
-    asset_selection=INGEST_ASSETS,
-    minimum_interval_seconds=30,
-    default_status=sensor_status(),
+    **sensor_on(INGEST_ASSETS, 30),
     description="New raw files → registry → byte-balanced work units → ingest partitions (a few TiB "
     "each) → one Dagster partition and run per sealed partition (at most max_runs_per_tick "
     "per tick; the run queue staggers them).",
@@ -63,9 +61,7 @@ def landing_sensor(context: SensorEvaluationContext, ingest: IngestResource):
 # The daemon only accepts a backfill request (RunRequest.for_asset_graph_subset) from a sensor that declares
 # the assets it may target, and refuses a subset reaching outside them.
 @sensor(
-    asset_selection=DRIFT_ASSETS,
-    minimum_interval_seconds=60,
-    default_status=sensor_status(),
+    **sensor_on(DRIFT_ASSETS, 60),
     description="Ingest partitions holding episodes of an outdated PIPELINE/SCHEMA_VERSION → ONE backfill "
     "of mcap_episodes + step_ladders for exactly those partitions, plus step_ladders alone for "
     "partitions whose ladders an older segmenter/config wrote (never while one is in flight).",

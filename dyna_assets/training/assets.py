@@ -11,17 +11,14 @@ from dyna_resources.resources import CacheResource, HomeResource, TrainerResourc
 from trainer.train import FATAL_FILE
 
 from .. import k8s
-from ..curation.assets import curation_specs
+from ..curation.assets import per_spec
 from ..partitions import partition_key
 
 
 @asset(
-    partitions_def=curation_specs,
+    **per_spec("train", "training", k8s.TRAIN),
     deps=["manifests", "cache_sets"],
-    group_name="training",
-    tags={"dyna/stage": "train"},
     pool="train",
-    op_tags=k8s.TRAIN,
     description="A world-action model trained on the curation spec's manifest, read through the warm page "
     "cache: torchrun launched through Dagster Pipes (restarts in place, resumes from the latest "
     "complete checkpoint), async sharded checkpoints; each records its manifest, versions and "

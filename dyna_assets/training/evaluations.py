@@ -28,7 +28,7 @@ from dyna_resources.keys import UnsafeKeyError, check_key
 from dyna_resources.resources import CacheResource, HomeResource, TrainerResource
 
 from .. import k8s
-from ..curation.assets import curation_specs
+from ..curation.assets import per_spec
 from ..partitions import partition_key
 
 HISTORY = 20  # earlier evaluations shown in the comparison table
@@ -78,11 +78,8 @@ def _checked(name: str, what: str) -> str:
 
 
 @asset(
-    partitions_def=curation_specs,
+    **per_spec("evaluate", "training", k8s.EVALUATE),
     deps=["checkpoints"],
-    group_name="training",
-    tags={"dyna/stage": "evaluate"},
-    op_tags=k8s.EVALUATE,
     description="The partition's latest checkpoint evaluated on a held-out manifest (offline action-prediction "
     "error by default; pluggable), recorded with the checkpoint, dataset version and code commit, "
     "and compared with the partition's earlier evaluations.",
@@ -118,11 +115,8 @@ def evaluations(
 
 
 @asset(
-    partitions_def=curation_specs,
+    **per_spec("release", "training", k8s.RELEASE),
     deps=["evaluations"],
-    group_name="training",
-    tags={"dyna/stage": "release"},
-    op_tags=k8s.RELEASE,
     description="The evaluated checkpoint's weights (no optimizer state) with their lineage, published once, "
     "content-addressed, to the origin store: sites and inference replicas pull the same bytes "
     "through their cache instead of from the training cluster.",

@@ -5,13 +5,11 @@ from dagster import AssetKey, RunRequest, SensorEvaluationContext, SkipReason, s
 from dyna_resources.catalog.cdc import pending
 from dyna_resources.resources import IngestResource
 
-from ..deployment import sensor_status
+from ..deployment import sensor_on
 
 
 @sensor(
-    asset_selection=[AssetKey("warehouse_episodes")],
-    minimum_interval_seconds=10,
-    default_status=sensor_status(),
+    **sensor_on([AssetKey("warehouse_episodes")], 10),
     description="Registry changes pending → one warehouse sync run (run key = oldest pending change, so a "
     "burst never launches twice; DuckDB writers are serialized by the duckdb pool).",
 )
