@@ -18,6 +18,7 @@ from typing import Any
 from dagster import DagsterInstance, materialize
 
 from dyna_resources.catalog.datasets import DatasetRef, DatasetRegistry, UnknownDatasetError
+from dyna_resources.catalog.manifest import ManifestFiles
 from dyna_resources.episodes.sim import generate_fleet
 from dyna_resources.episodes.sim.fleet import arrival_folder
 from dyna_resources.home import DynaHome
@@ -159,8 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     print_warehouse(resources["warehouse"])
     print_ladders(home, ingest, resources["ladders"])
     for s_path, result in ((spec, chain), (steps_spec, grasps)):
-        if (md := Outputs([result]).metadata("manifests")) is not None:
-            print_manifest(home, s_path, md)
+        if result.asset_materializations_for_node("manifests"):
+            print_manifest(home, s_path, ManifestFiles.read(resources["home"].manifest_url(s_path.stem, ".json")))
     warmed, replica = done.metadata("cache_sets", spec.stem), done.metadata("mcap_replica", spec.stem)
     if warmed is not None and replica is not None:
         print_cache(spec.stem, warmed, replica)
@@ -172,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         published_dataset(resources["home"].resolved_registry_url(), "demo-clean"),
         latest_recorded(run_dir),
         done.metadata("released_models"),
-        done.metadata("review_pool"),
+        len(ingest.stores().registry.review_pool()) if pool.success else None,
     )
     print_howto(home, files)
     if failed:
@@ -205,19 +206,20 @@ def ensure_instance_config(dagster_home: Path) -> None:
         shutil.copyfile(template, dagster_home / "dagster.yaml")
 
 
-def print_manifest(home: DynaHome, spec: Path, md: dict) -> None:
+def print_manifest(home: DynaHome, spec: Path, m: ManifestFiles) -> None:
     from trainer.manifest_loader import local_copy, open_manifest, rank_slice
 
-    node_copy = local_copy(md["arrow"], home.node_cache)  # what local rank 0 of each node does
+    node_copy = local_copy(m.arrow, home.node_cache)  # what local rank 0 of each node does
     table = open_manifest(node_copy)
     slices = [rank_slice(table, r, 4).num_rows for r in range(4)]
     print(
-        f"manifest from {spec.name}: {md['rows']} segments of {md['episodes']} episodes "
-        f"({md['segment_hours'] * 60:.1f} segment-minutes), sha256 {md['sha256'][:12]}…"
+        f"manifest from {spec.name}: {m.rows} segments of {m.stats.get('episodes', 0)} episodes "
+        f"({m.stats.get('segment_hours', 0.0) * 60:.1f} segment-minutes), sha256 {m.sha256[:12]}…"
     )
-    print(f"  Parquet {md['parquet']}\n  Arrow IPC {md['arrow']}")
+    print(f"  Parquet {m.parquet}\n  Arrow IPC {m.arrow}")
     print(f"  node copy {node_copy} (checksum verified); 4 ranks mmap it and take {slices} rows, zero-copy")
-    print(f"  by task: {md['by_task']}")
+    by_task = sorted(m.stats.get("by_task", {}).items(), key=lambda kv: -kv[1])  # the sidecar sorts by name
+    print(f"  by task: {dict(by_task[:20])}")
     print("=" * 86)
 
 
@@ -305,7 +307,7 @@ def published_dataset(registry_url: str, name: str) -> DatasetRef | None:
         registry.close()
 
 
-def print_flywheel(d: DatasetRef | None, e: EvaluationResult | None, rel: dict | None, pool: dict | None) -> None:
+def print_flywheel(d: DatasetRef | None, e: EvaluationResult | None, rel: dict | None, waiting: int | None) -> None:
     if d is not None:
         print(
             f"dataset {d.ref}: {d.rows} segments, {d.episodes} episodes, manifest {d.sha256[:12]}… "
@@ -326,8 +328,8 @@ def print_flywheel(d: DatasetRef | None, e: EvaluationResult | None, rel: dict |
             f"released model {rel['url']} (sha256 {rel['sha256'][:12]}…, "
             f"{'already released' if rel['already_released'] else 'new'})"
         )
-    if pool:
-        print(f"review pool: {pool['episodes']} episode(s) waiting (dyna review list / dyna review set …)")
+    if waiting is not None:
+        print(f"review pool: {waiting} episode(s) waiting (dyna review list / dyna review set …)")
     print("=" * 86)
 
 

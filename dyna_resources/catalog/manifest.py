@@ -24,7 +24,7 @@ import shutil
 import tempfile
 import threading
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +54,16 @@ class ManifestFiles:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def read(cls, sidecar_url: str, fs=None) -> ManifestFiles:
+        """The record :func:`write_manifest` left in a manifest's sidecar (``<name>.json``)."""
+        import fsspec
+
+        if fs is None:
+            fs, sidecar_url = fsspec.core.url_to_fs(sidecar_url)
+        recorded = json.loads(fs.cat_file(sidecar_url))
+        return cls(**{f.name: recorded[f.name] for f in fields(cls) if f.name in recorded})
 
 
 def write_manifest(

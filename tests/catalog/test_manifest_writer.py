@@ -10,7 +10,7 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import pytest
 
-from dyna_resources.catalog.manifest import write_manifest
+from dyna_resources.catalog.manifest import ManifestFiles, write_manifest
 
 N = 10_007
 
@@ -73,6 +73,12 @@ def test_stats_count_values_episodes_and_segment_time(tmp_path):
     assert info.stats["episodes"] == len({k // 3 for k in range(N)})  # ids change across batch edges too
     assert info.stats["segment_hours"] == pytest.approx(N * 2 / 3600, abs=1e-4)
     assert "by_nope" not in info.stats
+
+
+def test_the_sidecar_reads_back_as_the_record_written(tmp_path):
+    info = write_manifest(reader(IRREGULAR), tmp_path, "m", batch_rows=1024, count_by=("task",), extra={"sql": "x"})
+    assert ManifestFiles.read(info.sidecar) == info  # the extra keys stay in the file, not in the record
+    assert json.loads((tmp_path / "m.json").read_text())["sql"] == "x"
 
 
 def test_plain_strings_become_large_strings(tmp_path):
