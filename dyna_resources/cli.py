@@ -29,6 +29,8 @@ def _generate(args) -> int:
     faults = dict((k, int(v)) for k, v in (f.split("=") for f in args.faults.split(",") if f)) if args.faults else None
     lo, _, hi = args.duration_s.partition(",")
     duration = (float(lo), float(hi)) if hi else float(lo)
+    # The call sim/fleet.py's main() makes too; kept apart: this one's arguments are the package CLI's
+    # (faults as k=v,k=v), and it marks the drop complete and time-stamps it for the landing zone.
     # One time-stamped folder per call: dropped into the landing zone, its keys sort after every earlier
     # drop's, so the landing sensor's next tick sees them (it lists only keys after its cursor).
     eps = generate_fleet(

@@ -292,6 +292,7 @@ def prepare_upsert(
     derived: Derived | None = None,
 ) -> Write:
     """:func:`upsert`'s write, built (``rows`` not empty)."""
+    # upsert's parameters, less conn: it runs this write; both spell them out for their callers' sake.
     _no_derived_on(backend, derived)
     own = _columns(table, list(rows[0]))
     fill = tuple((n, v) for n, v in _defaults(table) if n not in own)  # what SQLAlchemy's insert would add

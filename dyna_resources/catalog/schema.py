@@ -172,7 +172,8 @@ gate_results = Table(
 )
 GATE_FIELD_LIMITS = {"gate": 64, "action": 16}  # characters, inside gate_results.gates
 
-# Files held back, with the reason; the raw file stays where it landed.
+# Files held back, with the reason; the raw file stays where it landed. (Its columns repeat the shape of the
+# tables above, ingest_partitions', episodes', gate_results', as SQL tables do: each is its own table.)
 quarantine = Table(
     "quarantine",
     metadata,

@@ -389,6 +389,9 @@ def encode_h264(frames: Iterable, fps: float, crf: float, gop: int) -> H264Clip:
     """Frames (RGB arrays or av.VideoFrame) encoded by a fresh libx264 as LeRobot lays video out:
     a keyframe every ``gop`` frames, no B-frames, SPS/PPS on every keyframe; full-range BT.601
     4:2:0 like the MCAP episodes, so a JPEG's or a decoded frame's planes pass untouched."""
+    # The loop of codec.encode_gop, kept apart: that one opens its encoder at the first frame's own pixel
+    # format with the transcode's VideoSettings; this one encodes LeRobot's fixed yuv420p, relabels every
+    # frame (the first too) and refuses a frame size that changes.
     enc: av.VideoCodecContext | None = None
     units: list[bytes] = []
     for i, frame in enumerate(frames):

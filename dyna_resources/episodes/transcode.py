@@ -269,6 +269,7 @@ def _write_episode(raw: RawEpisode, f, settings: TranscodeSettings, source_sha: 
     for ci in w.chunk_indexes:
         name = settings.profile.group_of(topic_of[next(iter(ci.message_index_offsets))]).name
         chunks[name] = chunks.get(name, 0) + 1
+    # a keyword-argument list like dyna_assets/dagster_private.py's PartitionBackfill call: alike in shape only
     return TranscodeReport(
         episode_id=raw.meta.episode_id,
         source=raw.path,

@@ -117,6 +117,8 @@ class CacheConfig:
         return cls(**kw)
 
 
+# A counters dataclass after a from_* classmethod, the shape of trainer/train.py's TrainConfig/StepTimes:
+# unrelated records (and dyna_resources must not import trainer).
 @dataclass
 class CacheStats:
     """Counters of this process (every field only grows)."""

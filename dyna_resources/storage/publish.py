@@ -380,6 +380,8 @@ def _s3_current(fs, bucket: str, name: str) -> dict | None:
 
 
 def _s3_condition(key: str, current: dict | None, expect: Expect) -> dict:
+    # same shape as _gcs_condition (and _s3_current as _gcs_current): the shared check is _check_expected;
+    # what stays here, the header and the field it compares, is each store's own.
     _check_expected("s3", key, current, expect)
     if expect is None:
         return {}

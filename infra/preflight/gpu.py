@@ -23,6 +23,7 @@ class GpuState:
     hw_slowdown_active: bool
 
 
+# a frozen field list like disk.py's MountEntry: alike in shape only, each the reading of its own tool
 @dataclass(frozen=True)
 class GpuInventory:
     driver_version: str

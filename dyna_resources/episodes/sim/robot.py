@@ -66,7 +66,7 @@ ARM_MODELS: dict[str, ArmModel] = {
         link_radius=(0.062, 0.054, 0.044, 0.038, 0.038, 0.034),
         joint_inertia=(0.9, 0.9, 0.45, 0.12, 0.12, 0.1),
     ),
-    # UR10e geometry
+    # UR10e geometry (the same fields as dyna-a1's above: two arms' data, not code to share)
     "dyna-a2": ArmModel(
         "dyna-a2",
         d=(0.1807, 0.0, 0.0, 0.17415, 0.11985, 0.11655),

@@ -54,6 +54,7 @@ COLOUR_PHOTOS = (
     "motorcycle_right",
 )
 GREY_TEXTURES = ("gravel", "grass", "brick")
+# (a str -> str table, alike in shape only to catalog/curation.py's _EXPECTED)
 _FILES = {
     "coffee": "coffee.png",
     "chelsea": "chelsea.png",
