@@ -16,11 +16,16 @@ from dagster import (
     MaterializeResult,
     MetadataValue,
     RetryRequested,
+    TableColumn,
+    TableMetadataValue,
+    TableRecord,
+    TableSchema,
     multi_asset,
 )
 from dagster_ray import RayResource
 
 from dyna_resources import versions
+from dyna_resources.catalog.episode_view import EpisodeView, batch_episode_views
 from dyna_resources.ingest.batch_summary import BatchSummary, batch_summary
 from dyna_resources.ingest.gates import POST_GATES, PRE_GATES
 from dyna_resources.ingest.partitions import PartitionReport, UnitJob, ingest_partition
@@ -57,6 +62,18 @@ def _partition_metadata(summary: BatchSummary, report: PartitionReport) -> dict:
         "gates": MetadataValue.json({g: {"evaluated": t.evaluated, "failed": t.failed} for g, t in rep.gates.items()}),
         **version_tags(),
     }
+
+
+EPISODES_SHOWN = 500  # rows of a partition's episodes table; `dyna episode ID` looks up any other
+
+
+def _episodes_table(views: list[EpisodeView]) -> TableMetadataValue:
+    """One row per episode of the partition: status, verdicts, versions, failed step, how to open it."""
+    rows = [v.as_row() for v in views[:EPISODES_SHOWN]]
+    columns = list(rows[0]) if rows else ["episode_id"]
+    return MetadataValue.table(
+        [TableRecord(r) for r in rows], schema=TableSchema([TableColumn(c, "string") for c in columns])
+    )
 
 
 def _summary(registry, partition: str, stage: str = "post") -> BatchSummary:
@@ -206,8 +223,12 @@ def _ingest(
             log=context.log.warning,
             on_progress=lambda p: context.log.info(f"{partition} {job.stage}: {p.summary()}"),
         )
-    summary = _summary(job.stores.registry, partition, job.stage)
-    context.add_asset_metadata(_partition_metadata(summary, rep), partition_key=partition)
+    registry = job.stores.registry
+    summary = _summary(registry, partition, job.stage)
+    episodes = batch_episode_views(registry, [u.key for u in registry.partition_units(partition)])
+    context.add_asset_metadata(
+        {**_partition_metadata(summary, rep), "episodes_table": _episodes_table(episodes)}, partition_key=partition
+    )
     c = rep.combined
     context.log.info(
         f"{partition} {job.stage}: processed {len(c.processed)}, up to date {len(c.skipped)}, "

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from dagster import AssetKey, DagsterInstance, build_sensor_context, materialize
+from dagster import AssetKey, DagsterInstance, TableMetadataValue, build_sensor_context, materialize
 
 from dyna_assets.dagster_private import record_backfill
 from dyna_assets.definitions import defs
@@ -140,6 +140,18 @@ def test_batch_partition_materializes_with_metadata_checks_and_quarantine(home):
         assert m["dyna/pipeline_version"] == versions.PIPELINE_VERSION
         assert m["quarantined_reasons"][0]["path"] == "2026-11-29/ep-trunc.h5"
         assert m["quarantined_reasons"][0]["gate"] == "readable"
+        # every episode of the partition in one table: findable from the UI, with the command that opens it
+        (mat,) = [x for x in result.asset_materializations_for_node("mcap_episodes") if x.partition == batch]
+        table = mat.metadata["episodes_table"]
+        assert isinstance(table, TableMetadataValue)
+        rows = {r.data["episode_id"]: r.data for r in table.records}
+        registry = res["ingest"].stores().registry
+        assert set(rows) == {e["episode_id"] for e in registry.partition_episodes(batch)}
+        done = [r for r in rows.values() if r["status"] == "transcoded"]
+        assert len(done) == 4 and all(r["open"].startswith("rerun ") and r["open"].endswith(".mcap") for r in done)
+        assert all(
+            r["versions"] == f"schema {versions.SCHEMA_VERSION} / pipeline {versions.PIPELINE_VERSION}" for r in done
+        )
         c = checks(result)
         assert set(c) == {
             ("raw_episodes", g)
