@@ -68,18 +68,7 @@ def create(root: Path, source: Path) -> dict:
     state0 = src["state_0"]
     action0 = src["action_0"]
     h, w = src[f"{cameras[0]}_0"].shape[1:3]
-    features = {
-        "observation.state": {
-            "dtype": "float32",
-            "shape": (state0.shape[1],),
-            "names": [f"j{i}" for i in range(state0.shape[1])],
-        },
-        "action": {"dtype": "float32", "shape": (action0.shape[1],), "names": None},
-        **{
-            f"observation.images.{c}": {"dtype": "video", "shape": (h, w, 3), "names": ["height", "width", "channels"]}
-            for c in cameras
-        },
-    }
+    features = _features(state0.shape[1], action0.shape[1], cameras, h, w)
     t_start = time.perf_counter()
     ds = LeRobotDataset.create(REPO_ID, fps=fps, features=features, root=root, robot_type="so100", use_videos=True)
     add_s = save_s = 0.0
@@ -92,10 +81,7 @@ def create(root: Path, source: Path) -> dict:
         for i in range(int(n)):
             frame = {"observation.state": state[i], "action": action[i]}
             frame.update({f"observation.images.{c}": video[c][i] for c in cameras})
-            if CODEBASE_VERSION.startswith("v2."):
-                ds.add_frame(frame, task=str(task))
-            else:
-                ds.add_frame(frame | {"task": str(task)})
+            _add_frame(ds, CODEBASE_VERSION, frame, str(task))
         add_s += time.perf_counter() - t
         t = time.perf_counter()
         ds.save_episode()
@@ -107,28 +93,8 @@ def create(root: Path, source: Path) -> dict:
         ds.finalize()
         save_s += time.perf_counter() - t
     total_s = time.perf_counter() - t_start
-    sizes: dict[str, int] = {}
-    for p in root.rglob("*"):
-        if p.is_file():
-            top = p.relative_to(root).parts[0]
-            sizes[top] = sizes.get(top, 0) + p.stat().st_size
-    return {
-        "command": "create",
-        "root": str(root),
-        "episodes": len(src["lengths"]),
-        "frames": frames,
-        "cameras": cameras,
-        "height": int(h),
-        "width": int(w),
-        "fps": fps,
-        "add_frame_s": round(add_s, 3),
-        "save_episode_s": round(save_s, 3),
-        "encode_total_s": round(total_s, 3),
-        "bytes_on_disk": sum(sizes.values()),
-        "bytes_by_folder": sizes,
-        "codebase_version": CODEBASE_VERSION,
-        "versions": _versions(),
-    }
+    sizes = _bytes_by_folder(root)
+    return _created(root, len(src["lengths"]), frames, cameras, (h, w), fps, (add_s, save_s, total_s), sizes)
 
 
 def _create_from_jpeg_episodes(root: Path, files: list[Path]) -> dict:
@@ -152,18 +118,7 @@ def _create_from_jpeg_episodes(root: Path, files: list[Path]) -> dict:
         return np.asarray(Image.open(io.BytesIO(ep[f"{cam}_jpeg"][off[i] : off[i + 1]].tobytes())).convert("RGB"))
 
     h, w = frame(first, cameras[0], 0).shape[:2]
-    features = {
-        "observation.state": {
-            "dtype": "float32",
-            "shape": (first["state"].shape[1],),
-            "names": [f"j{i}" for i in range(first["state"].shape[1])],
-        },
-        "action": {"dtype": "float32", "shape": (first["action"].shape[1],), "names": None},
-        **{
-            f"observation.images.{c}": {"dtype": "video", "shape": (h, w, 3), "names": ["height", "width", "channels"]}
-            for c in cameras
-        },
-    }
+    features = _features(first["state"].shape[1], first["action"].shape[1], cameras, h, w)
     t_start = time.perf_counter()
     # lerobot's writer PNG-encodes every frame in add_frame; its own image-writer threads do that in the
     # background (as its recording scripts run it), else 640x480 costs ~0.15 s per camera-frame inline.
@@ -182,10 +137,7 @@ def _create_from_jpeg_episodes(root: Path, files: list[Path]) -> dict:
                 "action": ep["action"][i],
                 **{f"observation.images.{c}": frame(ep, c, i) for c in cameras},
             }
-            if CODEBASE_VERSION.startswith("v2."):
-                ds.add_frame(row, task=task)
-            else:
-                ds.add_frame(row | {"task": task})
+            _add_frame(ds, CODEBASE_VERSION, row, task)
         add_s += time.perf_counter() - t
         t = time.perf_counter()
         ds.save_episode()
@@ -193,15 +145,60 @@ def _create_from_jpeg_episodes(root: Path, files: list[Path]) -> dict:
         frames += n
     if hasattr(ds, "finalize"):
         ds.finalize()
+    sizes = _bytes_by_folder(root)  # the total below counts this walk too, unlike create()'s (as it always has)
+    return _created(
+        root, len(files), frames, cameras, (h, w), fps, (add_s, save_s, time.perf_counter() - t_start), sizes
+    )
+
+
+def _features(state_dim: int, action_dim: int, cameras: list[str], h: int, w: int) -> dict:
+    """The features lerobot's writer is created with: state, action and one video per camera."""
+    return {
+        "observation.state": {"dtype": "float32", "shape": (state_dim,), "names": [f"j{i}" for i in range(state_dim)]},
+        "action": {"dtype": "float32", "shape": (action_dim,), "names": None},
+        **{
+            f"observation.images.{c}": {"dtype": "video", "shape": (h, w, 3), "names": ["height", "width", "channels"]}
+            for c in cameras
+        },
+    }
+
+
+def _add_frame(ds, codebase_version: str, frame: dict, task: str) -> None:
+    """One frame into lerobot's writer: v2.x takes the task as an argument, v3.0 as a field of the frame."""
+    if codebase_version.startswith("v2."):
+        ds.add_frame(frame, task=task)
+    else:
+        ds.add_frame(frame | {"task": task})
+
+
+def _bytes_by_folder(root: Path) -> dict[str, int]:
+    """The dataset's bytes on disk by top-level folder."""
     sizes: dict[str, int] = {}
     for p in root.rglob("*"):
         if p.is_file():
             top = p.relative_to(root).parts[0]
             sizes[top] = sizes.get(top, 0) + p.stat().st_size
+    return sizes
+
+
+def _created(
+    root: Path,
+    episodes: int,
+    frames: int,
+    cameras: list[str],
+    hw: tuple[int, int],
+    fps: int,
+    seconds: tuple[float, float, float],
+    sizes: dict[str, int],
+) -> dict:
+    """``create``'s report; ``seconds``: in add_frame, in save_episode, and in all."""
+    from lerobot.datasets.lerobot_dataset import CODEBASE_VERSION
+
+    (h, w), (add_s, save_s, total_s) = hw, seconds
     return {
         "command": "create",
         "root": str(root),
-        "episodes": len(files),
+        "episodes": episodes,
         "frames": frames,
         "cameras": cameras,
         "height": int(h),
@@ -209,7 +206,7 @@ def _create_from_jpeg_episodes(root: Path, files: list[Path]) -> dict:
         "fps": fps,
         "add_frame_s": round(add_s, 3),
         "save_episode_s": round(save_s, 3),
-        "encode_total_s": round(time.perf_counter() - t_start, 3),
+        "encode_total_s": round(total_s, 3),
         "bytes_on_disk": sum(sizes.values()),
         "bytes_by_folder": sizes,
         "codebase_version": CODEBASE_VERSION,

@@ -49,6 +49,7 @@ from dyna_resources.storage.prewarm import FilePlan, Plan, prewarm, prewarm_mani
 from dyna_resources.storage.stores import Store
 
 from ._cli import add_size_flags, size_of
+from ._episodes import segments, transcoded_episode
 from .object_server import ObjectServer
 
 MiB = 1 << 20
@@ -56,6 +57,7 @@ BUCKET = "bench"
 
 
 def main(argv: list[str]) -> int:
+    # its flags and their defaults by size look like train.py's main() (declarations); each command line its own
     ap = argparse.ArgumentParser(prog="python -m benchmarks cache", description=__doc__.split("\n")[0])
     add_size_flags(ap, quick="fewer bytes and episodes (about a minute)")
     ap.add_argument("--objects", type=int, help="objects (default 24, quick 8, tiny 2)")
@@ -188,8 +190,7 @@ def _manifest_prewarm(
     """Episodes on the origin, a manifest over the first quarter of each, prewarm from the chunk index, read all."""
     from dyna_resources.episodes.codec import VideoSettings
     from dyna_resources.episodes.mcap_reader import EpisodeReader
-    from dyna_resources.episodes.sim import EpisodeSpec, write_episode
-    from dyna_resources.episodes.transcode import TranscodeSettings, transcode_episode
+    from dyna_resources.episodes.transcode import TranscodeSettings
     from dyna_resources.storage.cache_fs import CachedFileSystem
 
     print(f"manifest prewarm: transcoding {n_episodes} episodes ...", flush=True)
@@ -197,35 +198,26 @@ def _manifest_prewarm(
     mcap_dir.mkdir(parents=True)
     rows: dict[str, list] = {"uri": [], "start_ns": [], "end_ns": []}
     file_bytes = 0
+    settings = TranscodeSettings(video=VideoSettings(gop_frames=30, preset="veryfast"))
     for i in range(n_episodes):
-        spec = EpisodeSpec(
+        out = mcap_dir / f"ep{i:03d}.mcap"
+        transcoded_episode(
+            tmp,
+            out,
+            i,
             episode_id=f"ep-bench-{i:03d}",
             seed=500 + i,
-            task="pick_place",
-            robot_id=f"arm-{i % 3}",
-            robot_model="dyna-a1",
-            robot_sw_version="4.2.1",
-            site="bench",
-            operator="op-1",
-            success=True,
-            started_at="2026-11-29T10:00:00Z",
             duration_s=duration_s,
             width=size[0],
             height=size[1],
+            settings=settings,
         )
-        raw = tmp / f"ep{i}.h5"
-        write_episode(spec, raw)
-        out = mcap_dir / f"ep{i:03d}.mcap"
-        transcode_episode(raw, out, TranscodeSettings(video=VideoSettings(gop_frames=30, preset="veryfast")))
-        raw.unlink()
         file_bytes += out.stat().st_size
         with EpisodeReader(out) as r:
-            t, quarter_end = r.start_ns, r.start_ns + int(duration_s * 1e9) // 4
-            while t + 2_000_000_000 <= quarter_end:
+            for start, end in segments(r.start_ns, r.start_ns + int(duration_s * 1e9) // 4):
                 rows["uri"].append(f"s3://{BUCKET}/mcap/{out.name}")
-                rows["start_ns"].append(t)
-                rows["end_ns"].append(t + 2_000_000_000)
-                t += 1_000_000_000
+                rows["start_ns"].append(start)
+                rows["end_ns"].append(end)
     manifest = pa.table(rows)
     with PageCache(CacheConfig(root=str(tmp / "cache3")), origins) as cache:
         server.reset_counters()

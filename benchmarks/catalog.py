@@ -498,6 +498,7 @@ def report(rows: list[dict], size: str, skipped: dict) -> int:
             for k, v in TARGETS.items()
         }
         out["targets"], out["met"] = TARGETS, ok
+        # this table and the skipped list print like lerobot.py's end of main(): other tables, by chance alike
         print("\n  figure                        ours          target")
         for k, v in TARGETS.items():
             print(

@@ -522,6 +522,7 @@ def print_table(
 
 
 def main(argv: list[str]) -> int:
+    # its flags look like object_server.py's main() (argparse declarations); each command line its own
     ap = argparse.ArgumentParser(prog="python -m benchmarks encode", description=__doc__.split("\n")[0])
     add_size_flags(ap, quick="2 GOPs x 75 frames at 640x480, 5 presets, 3 CRFs, 3 option variants (minutes)")
     ap.add_argument("--dir", help="where the plot goes and the work files live while it runs (default: a temp folder)")

@@ -177,6 +177,7 @@ def main(argv: list[str]) -> int:
             results[name] = round_trip(src, Path(d), av1)
     print("LeRobot round trip (import -> transcode -> export): PSNR loss per camera vs the imported frames\n")
     print(f"{'source':<36}{'transcode':<20}{'PSNR in':>9}{'loss max':>10}{'loss min':>10}{'B/frame':>10}")
+    # this table and the skipped list print like catalog.py's end of main(): other tables, by chance alike
     for name, by in results.items():
         for label, r in by.items():
             print(

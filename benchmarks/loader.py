@@ -69,6 +69,7 @@ LEROBOT_EPISODES = {"full": 3, "quick": 2, "tiny": 2}
 def sample_spec(dense: bool, stream: str | None = None, image: int = 64):
     from trainer.dataset import SampleSpec
 
+    # same shape as mcap_writer.py's Statistics(...) (a record built keyword by keyword); nothing to share
     return SampleSpec(
         image_size=(image, image),
         frame_offsets_s=(-0.5, 0.0),

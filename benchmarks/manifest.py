@@ -238,6 +238,14 @@ def _touch(table) -> int:
     return total
 
 
+def _report(out, ready, done, rank: int, t0: float, c0: float, t1: float, **figures: int) -> None:
+    """A rank's figures, put once every rank is loaded (its PSS shares the pages they map then); it
+    then waits until every rank has reported, so none exits, unmapping, before the others measured."""
+    ready.wait()
+    out.put({"rank": rank, "t0": t0, "t1": t1, "cpu_s": time.process_time() - c0, "pss": _pss_bytes(), **figures})
+    done.wait()
+
+
 def rank_mmap(url: str, cache: str, rank: int, world: int, start, ready, done, out) -> None:
     from trainer.manifest_loader import local_copy, open_manifest, rank_slice
 
@@ -245,19 +253,7 @@ def rank_mmap(url: str, cache: str, rank: int, world: int, start, ready, done, o
     t0, c0 = time.time(), time.process_time()
     part = rank_slice(open_manifest(local_copy(url, cache)), rank, world)
     _touch(part)
-    t1 = time.time()
-    ready.wait()
-    out.put(
-        {
-            "rank": rank,
-            "t0": t0,
-            "t1": t1,
-            "cpu_s": time.process_time() - c0,
-            "pss": _pss_bytes(),
-            "rows": part.num_rows,
-        }
-    )
-    done.wait()
+    _report(out, ready, done, rank, t0, c0, time.time(), rows=part.num_rows)
 
 
 def rank_naive(parquet: str, rank: int, world: int, start, ready, done, out) -> None:
@@ -269,20 +265,7 @@ def rank_naive(parquet: str, rank: int, world: int, start, ready, done, out) -> 
     n = len(rows)
     mine = range(n * rank // world, n * (rank + 1) // world)
     steps = sum(rows[i]["n_steps"] for i in mine)  # the rank's pass over its rows
-    t1 = time.time()
-    ready.wait()
-    out.put(
-        {
-            "rank": rank,
-            "t0": t0,
-            "t1": t1,
-            "cpu_s": time.process_time() - c0,
-            "pss": _pss_bytes(),
-            "rows": len(mine),
-            "steps": steps,
-        }
-    )
-    done.wait()
+    _report(out, ready, done, rank, t0, c0, time.time(), rows=len(mine), steps=steps)
 
 
 def run_ranks(target, args_of, ranks: list[int], world: int) -> list[dict]:

@@ -204,10 +204,14 @@ def print_table(s: dict) -> None:
 
     print(f"\n{s['nodes']} nodes x {s['ranks_per_node']} ranks ({s['world_size']} gloo processes), per step:")
     row("", "global", "node_local", "ratio")
-    row(
+
+    def both(name, fmt, key, ratio="", note=""):  # one figure of both modes
+        row(name, fmt(g[key]), fmt(loc[key]), ratio, note)
+
+    both(
         "Muon inter-node bytes",
-        mb(g["inter_node_bytes"]),
-        mb(loc["inter_node_bytes"]),
+        mb,
+        "inter_node_bytes",
         f"{s['traffic_ratio']:.2f}x",
         f"target >= {TARGET_RATIO:.0f}x (published {PUBLISHED_RATIO}x)",
     )
@@ -217,42 +221,21 @@ def print_table(s: dict) -> None:
         mb(loc["inter_node_bytes"] + loc["adamw_inter_node_bytes"]),
         f"{s['traffic_ratio_with_adamw']:.2f}x",
     )
-    row(
+    both(
         "  if broadcasts crossed each node once",
-        mb(g["inter_node_bytes_node_aware"]),
-        mb(loc["inter_node_bytes_node_aware"]),
+        mb,
+        "inter_node_bytes_node_aware",
         f"{s['traffic_ratio_node_aware']:.2f}x",
         "node-aware routing",
     )
-    row("Muon intra-node bytes", mb(g["intra_node_bytes"]), mb(loc["intra_node_bytes"]))
-    row(
-        "step, measured on gloo (median)",
-        ms(g["step_s_median"]),
-        ms(loc["step_s_median"]),
-        f"{g['step_s_median'] / loc['step_s_median']:.2f}x",
-        "one machine: not a fabric",
-    )
-    row(
-        "step, measured on gloo (mean)",
-        ms(g["step_s_mean"]),
-        ms(loc["step_s_mean"]),
-        f"{g['step_s_mean'] / loc['step_s_mean']:.2f}x",
-    )
-    row("arithmetic, slowest rank (CPU time)", ms(g["arithmetic_cpu_s_max_rank"]), ms(loc["arithmetic_cpu_s_max_rank"]))
-    row(
-        "projected step, this CPU's arithmetic",
-        ms(g["projected_step_s_cpu_arithmetic"]),
-        ms(loc["projected_step_s_cpu_arithmetic"]),
-        f"{s['projected_speedup_cpu_arithmetic']:.2f}x",
-        "fabric model",
-    )
-    row(
-        "projected step, GPU arithmetic",
-        ms(g["projected_step_s_gpu_arithmetic"]),
-        ms(loc["projected_step_s_gpu_arithmetic"]),
-        f"{s['projected_speedup_gpu_arithmetic']:.2f}x",
-        "fabric model",
-    )
+    both("Muon intra-node bytes", mb, "intra_node_bytes")
+    for stat, note in (("median", "one machine: not a fabric"), ("mean", "")):
+        key = f"step_s_{stat}"
+        both(f"step, measured on gloo ({stat})", ms, key, f"{g[key] / loc[key]:.2f}x", note)
+    both("arithmetic, slowest rank (CPU time)", ms, "arithmetic_cpu_s_max_rank")
+    for kind, what in (("cpu", "this CPU's arithmetic"), ("gpu", "GPU arithmetic")):
+        ratio = f"{s[f'projected_speedup_{kind}_arithmetic']:.2f}x"
+        both(f"projected step, {what}", ms, f"projected_step_s_{kind}_arithmetic", ratio, "fabric model")
     print(
         f"  final parameters, global vs node_local: max |diff| {s['max_param_diff_global_vs_local']:.2e} (the modes sum "
         "the ranks' gradients in different orders; bf16 Newton-Schulz shows those last-bit differences)"
@@ -303,21 +286,20 @@ def main(argv: list[str]) -> int:
 
     main_run = runs[0]
     g, loc = main_run["global"], main_run["node_local"]
+
+    def both(name: str, key: str, digits: int | None = None) -> dict:  # one figure of both modes
+        if digits is None:
+            return {f"{name}_global": g[key], f"{name}_local": loc[key]}
+        return {f"{name}_global": round(g[key], digits), f"{name}_local": round(loc[key], digits)}
+
     result = {
         "topology": {"nodes": main_run["nodes"], "ranks_per_node": main_run["ranks_per_node"]},
-        "inter_node_bytes_global": g["inter_node_bytes"],
-        "inter_node_bytes_local": loc["inter_node_bytes"],
-        "traffic_ratio": round(main_run["traffic_ratio"], 3),
-        "traffic_ratio_with_adamw": round(main_run["traffic_ratio_with_adamw"], 3),
-        "traffic_ratio_node_aware": round(main_run["traffic_ratio_node_aware"], 3),
-        "intra_node_bytes_global": g["intra_node_bytes"],
-        "intra_node_bytes_local": loc["intra_node_bytes"],
-        "step_s_global": round(g["step_s_median"], 5),
-        "step_s_local": round(loc["step_s_median"], 5),
-        "step_s_mean_global": round(g["step_s_mean"], 5),
-        "step_s_mean_local": round(loc["step_s_mean"], 5),
-        "projected_step_s_global": g["projected_step_s_gpu_arithmetic"],
-        "projected_step_s_local": loc["projected_step_s_gpu_arithmetic"],
+        **both("inter_node_bytes", "inter_node_bytes"),
+        **{k: round(main_run[k], 3) for k in ("traffic_ratio", "traffic_ratio_with_adamw", "traffic_ratio_node_aware")},
+        **both("intra_node_bytes", "intra_node_bytes"),
+        **both("step_s", "step_s_median", 5),
+        **both("step_s_mean", "step_s_mean", 5),
+        **both("projected_step_s", "projected_step_s_gpu_arithmetic"),
         "projected_speedup": round(main_run["projected_speedup_gpu_arithmetic"], 3),
         "projected_speedup_cpu_arithmetic": round(main_run["projected_speedup_cpu_arithmetic"], 3),
         "fabric": {"b_intra_Bps": B_INTRA, "b_inter_Bps": B_INTER, "gpu_flops": GPU_FLOPS},

@@ -757,6 +757,7 @@ def _dechunk(stream):
 
 
 def main(argv: list[str] | None = None) -> int:
+    # its flags look like encode.py's main() (argparse declarations); each command line its own
     parser = argparse.ArgumentParser(prog="python -m benchmarks.object_server", description=__doc__.split("\n\n")[0])
     parser.add_argument("root", help="folder to serve: each subfolder is a bucket")
     parser.add_argument("--host", default="127.0.0.1")

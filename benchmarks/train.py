@@ -32,12 +32,14 @@ from pathlib import Path
 import pyarrow as pa
 
 from ._cli import add_size_flags, size_of
+from ._episodes import segments, transcoded_episode
 from .object_server import ObjectServer
 
 BUCKET = "bench"
 
 
 def main(argv: list[str]) -> int:
+    # its flags and their defaults by size look like cache.py's main() (declarations); each command line its own
     ap = argparse.ArgumentParser(prog="python -m benchmarks train", description=__doc__.split("\n")[0])
     add_size_flags(ap, quick="fewer episodes and steps")
     ap.add_argument("--episodes", type=int, help="episodes (default 6, quick 3, tiny 1)")
@@ -83,40 +85,28 @@ def main(argv: list[str]) -> int:
 
 def _fleet(tmp: Path, out: Path, n: int, duration_s: float, width: int, height: int) -> pa.Table:
     from dyna_resources.episodes.mcap_reader import EpisodeReader
-    from dyna_resources.episodes.sim import EpisodeSpec, write_episode
-    from dyna_resources.episodes.transcode import transcode_episode
 
     print(f"generating and transcoding {n} episodes of {duration_s:g} s at {width}x{height} ...", flush=True)
     rows: dict[str, list] = {"episode_id": [], "uri": [], "start_ns": [], "end_ns": []}
     for i in range(n):
-        spec = EpisodeSpec(
+        path = out / f"ep{i:03d}.mcap"
+        # the pipeline's own settings (5 s GOPs)
+        spec = transcoded_episode(
+            tmp,
+            path,
+            i,
             episode_id=f"ep-train-{i:03d}",
             seed=900 + i,
-            task="pick_place",
-            robot_id=f"arm-{i % 3}",
-            robot_model="dyna-a1",
-            robot_sw_version="4.2.1",
-            site="bench",
-            operator="op-1",
-            success=True,
-            started_at="2026-11-29T10:00:00Z",
             duration_s=duration_s,
             width=width,
             height=height,
         )
-        raw = tmp / f"ep{i}.h5"
-        write_episode(spec, raw)
-        path = out / f"ep{i:03d}.mcap"
-        transcode_episode(raw, path)  # the pipeline's own settings (5 s GOPs)
-        raw.unlink()
         with EpisodeReader(path) as r:
-            t = r.start_ns
-            while t + 2_000_000_000 <= r.end_ns:
+            for start, end in segments(r.start_ns, r.end_ns):
                 rows["episode_id"].append(spec.episode_id)
                 rows["uri"].append(f"s3://{BUCKET}/mcap/{path.name}")
-                rows["start_ns"].append(t)
-                rows["end_ns"].append(t + 2_000_000_000)
-                t += 1_000_000_000
+                rows["start_ns"].append(start)
+                rows["end_ns"].append(end)
     return pa.table(rows)
 
 
