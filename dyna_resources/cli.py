@@ -5,10 +5,11 @@
     dyna transcode SRC.h5 DST.mcap [--gop-frames N] [--crf X] [--preset P]
     dyna training-streams SRC.mcap DST.mcap --spec NAME:HxW[:GOP] [--spec ...]
     dyna inspect EPISODE.mcap
+    dyna episode EPISODE_ID
     dyna review list
     dyna review set EPISODE_ID accept|reject --by NAME [--note TEXT]
 
-The review commands use the registry at $DYNA_REGISTRY_URL, else $DYNA_HOME/registry.sqlite.
+The episode and review commands use the registry at $DYNA_REGISTRY_URL, else $DYNA_HOME/registry.sqlite.
 """
 
 from __future__ import annotations
@@ -95,6 +96,21 @@ def _registry():
     from .home import DynaHome
 
     return Registry(registry_url_from_env(DynaHome.from_env().root))
+
+
+def _episode(args) -> int:
+    from .catalog.episode_view import episode_view
+
+    reg = _registry()
+    try:
+        view = episode_view(reg, args.episode_id)
+    finally:
+        reg.close()
+    if view is None:
+        print(f"error: no episode {args.episode_id!r} in the registry ({reg.describe()})", file=sys.stderr)
+        return 1
+    print("\n".join(view.lines()))
+    return 0
 
 
 def _review_list(args) -> int:
@@ -246,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     lad.add_argument("--config", default=None, help="default: $DYNA_HOME/step_ladders.yaml, else the embedded one")
     lad.add_argument("--png", default=None, help="also draw the ladder here")
     lad.set_defaults(fn=_ladder)
+    ep = sub.add_parser("episode", help="one episode: status, gate verdicts, versions, failed step, how to open it")
+    ep.add_argument("episode_id")
+    ep.set_defaults(fn=_episode)
     r = sub.add_parser("review", help="the review pool: episodes the quality scores could not decide")
     rsub = r.add_subparsers(dest="review_cmd", required=True)
     rsub.add_parser("list", help="episodes waiting for a verdict, with reasons").set_defaults(fn=_review_list)

@@ -15,7 +15,7 @@ from dyna_assets.dagster_private import record_backfill
 from dyna_assets.definitions import defs
 from dyna_assets.deployment import embedded_ray
 from dyna_assets.ingest.sensors import landing_sensor, version_drift_sensor
-from dyna_resources import versions
+from dyna_resources import cli, versions
 from dyna_resources.episodes.mcap_reader import EpisodeReader
 from dyna_resources.ingest.ray_units import ray_cluster
 from dyna_resources.resources import GatesResource, HomeResource, IngestResource, LadderResource, TranscodeResource
@@ -127,7 +127,7 @@ def test_landing_sensor_requests_one_run_per_new_batch_and_nothing_when_nothing_
         assert tick(instance, res, None).run_requests == []
 
 
-def test_batch_partition_materializes_with_metadata_checks_and_quarantine(home):
+def test_batch_partition_materializes_with_metadata_checks_and_quarantine(home, monkeypatch, capsys):
     res = resources(home)
     with DagsterInstance.ephemeral() as instance:
         (req,) = tick(instance, res).run_requests
@@ -152,6 +152,23 @@ def test_batch_partition_materializes_with_metadata_checks_and_quarantine(home):
         assert all(
             r["versions"] == f"schema {versions.SCHEMA_VERSION} / pipeline {versions.PIPELINE_VERSION}" for r in done
         )
+        # the same from the shell: `dyna episode ID` prints its verdicts, versions and the file, then stale after a bump
+        monkeypatch.setenv("DYNA_HOME", str(home))
+        monkeypatch.delenv("DYNA_REGISTRY_URL", raising=False)
+        one = sorted(rows)[0]
+        capsys.readouterr()
+        assert cli.main(["episode", one]) == 0
+        out = capsys.readouterr().out
+        path = registry.episode_by_id(one)["mcap_path"]
+        assert out.startswith(f"{one}: transcoded\n") and "STALE" not in out and f"open: rerun {path}" in out
+        assert "gate pre/readable: ok" in out and "gate post/decodable: ok" in out
+        assert f"versions: schema {versions.SCHEMA_VERSION}, pipeline {versions.PIPELINE_VERSION}" in out
+        with monkeypatch.context() as bumped:
+            bumped.setattr(versions, "PIPELINE_VERSION", "9.9-test")
+            assert cli.main(["episode", one]) == 0
+            assert "STALE (this code writes schema" in capsys.readouterr().out
+        assert cli.main(["episode", "ep-nope"]) == 1
+        assert "no episode 'ep-nope' in the registry" in capsys.readouterr().err
         c = checks(result)
         assert set(c) == {
             ("raw_episodes", g)
