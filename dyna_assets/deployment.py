@@ -201,6 +201,14 @@ def sensor_status(environ: Mapping[str, str] | None = None) -> DefaultSensorStat
     return DefaultSensorStatus.STOPPED if stopped else DefaultSensorStatus.RUNNING
 
 
+# Every run a sensor launches carries this: a failed automatic run (a killed `dagster dev`, a node gone,
+# a store that did not answer) is launched again once by the daemon (infra/dagster/dagster.yaml enables
+# run retries; runs a person launches are not retried unless they say so), then left failed with its
+# reason. The retry is a run of its own in the UI: "dagster/retry_number" 1, its parent the failed run.
+AUTOMATIC_RUN_RETRIES = 1
+AUTOMATIC_RUN_TAGS = {"dagster/max_retries": str(AUTOMATIC_RUN_RETRIES)}
+
+
 def sensor_on(asset_selection: Any, every_s: int) -> dict[str, Any]:
     """What every sensor here declares to ``@sensor``: what it requests, how often it is evaluated, and
     its default status (:func:`sensor_status`)."""

@@ -4,7 +4,7 @@ import json
 
 from dagster import AssetKey, AssetRecordsFilter, RunRequest, SensorEvaluationContext, SensorResult, SkipReason, sensor
 
-from ..deployment import sensor_on
+from ..deployment import AUTOMATIC_RUN_TAGS, sensor_on
 
 DATA_VERSION_TAG = "dagster/data_version"  # the tag Dagster stamps on a materialization's DataVersion
 BATCH = 1000
@@ -37,7 +37,7 @@ def manifest_prewarm_sensor(context: SensorEvaluationContext):
                 RunRequest(
                     run_key=f"prewarm-{partition}-{version[:16]}",
                     partition_key=partition,
-                    tags={"dyna/trigger": "manifest-version", "dyna/manifest_version": version},
+                    tags={"dyna/trigger": "manifest-version", "dyna/manifest_version": version, **AUTOMATIC_RUN_TAGS},
                 )
             )
     cursor = json.dumps(state)

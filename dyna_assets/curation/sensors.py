@@ -7,7 +7,7 @@ from dagster import AssetKey, RunRequest, SensorEvaluationContext, SensorResult,
 from dyna_resources.keys import RULE, is_safe_key
 from dyna_resources.resources import HomeResource
 
-from ..deployment import sensor_on
+from ..deployment import AUTOMATIC_RUN_TAGS, sensor_on
 from .assets import CURATION_SPECS, curation_specs
 
 
@@ -26,6 +26,9 @@ def curation_spec_sensor(context: SensorEvaluationContext, home: HomeResource):
     known = set(context.instance.get_dynamic_partitions(CURATION_SPECS))
     new = sorted(set(specs) - known)
     return SensorResult(
-        run_requests=[RunRequest(run_key=f"{name}-{digest}", partition_key=name) for name, digest in specs.items()],
+        run_requests=[
+            RunRequest(run_key=f"{name}-{digest}", partition_key=name, tags=AUTOMATIC_RUN_TAGS)
+            for name, digest in specs.items()
+        ],
         dynamic_partitions_requests=[curation_specs.build_add_request(new)] if new else [],
     )

@@ -13,7 +13,7 @@ from dyna_resources.ingest.tick import LandingCursor, landing_tick
 from dyna_resources.resources import IngestResource, LadderResource
 
 from ..dagster_private import backfill_request, backfills_in_flight
-from ..deployment import sensor_on
+from ..deployment import AUTOMATIC_RUN_TAGS, sensor_on
 from .partitions import INGEST_PARTITIONS, ingest_partitions
 
 INGEST_ASSETS = [AssetKey("raw_episodes"), AssetKey("mcap_episodes"), AssetKey("step_ladders")]
@@ -49,7 +49,7 @@ def landing_sensor(context: SensorEvaluationContext, ingest: IngestResource):
                 run_key=k,
                 partition_key=k,
                 asset_selection=INGEST_ASSETS,
-                tags={"dyna/ingest_partition": k, "dyna/trigger": "landing"},
+                tags={"dyna/ingest_partition": k, "dyna/trigger": "landing", **AUTOMATIC_RUN_TAGS},
             )
             for k in keys
         ],
@@ -115,5 +115,6 @@ def version_drift_sensor(context: SensorEvaluationContext, ingest: IngestResourc
             "dyna/trigger": "drift",
             "dyna/pipeline_version": versions.PIPELINE_VERSION,
             "dyna/ladder_version": ladder_version,
+            **AUTOMATIC_RUN_TAGS,  # each run of the backfill, retried while the backfill is in progress
         },
     )

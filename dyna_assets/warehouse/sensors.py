@@ -5,7 +5,7 @@ from dagster import AssetKey, RunRequest, SensorEvaluationContext, SkipReason, s
 from dyna_resources.catalog.cdc import pending
 from dyna_resources.resources import IngestResource
 
-from ..deployment import sensor_on
+from ..deployment import AUTOMATIC_RUN_TAGS, sensor_on
 
 
 @sensor(
@@ -17,4 +17,4 @@ def warehouse_sync_sensor(context: SensorEvaluationContext, ingest: IngestResour
     marker = pending(ingest.stores().registry)
     if marker is None:
         return SkipReason("the warehouse is up to date")
-    return RunRequest(run_key=f"cdc-{marker}", tags={"dyna/trigger": "cdc"})
+    return RunRequest(run_key=f"cdc-{marker}", tags={"dyna/trigger": "cdc", **AUTOMATIC_RUN_TAGS})
