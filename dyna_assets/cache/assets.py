@@ -60,13 +60,14 @@ def cache_sets(context: AssetExecutionContext, home: HomeResource, cache: CacheR
             data_version=DataVersion(version),
         )
 
-    def progress(done: int, total: int):
-        if done == total or done % max(1, total // 10) == 0:
-            context.log.info(f"prewarm: {done}/{total} pages")
-
     with cache.cache() as page_cache:
         prewarmed = prewarm_manifest(
-            table, page_cache, read_set, dataset=name, parallel=cache.parallel, progress=progress
+            table,
+            page_cache,
+            read_set,
+            dataset=name,
+            parallel=cache.parallel,
+            progress=lambda p: context.log.info(f"prewarm {name}: {p.summary()}"),  # at least every 30 s
         )
         usage = page_cache.usage()
         root = str(page_cache.root)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
+import queue
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -217,35 +217,54 @@ def prewarm(
     *,
     dataset: str = "",
     parallel: int = 16,
-    progress: bool | Callable[[int, int], None] = False,
+    progress: Callable[[PrewarmProgress], None] | None = None,
+    progress_every_s: float = 30.0,
     plan_s: float = 0.0,
+    clock: Callable[[], float] = time.monotonic,
 ) -> PrewarmReport:
-    """Fetch every page of ``plan`` that the cache lacks, ``parallel`` pages at a time."""
+    """Fetch every page of ``plan`` that the cache lacks, ``parallel`` pages at a time. ``progress``
+    hears where it stands when it starts, at least every ``progress_every_s`` (``clock`` seconds), and
+    when it is done."""
     ps = cache.config.page_size
     work = []
     for f in plan.files:
         pages = sorted({p for s, e in f.ranges for p in range(s // ps, (e - 1) // ps + 1)})
         work += [(f, p) for p in pages]
-    bar = _progress_bar(len(work), progress)
     t0 = time.perf_counter()
     totals = np.zeros(4, np.int64)
     errors = dict(plan.errors)
+    report = _Reporter(progress, len(work), progress_every_s, clock)
 
     def warm_page(item):
         f, p = item
         return cache.warm(f.url, p * ps, (p + 1) * ps, info=f.info, dataset=dataset)
 
+    finished: queue.SimpleQueue = queue.SimpleQueue()
     with ThreadPoolExecutor(max(1, parallel), thread_name_prefix="prewarm") as pool:
-        futures = {pool.submit(warm_page, w): w for w in work}
-        for fut in as_completed(futures):
+        futures = {}
+        for w in work:
+            fut = pool.submit(warm_page, w)
+            futures[fut] = w
+            fut.add_done_callback(finished.put)
+        left = len(futures)
+        while left:
+            # the next page done, or a report due: one is logged even while a page is slow (a queue of the
+            # done futures, not wait() on all of them, which costs a pass over every pending page each time)
+            try:
+                fut = finished.get(timeout=report.wait_s())
+            except queue.Empty:
+                report.pages(0, int(totals[1] + totals[3]), int(totals[1]), final=False)
+                continue
+            left -= 1
             try:
                 totals += fut.result()
             except (FileNotFoundError, StoreUnavailableError, OSError, RuntimeError) as e:
                 errors.setdefault(futures[fut][0].url, redact(str(e)))
-            bar(1)
+            report.pages(1, int(totals[1] + totals[3]), int(totals[1]), final=not left)
+    if not work:
+        report.pages(0, 0, 0, final=True)
     cache.flush()
     fetch_s = time.perf_counter() - t0
-    bar(0, done=True)
     return PrewarmReport(
         files=len(plan.files),
         segments=plan.segments,
@@ -269,14 +288,21 @@ def prewarm_manifest(
     *,
     dataset: str = "",
     parallel: int = 16,
-    progress: bool | Callable[[int, int], None] = False,
+    progress: Callable[[PrewarmProgress], None] | None = None,
+    progress_every_s: float = 30.0,
 ) -> PrewarmReport:
     """``plan_manifest`` then ``prewarm``: the one call a launcher makes before training."""
     t0 = time.perf_counter()
     pages0, bytes0 = cache.stats.origin_requests, cache.stats.origin_bytes
     plan = plan_manifest(manifest, CachedFileSystem(cache, dataset=dataset), read_set, parallel=min(parallel, 8))
     report = prewarm(
-        plan, cache, dataset=dataset, parallel=parallel, progress=progress, plan_s=time.perf_counter() - t0
+        plan,
+        cache,
+        dataset=dataset,
+        parallel=parallel,
+        progress=progress,
+        progress_every_s=progress_every_s,
+        plan_s=time.perf_counter() - t0,
     )
     # Planning read each file's summary through the cache: those pages were fetched by this prewarm too.
     pages, nbytes = (
@@ -326,28 +352,58 @@ def _merge(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
     return [(s, e) for s, e in out]
 
 
-def _progress_bar(total: int, progress):
-    if callable(progress):
-        count = [0]
+@dataclass(frozen=True)
+class PrewarmProgress:
+    """Where a prewarm stands: pages done of the plan's, their bytes (``fetched_bytes`` of them came
+    from the origin, the rest were warm already)."""
 
-        def step(n, done=False):
-            count[0] += n
-            if n or done:
-                progress(count[0], total)
+    pages_done: int
+    pages_total: int
+    bytes_done: int
+    fetched_bytes: int
+    elapsed_s: float
 
-        return step
-    if not progress:
-        return lambda n, done=False: None
-    from tqdm import tqdm
+    @property
+    def mb_per_s(self) -> float:
+        return self.fetched_bytes / 1e6 / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
-    bar = tqdm(total=total, unit="page", desc="prewarm", file=sys.stderr, mininterval=0.5)
+    @property
+    def eta_s(self) -> float | None:
+        """Seconds left at the page rate so far; None before the first page."""
+        if self.pages_done >= self.pages_total:
+            return 0.0
+        if self.pages_done == 0 or self.elapsed_s <= 0:
+            return None
+        return (self.pages_total - self.pages_done) * self.elapsed_s / self.pages_done
 
-    def bar_step(n, done=False):
-        bar.update(n)
-        if done:
-            bar.close()
+    def summary(self) -> str:
+        eta = self.eta_s
+        return (
+            f"{self.pages_done}/{self.pages_total} pages, {self.bytes_done / 1e6:,.1f} MB "
+            f"({self.fetched_bytes / 1e6:,.1f} MB fetched at {self.mb_per_s:.1f} MB/s), "
+            f"{self.elapsed_s:.0f} s elapsed, ETA {f'{eta:.0f} s' if eta is not None else '?'}"
+        )
 
-    return bar_step
+
+class _Reporter:
+    """Calls ``progress`` at the start, whenever ``every_s`` has passed since the last call, and at the end."""
+
+    def __init__(self, progress, total: int, every_s: float, clock: Callable[[], float]):
+        self.progress, self.total, self.every_s, self.clock = progress, total, every_s, clock
+        self.t0 = self.last = clock()
+        self.done = 0
+        if progress is not None:
+            progress(PrewarmProgress(0, total, 0, 0, 0.0))
+
+    def wait_s(self) -> float | None:
+        return None if self.progress is None else max(0.0, self.last + self.every_s - self.clock())
+
+    def pages(self, n: int, bytes_done: int, fetched: int, *, final: bool) -> None:
+        self.done += n
+        now = self.clock()
+        if self.progress is not None and (final or now - self.last >= self.every_s):
+            self.last = now
+            self.progress(PrewarmProgress(self.done, self.total, bytes_done, fetched, now - self.t0))
 
 
 __all__ = [

@@ -570,6 +570,9 @@ def test_warehouse_follows_the_registry_and_its_sensor_fires_only_when_changes_a
         assert c["fetched_pages"] == c["pages"] > 0 and c["already_warm_pages"] == 0
         assert 0 < c["working_set_bytes"] <= c["page_bytes"] == c["fetched_bytes"]
         assert all(e.passed for e in warmed.get_asset_check_evaluations())
+        said = [e.user_message for e in instance.all_logs(warmed.run_id) if "prewarm first-two:" in e.user_message]
+        assert said[0].startswith(f"prewarm first-two: 0/{c['pages']} pages")  # progress in the run log
+        assert said[-1].startswith(f"prewarm first-two: {c['pages']}/{c['pages']} pages") and "MB/s" in said[-1]
         again = md(
             materialize([cache_sets], instance=instance, resources=res, partition_key="first-two"),
             "cache_sets",

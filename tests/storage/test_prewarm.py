@@ -3,6 +3,8 @@ sample of the manifest costs the origin nothing."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -13,6 +15,7 @@ from dyna_resources.episodes.transcode import TranscodeSettings, transcode_episo
 from dyna_resources.storage.cache_fs import CachedFileSystem
 from dyna_resources.storage.page_cache import CacheConfig, PageCache
 from dyna_resources.storage.prewarm import (
+    PrewarmProgress,
     ReadSet,
     _overlaps,
     _union,
@@ -199,3 +202,51 @@ def test_training_streams_are_warmed_only_when_the_run_reads_them(mcap_fleet, tm
     assert any(covers(archive, c) for c in camera_chunks)
     assert any(covers(stream, c) for c in training_chunks)  # ... the t32 run warms t32, not the archive video
     assert not any(covers(stream, c) for c in camera_chunks)
+
+
+def test_progress_is_heard_at_the_start_on_every_interval_and_at_the_end(tmp_path, fleet):
+    manifest = segments(fleet[:1])
+    with cache_at(tmp_path / "c") as cache:
+        plan = plan_manifest(manifest, CachedFileSystem(cache))
+        warmed = [0]
+        warm = cache.warm
+
+        def counted_warm(*args, **kwargs):
+            out = warm(*args, **kwargs)
+            warmed[0] += 1
+            return out
+
+        cache.warm = counted_warm  # type: ignore[method-assign]  # this cache's pages only, no global patch
+        heard: list[PrewarmProgress] = []
+        report = prewarm(  # a clock on which every page takes 10 s
+            plan, cache, parallel=1, progress=heard.append, progress_every_s=25, clock=lambda: 10.0 * warmed[0]
+        )
+    assert heard[0] == PrewarmProgress(0, report.pages, 0, 0, 0.0)
+    last = heard[-1]
+    assert (last.pages_done, last.bytes_done, last.fetched_bytes) == (report.pages, report.bytes, report.fetched_bytes)
+    assert last.eta_s == 0.0 and f"{report.pages}/{report.pages} pages" in last.summary()
+    # a report every third page (30 clock seconds), the start and the end: not one per page
+    assert [p.pages_done for p in heard[1:-1]] == list(range(3, report.pages, 3))
+    assert all(b.elapsed_s - a.elapsed_s >= 25 for a, b in zip(heard, heard[1:-1]))
+    assert [p.pages_done for p in heard] == sorted(p.pages_done for p in heard)
+
+
+def test_progress_is_reported_while_a_page_is_slow(tmp_path, fleet):
+    """No page finishes, yet a report comes: the log shows a slow prewarm is alive."""
+    manifest = segments(fleet[:1])
+    with cache_at(tmp_path / "c") as cache:
+        plan = plan_manifest(manifest, CachedFileSystem(cache))
+        heartbeat = threading.Event()
+        warm = cache.warm
+
+        def slow_warm(*args, **kwargs):
+            assert heartbeat.wait(timeout=60), "no progress report while the page was slow"
+            return warm(*args, **kwargs)
+
+        def heard(p: PrewarmProgress) -> None:
+            if p.elapsed_s > 0 and p.pages_done == 0:  # a report with nothing done: the heartbeat
+                heartbeat.set()
+
+        cache.warm = slow_warm  # type: ignore[method-assign]  # this cache's pages only, no global patch
+        report = prewarm(plan, cache, parallel=2, progress=heard, progress_every_s=0.01)
+    assert heartbeat.is_set() and report.errors == {}
