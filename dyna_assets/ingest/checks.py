@@ -28,21 +28,31 @@ def gate_check_results(asset: str, stage: str, reports: list[StageReport], confi
         setting = config[gate]
         fraction = total.failed / total.evaluated if total.evaluated else 0.0
         blocks = setting.blocking and fraction > setting.max_failed_fraction
+        keys = [r.batch_key for r in reports]
+        where = ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+        if not total.evaluated:
+            verdict = "nothing to check in this run (its episodes were up to date)"
+        else:
+            verdict = f"{total.failed} of {total.evaluated} episodes failed ({setting.action})"
+        # Dagster labels every one of these checks "blocking": a failed ERROR result stops what is downstream.
+        # Whether this gate's failures ever do is its setting, said in words beside the label.
+        stops = (
+            f"stops downstream above {setting.max_failed_fraction:.0%} failed"
+            if setting.blocking
+            else "never stops downstream"
+        )
         yield AssetCheckResult(
             asset_key=asset,
             check_name=gate,
             passed=total.failed == 0,
             severity=AssetCheckSeverity.WARN if total.failed and not blocks else AssetCheckSeverity.ERROR,
-            description=(
-                f"{total.failed} of {total.evaluated} episodes failed ({setting.action})"
-                + ("; over the batch limit, downstream stopped" if blocks else "")
-            ),
+            description=f"{where}: {verdict}; " + ("over the limit, downstream stopped" if blocks else stops),
             metadata={
                 "evaluated": total.evaluated,
                 "failed": total.failed,
                 "failed_fraction": round(fraction, 4),
                 "action": setting.action,
-                "blocking": setting.blocking,
+                "stops_downstream_over_limit": setting.blocking,
                 "max_failed_fraction": setting.max_failed_fraction,
                 "params": MetadataValue.json(dict(setting.params)),
                 "partitions": MetadataValue.json([r.batch_key for r in reports]),

@@ -301,7 +301,8 @@ def test_backfill_launched_through_the_webserver_runs_on_the_daemon(episode_fact
             assert (md["evaluated"], md["failed"], md["partitions"]) == (evaluated, failed, batches), md
             if failed:
                 assert [f["path"] for f in md["failures"]] == ["a/ep-e2e-trunc.h5"], md
-                assert ev["description"] == f"{failed} of {evaluated} episodes failed (quarantine)", ev
+                assert ev["description"].startswith(batches[0]), ev  # the check names its partitions
+                assert f": {failed} of {evaluated} episodes failed (quarantine); " in ev["description"], ev
         # the gates' checks, and mcap_episodes' partitioned check that its MCAPs are in the store
         for a, gates in (("raw_episodes", PRE_GATES), ("mcap_episodes", (*POST_GATES, "mcaps_present"))):
             checks = nodes[a]["assetChecksOrError"]

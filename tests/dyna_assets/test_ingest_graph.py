@@ -188,6 +188,7 @@ def test_batch_partition_materializes_with_metadata_checks_and_quarantine(home, 
         assert not readable.passed and readable.severity.value == "WARN"
         assert readable.metadata["failed"].value == 1 and readable.metadata["evaluated"].value == 5
         assert readable.metadata["partitions"].value == [batch]
+        assert readable.description.startswith(f"{batch}: 1 of 5 episodes failed (quarantine); ")
         raw = md(result, "raw_episodes", batch)
         assert (raw["episodes"], raw["quarantined"], raw["files"]) == (4, 1, 5)
         assert raw["gates"]["readable"] == {"evaluated": 5, "failed": 1} and raw["bytes_in"] > 0
@@ -202,6 +203,8 @@ def test_batch_partition_materializes_with_metadata_checks_and_quarantine(home, 
         before = reg.counts()
         again = materialize(ASSETS, instance=instance, partition_key=batch, resources=res)
         assert md(again, "mcap_episodes", batch)["this_run_processed"] == 0
+        redo = checks(again)[("mcap_episodes", "decodable")]
+        assert redo.passed and redo.description.startswith(f"{batch}: nothing to check in this run")
         assert md(again, "mcap_episodes", batch)["this_run_skipped_up_to_date"] == 4
         assert md(again, "step_ladders", batch)["segmented_this_run"] == 0
         assert reg.counts() == before
