@@ -1,4 +1,5 @@
-"""One manifests partition per curation spec file; a new or edited spec is built at once."""
+"""One manifests partition per curation spec file; a new or edited spec is built at once, a deleted
+one's partition is removed."""
 
 import hashlib
 
@@ -25,10 +26,14 @@ def curation_spec_sensor(context: SensorEvaluationContext, home: HomeResource):
             context.log.warning(f"ignoring curation spec {p.name}: the name must be {RULE}")
     known = set(context.instance.get_dynamic_partitions(CURATION_SPECS))
     new = sorted(set(specs) - known)
+    gone = sorted(known - set(specs))  # its file was deleted: the partition goes too (its history stays in runs)
+    if gone:
+        context.log.info(f"curation spec(s) removed, their partitions with them: {gone}")
     return SensorResult(
         run_requests=[
             RunRequest(run_key=f"{name}-{digest}", partition_key=name, tags=AUTOMATIC_RUN_TAGS)
             for name, digest in specs.items()
         ],
-        dynamic_partitions_requests=[curation_specs.build_add_request(new)] if new else [],
+        dynamic_partitions_requests=([curation_specs.build_add_request(new)] if new else [])
+        + ([curation_specs.build_delete_request(gone)] if gone else []),
     )

@@ -9,7 +9,15 @@ import time
 from pathlib import Path
 
 import pytest
-from dagster import AssetKey, DagsterInstance, TableMetadataValue, build_sensor_context, materialize
+from dagster import (
+    AddDynamicPartitionsRequest,
+    AssetKey,
+    DagsterInstance,
+    DeleteDynamicPartitionsRequest,
+    TableMetadataValue,
+    build_sensor_context,
+    materialize,
+)
 
 from dyna_assets.dagster_private import record_backfill
 from dyna_assets.definitions import defs
@@ -544,8 +552,13 @@ def test_warehouse_follows_the_registry_and_its_sensor_fires_only_when_changes_a
             "name: first-two\nwhere: {episode_id: {in: [ep-g0, ep-g1]}}\nsegments: {length_s: 0.5, stride_s: 0.5}\n"
         )
         (home / "curation" / "bad name!.yaml").write_text("name: x\n")
+        instance.add_dynamic_partitions("curation_specs", ["deleted-spec"])  # its file is gone
         sr = run_sensor(curation_spec_sensor, instance, res)
         assert [r.partition_key for r in sr.run_requests] == ["first-two"]
+        (add, delete) = sr.dynamic_partitions_requests
+        assert isinstance(add, AddDynamicPartitionsRequest) and list(add.partition_keys) == ["first-two"]
+        assert isinstance(delete, DeleteDynamicPartitionsRequest) and list(delete.partition_keys) == ["deleted-spec"]
+        instance.delete_dynamic_partition("curation_specs", "deleted-spec")  # what the daemon does with it
         instance.add_dynamic_partitions("curation_specs", ["first-two"])
         built = materialize(
             [defs.get_assets_def("manifests")], instance=instance, resources=res, partition_key="first-two"
