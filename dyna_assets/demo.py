@@ -427,6 +427,10 @@ def print_howto(home: DynaHome, files: list[Path]) -> None:
     if files:
         print(f"  Rerun:        .venv/bin/rerun {files[0]}")
         print(f"  Foxglove:     open {files[0]} in Foxglove (desktop app or app.foxglove.dev: Open local file)")
+        print(
+            f"  One episode:  DYNA_HOME={home.root} .venv/bin/dyna episode {files[0].stem}  (verdicts, versions, "
+            "file; every partition's episodes are the 'episodes_table' of mcap_episodes in the UI)"
+        )
     print("-" * 86)
 
 
