@@ -3,6 +3,7 @@
 No ``from __future__ import annotations`` here: Dagster reads the context annotation at runtime.
 """
 
+import base64
 import json
 
 from dagster import AssetExecutionContext, Failure, MaterializeResult, MetadataValue, PipesSubprocessClient, asset
@@ -51,8 +52,19 @@ def checkpoints(context: AssetExecutionContext, home: HomeResource, cache: Cache
             "loss_curve": MetadataValue.json(
                 [{k: m[k] for k in ("step", "loss", "samples_per_s", "data_wait_fraction") if k in m} for m in progress]
             ),
+            "curves": MetadataValue.md(_curves_markdown(progress, run.run_dir.name)),
             "checkpoints_dir": MetadataValue.path(str(run.run_dir / "checkpoints")),
             "attempts": len(list((run.run_dir / "attempts").iterdir())),
         }
     )
     return MaterializeResult(metadata=metadata, data_version=result.data_version)
+
+
+def _curves_markdown(progress: list[dict], title: str) -> str:
+    # Dagster renders markdown metadata; a data: URL keeps the PNG inside the event log, no file server needed.
+    from trainer.plots import training_curves_png
+
+    if not any("step" in p for p in progress):
+        return "(no progress reported)"
+    png = base64.b64encode(training_curves_png(progress, title=title)).decode()
+    return f"![loss and data wait by step](data:image/png;base64,{png})"

@@ -1,10 +1,11 @@
 """The checkpoints asset on an ephemeral Dagster instance: the trainer launched through Pipes,
 metrics streamed back, lineage recorded; materializing again resumes the same run."""
 
+import base64
 import json
 from pathlib import Path
 
-from dagster import DagsterInstance, materialize
+from dagster import DagsterInstance, MarkdownMetadataValue, materialize
 
 from dyna_assets.definitions import defs
 from dyna_resources.catalog.manifest import write_manifest
@@ -33,6 +34,11 @@ def test_checkpoints_asset_trains_through_pipes_and_records_lineage(tmp_path, mc
         assert md["steps"] == 6 and md["attempt"] == 0 and md["optimizer_mode"] == "single"
         assert md["loss_last"] < md["loss_first"]
         assert [p["step"] for p in md["loss_curve"]] == [5, 6]  # streamed while training (log_every 5, last)
+        # the same curves drawn: a PNG inline in the markdown metadata
+        assert isinstance(m.metadata["curves"], MarkdownMetadataValue)
+        prefix = "![loss and data wait by step](data:image/png;base64,"
+        assert md["curves"].startswith(prefix)
+        assert base64.b64decode(md["curves"][len(prefix) : -1])[:8] == b"\x89PNG\r\n\x1a\n"
         lineage = md["lineage"]
         assert lineage["curation_spec"] == "spec-t" and len(lineage["manifest_sha256"]) == 64
         assert lineage["pipeline_version"] and lineage["code_commit"]

@@ -130,3 +130,14 @@ def test_killed_rank_restarts_in_place_and_resumes_with_the_same_losses(tmp_path
     assert result["attempt"] == 1 and result["resumed_from"] == 4 and result["steps"] == 9
     assert (tmp_path / "faulty" / "attempts" / "0" / "rank1.log").read_text().count("fault injection") == 1
     assert (tmp_path / "faulty" / "attempts" / "1" / "rank0.log").exists()
+
+
+def test_training_curves_draw_loss_and_data_wait_and_refuse_nothing_to_draw():
+    from trainer.plots import training_curves_png
+
+    png = training_curves_png(
+        [{"step": 1, "loss": 2.0, "data_wait_fraction": 0.5}, {"step": 2, "loss": 1.0, "data_wait_fraction": 0.1}]
+    )
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="no progress point"):
+        training_curves_png([{"loss": 1.0}])
