@@ -8,7 +8,7 @@ import json
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..catalog.leases import RunLease
@@ -36,13 +36,7 @@ class Quarantine:
     held_at: str | None = None
 
     def as_record(self) -> dict:
-        return {
-            "gate": self.gate,
-            "stage": self.stage,
-            "reason": self.reason,
-            "stream": self.stream,
-            "held_at": self.held_at,
-        }
+        return asdict(self)
 
 
 @dataclass
