@@ -15,8 +15,10 @@ from dagster import (
     asset,
 )
 
+from dyna_resources import versions
 from dyna_resources.catalog.curation import CurationSpec, CurationSpecError, curate, missing_episodes
 from dyna_resources.catalog.manifest import write_manifest
+from dyna_resources.catalog.selection import selection_of, spec_digest
 from dyna_resources.resources import HomeResource, WarehouseResource
 
 from .. import k8s
@@ -39,14 +41,25 @@ def per_spec(stage: str, group: str, pod: dict) -> dict[str, Any]:
     deps=["warehouse_episodes"],
     pool="duckdb",
     description="The curation spec's ONE SQL query over the warehouse, written as a zstd Parquet manifest "
-    "plus an Arrow IPC copy (fixed record batches) for mmap loading; content-hashed.",
+    "plus an Arrow IPC copy (fixed record batches) for mmap loading; content-hashed (its DataVersion). "
+    "Rebuilt when its spec changes or when what the spec selects in the warehouse changes.",
 )
 def manifests(context: AssetExecutionContext, home: HomeResource, warehouse: WarehouseResource):
     name = partition_key(context, "curation spec")
     try:
-        spec = CurationSpec.load(home.home().curation_spec(name))
+        spec_file = home.home().curation_spec(name)
+        spec = CurationSpec.load(spec_file)
         sql, params = spec.compile()
         with warehouse.open(read_only=True) as wh:
+            # what this build selects, on the same snapshot: the curation sensor compares it with the
+            # warehouse's latest record and rebuilds when they differ
+            selection = selection_of(
+                wh,
+                spec,
+                spec_file_digest=spec_digest(spec_file),
+                schema=versions.SCHEMA_VERSION,
+                pipeline=versions.PIPELINE_VERSION,
+            )
             info = write_manifest(
                 curate(wh, spec),
                 home.manifests_url(),
@@ -70,6 +83,8 @@ def manifests(context: AssetExecutionContext, home: HomeResource, warehouse: War
             "missing_excluded": len(missing),
             "missing_episodes": MetadataValue.json([{"episode_id": e, "mcap_uri": u} for e, u in missing[:100]]),
             "episodes": stats.get("episodes", 0),
+            "stale_episodes": selection.stale_episodes,
+            "selection": MetadataValue.json(selection.as_json()),
             "segment_hours": stats.get("segment_hours", 0.0),
             "by_task": MetadataValue.json(top("task")),
             "by_robot": MetadataValue.json(top("robot_id")),

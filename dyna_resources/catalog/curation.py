@@ -188,7 +188,7 @@ class CurationSpec:
             source=source,
         )
 
-    def _chosen(self) -> tuple[str, dict]:
+    def chosen(self) -> tuple[str, dict]:
         """The episodes the spec selects, with their weight: the query's first step."""
         params: dict = {"length_ns": int(round(self.length_s * 1e9)), "stride_ns": int(round(self.stride_s * 1e9))}
         conds = [
@@ -218,7 +218,7 @@ class CurationSpec:
     def missing(self) -> tuple[str, dict]:
         """The query of the episodes this spec would select but whose MCAP is marked missing (ingest/presence.py):
         excluded from the manifest, and named. Columns: episode_id, mcap_uri."""
-        chosen, params = self._chosen()
+        chosen, params = self.chosen()
         sql = chosen.replace("status = 'transcoded'", "status = 'missing'", 1)
         sql = f"SELECT episode_id, mcap_uri FROM ({sql}) WHERE weight > 0 ORDER BY episode_id"
         return sql, {k: params[k] for k in re.findall(r"\$(\w+)", sql)}
@@ -227,7 +227,7 @@ class CurationSpec:
         """Statements making one temporary ENUM type per dictionary column, of the values the
         chosen episodes hold (so the manifest's bytes, hence its hash, depend on its rows only).
         One scan collects every column's values; each type then reads that small table."""
-        chosen, params = self._chosen()
+        chosen, params = self.chosen()
         used = {k: params[k] for k in re.findall(r"\$(\w+)", chosen)}  # DuckDB refuses unused parameters
         values = "manifest_dictionary_values"
         return [
@@ -248,7 +248,7 @@ class CurationSpec:
     def _windows(self) -> tuple[str, dict, bool]:
         """The ``chosen`` and ``windows`` CTEs (the time ranges segments are cut in), their
         parameters, and whether windows are steps."""
-        chosen, params = self._chosen()
+        chosen, params = self.chosen()
         if self.step_where is not None and self.step_scope == "step":
             step_conds = " AND ".join(
                 ["s.end_ns - s.start_ns >= $length_ns", *_conditions(self.step_where, "s", params, "s.")]

@@ -213,6 +213,16 @@ class Warehouse:
         assert row is not None, "an aggregate query returns one row"
         return row[0]
 
+    def stale_count(self, *, schema: str, pipeline: str) -> int:
+        """Transcoded episodes written by another pipeline or schema version than the current ones."""
+        row = self.con.execute(
+            "SELECT count(*) FROM episodes WHERE status = 'transcoded' AND "
+            "(pipeline_version IS DISTINCT FROM ? OR schema_version IS DISTINCT FROM ?)",
+            [pipeline, schema],
+        ).fetchone()
+        assert row is not None, "an aggregate query returns one row"
+        return row[0]
+
     def summary(self, top_tasks: int = 50) -> dict:
         """What the warehouse holds, in aggregate queries (memory does not grow with the rows):
         rows by status, transcoded hours in all and by task (the ``top_tasks`` largest, the rest

@@ -523,17 +523,22 @@ def test_unreachable_registry_fails_the_run_and_names_it_without_the_password(ho
         assert "RegistryUnavailableError" in text and "127.0.0.1:1" in text and "s3cret" not in text
 
 
-def test_warehouse_follows_the_registry_and_its_sensor_fires_only_when_changes_are_pending(home):
+def test_warehouse_follows_the_registry_and_its_sensor_fires_only_when_changes_are_pending(home, monkeypatch):
     from dyna_assets.warehouse.sensors import warehouse_sync_sensor
     from dyna_resources.resources import WarehouseResource
 
-    res = {**resources(home), "warehouse": WarehouseResource(home=HomeResource(root=str(home)))}
+    res = {
+        **resources(home),
+        "warehouse": WarehouseResource(home=HomeResource(root=str(home))),
+        "home": HomeResource(root=str(home)),
+    }
     wh_asset = defs.get_assets_def("warehouse_episodes")
     with DagsterInstance.ephemeral() as instance:
         (req,) = tick(instance, res).run_requests
         assert materialize(ASSETS, instance=instance, partition_key=req.partition_key, resources=res).success
         fired = run_sensor(warehouse_sync_sensor, instance, res)
         assert fired.run_key.startswith("cdc-") and fired.tags["dyna/trigger"] == "cdc"
+        assert fired.asset_selection == [AssetKey("warehouse_episodes"), AssetKey("review_pool")]
         result = materialize([wh_asset], instance=instance, resources=res)
         m = md(result, "warehouse_episodes", None)
         assert m["rows"] == 4 and m["rows_by_status"] == {"transcoded": 4}
@@ -546,7 +551,6 @@ def test_warehouse_follows_the_registry_and_its_sensor_fires_only_when_changes_a
         from dyna_assets.curation.sensors import curation_spec_sensor
         from trainer.manifest_loader import open_manifest, rank_slice
 
-        res["home"] = HomeResource(root=str(home))
         (home / "curation").mkdir(exist_ok=True)
         (home / "curation" / "first-two.yaml").write_text(
             "name: first-two\nwhere: {episode_id: {in: [ep-g0, ep-g1]}}\nsegments: {length_s: 0.5, stride_s: 0.5}\n"
@@ -600,6 +604,47 @@ def test_warehouse_follows_the_registry_and_its_sensor_fires_only_when_changes_a
         )
         r = md(replica, "mcap_replica", "first-two")
         assert r["files"] == 2 and r["failed"] == {} and r["copied"] + r["skipped_current"] == 2
+
+        # the manifest follows the data: built from this spec, and the warehouse selects what it holds
+        assert m["selection"]["episodes"] == 2 and m["stale_episodes"] == 0
+        assert run_sensor(curation_spec_sensor, instance, res).run_requests == []
+        synced = md(materialize([wh_asset], instance=instance, resources=res), "warehouse_episodes", None)
+        assert synced["selections"]["first-two"] == m["selection"]  # same spec, same rows: nothing to rebuild
+        assert run_sensor(curation_spec_sensor, instance, res).run_requests == []
+        # a new pipeline version re-transcodes the batch: the warehouse sync sees the spec select other versions
+        with monkeypatch.context() as bumped:
+            bumped.setattr(versions, "PIPELINE_VERSION", "9.9-follow")  # seen by units in forked processes, not Ray's
+            in_process = {**res, "ingest": resources(home, units_on="process")["ingest"]}
+            assert materialize(ASSETS, instance=instance, partition_key=req.partition_key, resources=in_process).success
+            synced = md(materialize([wh_asset], instance=instance, resources=res), "warehouse_episodes", None)
+        now = synced["selections"]["first-two"]
+        assert (
+            now["episodes"] == 2 and now["digest"] != m["selection"]["digest"] and now["spec"] == m["selection"]["spec"]
+        )
+        assert now["stale_episodes"] == 0 and synced["stale_episodes"] == 0  # stale counted against the version then
+        (follow,) = run_sensor(curation_spec_sensor, instance, res).run_requests
+        assert follow.partition_key == "first-two" and follow.tags["dyna/trigger"] == "selection-changed"
+        assert follow.run_key == f"first-two-{now['spec']}-{now['digest']}"
+        assert follow.tags["dyna/built_from_selection"] == m["selection"]["digest"]
+        with monkeypatch.context() as bumped:
+            bumped.setattr(versions, "PIPELINE_VERSION", "9.9-follow")
+            rebuilt = md(
+                materialize(
+                    [defs.get_assets_def("manifests")], instance=instance, resources=res, partition_key="first-two"
+                ),
+                "manifests",
+                "first-two",
+            )
+        assert rebuilt["selection"] == now and rebuilt["sha256"] != m["sha256"]
+        assert run_sensor(curation_spec_sensor, instance, res).run_requests == []  # caught up
+        # its new DataVersion re-warms its cache set, and only that
+        (rewarm,) = run_sensor(manifest_prewarm_sensor, instance, res, cursor=fired.cursor).run_requests
+        assert rewarm.partition_key == "first-two" and rewarm.tags["dyna/manifest_version"] == rebuilt["sha256"]
+        # against the current code (not the bumped one) every selected episode is stale again
+        assert (
+            md(materialize([wh_asset], instance=instance, resources=res), "warehouse_episodes", None)["stale_episodes"]
+            == 4
+        )
 
 
 def test_an_mcap_deleted_behind_the_registry_fails_the_partitions_check_and_no_manifest_selects_it(home):
