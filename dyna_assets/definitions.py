@@ -10,6 +10,7 @@ from .ingest.assets import mcap_episodes, raw_episodes
 from .ingest.ladders import step_ladders
 from .ingest.presence import mcaps_present
 from .ingest.sensors import landing_sensor, version_drift_sensor
+from .ingest.staleness import version_check_sensor, versions_current
 from .training.assets import checkpoints
 from .training.evaluations import evaluations, released_models
 from .warehouse.assets import warehouse_episodes
@@ -35,10 +36,11 @@ def build_definitions(environ=None) -> Definitions:
             released_models,
             review_pool,
         ],
-        asset_checks=[mcaps_present],
+        asset_checks=[mcaps_present, versions_current],
         sensors=[
             landing_sensor,
             version_drift_sensor,
+            version_check_sensor,
             warehouse_sync_sensor,
             curation_spec_sensor,
             manifest_prewarm_sensor,

@@ -1158,10 +1158,14 @@ class Registry:
         with self._begin() as c:
             return list(c.execute(q).scalars())
 
-    def partition_version_counts(self) -> list[dict]:
-        """The summary itself: episodes per (partition, status, pipeline, schema, ladder version)."""
+    def partition_version_counts(self, partition_keys: Sequence[str] | None = None) -> list[dict]:
+        """The summary itself: episodes per (partition, status, pipeline, schema, ladder version), of every
+        partition or of ``partition_keys``."""
+        q = select(pv_summary).order_by(*pv_summary.primary_key.columns)
+        if partition_keys is not None:
+            q = q.where(pv_summary.c.partition_key.in_(list(partition_keys)))
         with self._begin() as c:
-            return [dict(r) for r in c.execute(select(pv_summary).order_by(*pv_summary.primary_key.columns)).mappings()]
+            return [dict(r) for r in c.execute(q).mappings()]
 
     def quarantined(self, batch_key: str | Sequence[str] | None = None) -> list[dict]:
         return self._rows_of_batches(t.quarantine, t.quarantine.c.source_path, batch_key)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from dagster import (
     AddDynamicPartitionsRequest,
+    AssetCheckEvaluation,
     AssetKey,
     DagsterInstance,
     DeleteDynamicPartitionsRequest,
@@ -23,6 +24,7 @@ from dyna_assets.dagster_private import record_backfill
 from dyna_assets.definitions import defs
 from dyna_assets.deployment import embedded_ray
 from dyna_assets.ingest.sensors import landing_sensor, version_drift_sensor
+from dyna_assets.ingest.staleness import version_check_sensor
 from dyna_resources import cli, versions
 from dyna_resources.episodes.mcap_reader import EpisodeReader
 from dyna_resources.ingest.ray_units import ray_cluster
@@ -415,10 +417,32 @@ def test_drift_sensor_backfills_exactly_the_stale_partitions_once(home, monkeypa
             ) as ctx:
                 return version_drift_sensor(ctx), ctx.cursor
 
+        def version_check(cursor):
+            """What the version check sensor reports, through Dagster's own evaluation: {partition: passed}."""
+            with build_sensor_context(
+                instance=instance, cursor=cursor, definitions=defs, resources=for_sensor(version_check_sensor, res)
+            ) as ctx:
+                data = version_check_sensor.evaluate_tick(ctx)
+            evaluations = [e for e in data.asset_events if isinstance(e, AssetCheckEvaluation)]
+            assert all(e.check_name == "versions_current" for e in evaluations)
+            return {e.partition: e.passed for e in evaluations}, data.cursor, evaluations
+
         assert "current versions" in drift()[0].skip_message
+        reg = res["ingest"].stores().registry
+        old_with_episodes = [k for k in old if reg.partition_episodes(k)]
+        reported, checked, _ = version_check(None)
+        assert reported == dict.fromkeys(old_with_episodes, True)
         monkeypatch.setattr(versions, "PIPELINE_VERSION", "9.9-test")
         for k in keys[3:]:  # batches ingested after the change are not stale
             materialize(ASSETS, instance=instance, partition_key=k, resources=res, raise_on_error=False)
+        new_with_episodes = [k for k in keys[3:] if reg.partition_episodes(k)]
+        # the deploy outdates the old partitions: their check fails, the new ones' passes, each named
+        reported, checked, evaluations = version_check(checked)
+        assert reported == dict.fromkeys(old_with_episodes, False) | dict.fromkeys(new_with_episodes, True)
+        failed = next(e for e in evaluations if not e.passed)
+        assert failed.metadata["stale_episodes"].value == 1 and failed.severity.value == "WARN"
+        assert failed.description.startswith(f"{failed.partition}: 1 of 1 episodes at older versions")
+        assert version_check(checked)[0] == {}  # nothing changed, nothing reported
         req, cursor = drift()
         stale_with_episodes = [k for k in old if res["ingest"].stores().registry.partition_episodes(k)]
         got = sorted({ap.partition_key for ap in req.asset_graph_subset.iterate_asset_partitions()})
@@ -437,8 +461,8 @@ def test_drift_sensor_backfills_exactly_the_stale_partitions_once(home, monkeypa
         for k in stale_with_episodes:
             r = materialize([ASSETS[1]], instance=instance, partition_key=k, resources=res)
             assert md(r, "mcap_episodes", k)["this_run_processed"] == 1
-        reg = res["ingest"].stores().registry
         assert reg.outdated_batches(schema_version=versions.SCHEMA_VERSION, pipeline_version="9.9-test") == []
+        assert version_check(checked)[0] == dict.fromkeys(old_with_episodes, True)  # current again
 
 
 def test_drift_sensor_resegments_only_the_ladders_when_the_ladder_config_changes(home):
