@@ -303,8 +303,11 @@ def test_backfill_launched_through_the_webserver_runs_on_the_daemon(episode_fact
                 assert [f["path"] for f in md["failures"]] == ["a/ep-e2e-trunc.h5"], md
                 assert ev["description"].startswith(batches[0]), ev  # the check names its partitions
                 assert f": {failed} of {evaluated} episodes failed (quarantine); " in ev["description"], ev
-        # the gates' checks, and mcap_episodes' partitioned check that its MCAPs are in the store
-        for a, gates in (("raw_episodes", PRE_GATES), ("mcap_episodes", (*POST_GATES, "mcaps_present"))):
+        # the gates' checks, and mcap_episodes' partitioned checks: its MCAPs are in the store, at current versions
+        for a, gates in (
+            ("raw_episodes", PRE_GATES),
+            ("mcap_episodes", (*POST_GATES, "mcaps_present", "versions_current")),
+        ):
             checks = nodes[a]["assetChecksOrError"]
             assert checks["__typename"] == "AssetChecks", checks
             assert sorted(c["name"] for c in checks["checks"]) == sorted(gates)

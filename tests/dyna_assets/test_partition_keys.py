@@ -168,10 +168,12 @@ INGEST_PARTITIONED = [a for a in PARTITIONED if a.partitions_def.name == "ingest
 
 
 def test_the_ingest_assets_are_partitioned_by_ingest_partition():
-    # mcaps_present: the partition's check that its MCAPs are in the store (an asset check, partitioned too)
+    # mcaps_present: the partition's check that its MCAPs are in the store; versions_current: that its
+    # episodes are at the current versions (asset checks, partitioned too)
     assert sorted(a.node_def.name for a in INGEST_PARTITIONED) == [
         "mcap_episodes",
         "mcap_episodes_mcaps_present",
+        "mcap_episodes_versions_current",
         "raw_episodes",
         "step_ladders",
     ]
