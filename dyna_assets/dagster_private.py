@@ -11,6 +11,9 @@ What the public API lacks:
 - Listing the backfills in flight: ``DagsterInstance.get_backfills`` is public, its filter
   (``BulkActionsFilter``) and the statuses (``BulkActionStatus``) are not exported.
 - Tests record a backfill in flight as the daemon would, with ``PartitionBackfill``.
+- One partition's history of an asset check (``versions_current``, reported per partition by a
+  sensor): the instance's public ``get_latest_asset_check_evaluation_record`` has no partition; the
+  event log storage's history takes a ``PartitionKeyFilter``, not exported.
 
 ``tests/dyna_assets/test_dagster_private.py`` exercises every name here on a real instance, so an
 upgrade that moves or changes one fails there, by name, before any sensor does.
@@ -18,9 +21,10 @@ upgrade that moves or changes one fails there, by name, before any sensor does.
 
 from collections.abc import Iterable, Mapping
 
-from dagster import AssetKey, DagsterInstance, RunRequest
+from dagster import AssetCheckEvaluation, AssetCheckKey, AssetKey, DagsterInstance, RunRequest
 from dagster._core.definitions.assets.graph.asset_graph_subset import AssetGraphSubset
 from dagster._core.definitions.events import AssetKeyPartitionKey
+from dagster._core.event_api import PartitionKeyFilter
 from dagster._core.execution.backfill import BulkActionsFilter, BulkActionStatus, PartitionBackfill
 
 __all__ = [
@@ -28,6 +32,7 @@ __all__ = [
     "FINISHED",
     "backfill_request",
     "backfills_in_flight",
+    "check_history",
     "record_backfill",
     "requested_partitions",
 ]
@@ -79,3 +84,18 @@ def record_backfill(instance: DagsterInstance, request: RunRequest, backfill_id:
             run_config=None,
         )
     )
+
+
+def check_history(instance: DagsterInstance, key: AssetCheckKey, partition: str, limit: int = 20) -> list:
+    """The ``limit`` latest evaluations (:class:`AssetCheckEvaluation`) of check ``key`` for one partition,
+    newest first."""
+    records = instance.event_log_storage.get_asset_check_execution_history(
+        key, limit=limit, partition_filter=PartitionKeyFilter(key=partition)
+    )
+    out = []
+    for r in records:
+        event = r.event.dagster_event if r.event is not None else None
+        data = event.event_specific_data if event is not None else None
+        if isinstance(data, AssetCheckEvaluation):
+            out.append(data)
+    return out

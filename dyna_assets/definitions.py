@@ -10,7 +10,7 @@ from .ingest.assets import mcap_episodes, raw_episodes
 from .ingest.ladders import step_ladders
 from .ingest.presence import mcaps_present
 from .ingest.sensors import landing_sensor, version_drift_sensor
-from .ingest.staleness import version_check_sensor, versions_current
+from .ingest.staleness import report_version_checks, version_check_sensor, versions_current
 from .training.assets import checkpoints
 from .training.evaluations import evaluations, released_models
 from .warehouse.assets import warehouse_episodes
@@ -37,6 +37,7 @@ def build_definitions(environ=None) -> Definitions:
             review_pool,
         ],
         asset_checks=[mcaps_present, versions_current],
+        jobs=[report_version_checks],
         sensors=[
             landing_sensor,
             version_drift_sensor,

@@ -1,10 +1,12 @@
 """``mcap_episodes.versions_current``: per ingest partition, does it hold episodes that another pipeline
-or schema version wrote? The version check sensor reports it for every partition whose answer
-changed (a deploy with a new PIPELINE_VERSION fails the check on every partition it outdates, the
-drift backfill passes it again), so the partitions view shows what is stale without anyone running
-anything; the check can also be executed by hand from a partition's page. Its engine is
+or schema version wrote? The version check sensor has it recorded for every partition whose
+answer changed, by one small run (a deploy with a new PIPELINE_VERSION fails the check on every
+partition it outdates, the drift backfill passes it again), so the partitions view shows what is
+stale without anyone running anything; the check can also be executed by hand from a partition's
+page. Its engine is
 dyna_resources/catalog/staleness.py."""
 
+import hashlib
 import json
 
 from dagster import (
@@ -15,9 +17,13 @@ from dagster import (
     AssetKey,
     AssetObservation,
     MetadataValue,
+    OpExecutionContext,
+    RunRequest,
     SensorEvaluationContext,
-    SensorResult,
+    SkipReason,
     asset_check,
+    job,
+    op,
     sensor,
 )
 
@@ -25,12 +31,12 @@ from dyna_resources import versions
 from dyna_resources.catalog.staleness import PartitionVersions, partition_versions
 from dyna_resources.resources import IngestResource
 
-from ..deployment import sensor_on
+from ..deployment import AUTOMATIC_RUN_TAGS, sensor_status
 from .partitions import INGEST_PARTITIONS, ingest_partition_keys, ingest_partitions
 
 MCAP = AssetKey("mcap_episodes")
 CHECK = "versions_current"
-REPORTS_PER_TICK = 1000  # check results one tick records; the rest follow on the next ticks
+REPORTS_PER_RUN = 1000  # partitions one run reports; the rest follow on the next ticks
 
 
 def _current() -> tuple[str, str]:
@@ -80,28 +86,27 @@ def versions_current(context: AssetCheckExecutionContext, ingest: IngestResource
     )
 
 
-@sensor(
-    **sensor_on([MCAP], 60),
-    description="Reports mcap_episodes.versions_current for every ingest partition whose version status "
-    "changed (a new PIPELINE/SCHEMA_VERSION deployed, a backfill done), and the stale episode count "
-    "of the asset as an observation; launches no run.",
+@op(
+    config_schema={"partitions": [str]},
+    tags={"dyna/stage": "version-check"},
+    description="Records mcap_episodes.versions_current for each partition named, and the asset's stale "
+    "episode count as an observation.",
 )
-def version_check_sensor(context: SensorEvaluationContext, ingest: IngestResource):
+def report_versions(context: OpExecutionContext, ingest: IngestResource) -> None:
     schema, pipeline = _current()
-    state = json.loads(context.cursor) if context.cursor else {}
-    reported: dict[str, int] = state.get("reported", {}) if state.get("current") == [schema, pipeline] else {}
-    found = partition_versions(ingest.stores().registry.partition_version_counts(), schema=schema, pipeline=pipeline)
-    known = set(context.instance.get_dynamic_partitions(INGEST_PARTITIONS))
-    changed = [p for key, p in found.items() if key in known and reported.get(key) != p.stale][:REPORTS_PER_TICK]
-    if not changed:
-        return SensorResult(skip_reason="no partition's version status changed", cursor=context.cursor)
-    events: list = [
-        AssetCheckEvaluation(asset_key=MCAP, check_name=CHECK, partition=p.partition, **_result_fields(p))
-        for p in changed
-    ]
-    reported |= {p.partition: p.stale for p in changed}
-    stale = [p for p in found.values() if p.partition in known and not p.current]
-    events.append(
+    registry = ingest.stores().registry
+    keys = list(context.op_config["partitions"])
+    found = partition_versions(registry.partition_version_counts(keys), schema=schema, pipeline=pipeline)
+    for key in keys:
+        p = found.get(key, PartitionVersions(partition=key, episodes=0, stale=0))
+        # An evaluation per partition logged by this one run: Dagster 1.13 records a runless (sensor-
+        # reported) evaluation of a partitioned check only once per partition (its asset_check_executions
+        # unique index holds run_id '' and the partition), so a second report of a partition would fail.
+        evaluation = AssetCheckEvaluation(asset_key=MCAP, check_name=CHECK, partition=key, **_result_fields(p))
+        context.log_event(evaluation)  # type: ignore[arg-type]  # handled at run time; the annotation omits it
+    every = partition_versions(registry.partition_version_counts(), schema=schema, pipeline=pipeline)
+    stale = [p for p in every.values() if not p.current]
+    context.log_event(
         AssetObservation(
             asset_key=MCAP,
             metadata={
@@ -113,7 +118,42 @@ def version_check_sensor(context: SensorEvaluationContext, ingest: IngestResourc
             },
         )
     )
-    context.log.info(
-        f"versions_current: {len(changed)} partition(s) changed, {len(stale)} of {len(known)} now hold older episodes"
+    context.log.info(f"versions_current: {len(keys)} partition(s) reported, {len(stale)} hold older episodes")
+
+
+@job(tags={"dyna/stage": "version-check"}, description="What version_check_sensor launches.")
+def report_version_checks():
+    report_versions()
+
+
+@sensor(
+    job=report_version_checks,
+    minimum_interval_seconds=60,
+    default_status=sensor_status(),
+    description="When ingest partitions' version status changed (a new PIPELINE/SCHEMA_VERSION deployed, a "
+    "backfill done), one small run records mcap_episodes.versions_current for exactly those "
+    "partitions (at most 1000 a run) and the asset's stale episode count.",
+)
+def version_check_sensor(context: SensorEvaluationContext, ingest: IngestResource):
+    schema, pipeline = _current()
+    state = json.loads(context.cursor) if context.cursor else {}
+    reported: dict[str, int] = state.get("reported", {}) if state.get("current") == [schema, pipeline] else {}
+    found = partition_versions(ingest.stores().registry.partition_version_counts(), schema=schema, pipeline=pipeline)
+    known = set(context.instance.get_dynamic_partitions(INGEST_PARTITIONS))
+    changed = [p for key, p in found.items() if key in known and reported.get(key) != p.stale][:REPORTS_PER_RUN]
+    if not changed:
+        return SkipReason("no partition's version status changed")
+    reported |= {p.partition: p.stale for p in changed}
+    cursor = json.dumps({"current": [schema, pipeline], "reported": reported})
+    keys = [p.partition for p in changed]
+    context.update_cursor(cursor)
+    return RunRequest(
+        run_key=hashlib.sha256(cursor.encode()).hexdigest()[:16],
+        run_config={"ops": {"report_versions": {"config": {"partitions": keys}}}},
+        tags={
+            "dyna/trigger": "version-status",
+            "dyna/partitions": str(len(keys)),
+            "dyna/stale_partitions": str(sum(not p.current for p in changed)),
+            **AUTOMATIC_RUN_TAGS,
+        },
     )
-    return SensorResult(asset_events=events, cursor=json.dumps({"current": [schema, pipeline], "reported": reported}))

@@ -1,13 +1,15 @@
 """Every Dagster internal the project uses (``dyna_assets/dagster_private.py``), exercised on a real
 instance: an upgrade that moves or changes one fails here, by name, before a sensor does."""
 
-from dagster import AssetKey, DagsterInstance
+import pytest
+from dagster import AssetCheckEvaluation, AssetCheckKey, AssetKey, DagsterInstance, job, op
 
 from dyna_assets.dagster_private import (
     FINISHED,
     BulkActionStatus,
     backfill_request,
     backfills_in_flight,
+    check_history,
     record_backfill,
     requested_partitions,
 )
@@ -38,3 +40,36 @@ def test_a_backfill_request_of_chosen_pairs_goes_to_the_backfill_daemon_and_is_l
         assert backfills_in_flight(instance, "dyna/drift") == []
         assert instance.get_backfill("drift-1").status in FINISHED
         assert BulkActionStatus.REQUESTED not in FINISHED and len(FINISHED) == 5
+
+
+def test_a_partitions_check_history_holds_its_own_evaluations_newest_first():
+    key = AssetCheckKey(MCAP, "versions_current")
+
+    @op(config_schema={"results": [{"partition": str, "passed": bool}]})
+    def report(context):
+        for r in context.op_config["results"]:
+            context.log_event(AssetCheckEvaluation(asset_key=MCAP, check_name=key.name, **r))
+
+    @job
+    def reporting():
+        report()
+
+    def run(*results):
+        config = {"ops": {"report": {"config": {"results": [{"partition": p, "passed": ok} for p, ok in results]}}}}
+        assert reporting.execute_in_process(run_config=config, instance=instance).success
+
+    with DagsterInstance.ephemeral() as instance:
+        instance.add_dynamic_partitions("ingest_partitions", ["p1", "p2"])
+        run(("p1", False), ("p2", False))  # one run reports several partitions
+        run(("p1", True))
+        assert [e.passed for e in check_history(instance, key, "p1")] == [True, False]
+        assert [(e.partition, e.passed) for e in check_history(instance, key, "p2")] == [("p2", False)]
+        assert check_history(instance, key, "p3") == []
+        # why a run reports them, not the sensor itself: Dagster 1.13 keeps one runless evaluation per partition
+        instance.report_runless_asset_event(
+            AssetCheckEvaluation(asset_key=MCAP, check_name=key.name, passed=True, partition="p2")
+        )
+        with pytest.raises(Exception, match="UNIQUE|unique"):
+            instance.report_runless_asset_event(
+                AssetCheckEvaluation(asset_key=MCAP, check_name=key.name, passed=True, partition="p2")
+            )

@@ -11,16 +11,19 @@ from pathlib import Path
 import pytest
 from dagster import (
     AddDynamicPartitionsRequest,
-    AssetCheckEvaluation,
+    AssetCheckKey,
     AssetKey,
     DagsterInstance,
     DeleteDynamicPartitionsRequest,
+    FloatMetadataValue,
+    IntMetadataValue,
+    MarkdownMetadataValue,
     TableMetadataValue,
     build_sensor_context,
     materialize,
 )
 
-from dyna_assets.dagster_private import record_backfill
+from dyna_assets.dagster_private import check_history, record_backfill
 from dyna_assets.definitions import defs
 from dyna_assets.deployment import embedded_ray
 from dyna_assets.ingest.sensors import landing_sensor, version_drift_sensor
@@ -146,18 +149,28 @@ def test_batch_partition_materializes_with_metadata_checks_and_quarantine(home, 
         assert result.success
         m = md(result, "mcap_episodes", batch)
         assert m["episodes"] == 4 and m["quarantined"] == 1 and m["this_run_processed"] == 4
-        assert 0 < m["compression_ratio"] < 1 and m["bytes_out"] < m["bytes_in"] and m["hours"] > 0
+        assert 0 < m["compression_ratio"] < 1 and 0 < m["mcap_GB"] < m["source_GB"] and m["hours"] > 0
+        # typed as a person reads them and the Plots tab graphs them: sizes in GB, floats to 4 digits
+        (mat,) = [x for x in result.asset_materializations_for_node("mcap_episodes") if x.partition == batch]
+        floats = ("source_GB", "mcap_GB", "hours", "compression_ratio", "this_run_cpu_s", "this_run_codec_cpu_s")
+        for key in (*floats, "this_run_staging_swept_GB"):
+            assert isinstance(mat.metadata[key], FloatMetadataValue), key
+            assert mat.metadata[key].value == float(f"{mat.metadata[key].value:.4g}"), key
+        assert isinstance(mat.metadata["episodes"], IntMetadataValue) and not any("bytes" in k for k in mat.metadata)
         assert m["dyna/pipeline_version"] == versions.PIPELINE_VERSION
         assert m["quarantined_reasons"][0]["path"] == "2026-11-29/ep-trunc.h5"
         assert m["quarantined_reasons"][0]["gate"] == "readable"
         # every episode of the partition in one table: findable from the UI, with the command that opens it
-        (mat,) = [x for x in result.asset_materializations_for_node("mcap_episodes") if x.partition == batch]
         table = mat.metadata["episodes_table"]
         assert isinstance(table, TableMetadataValue)
+        types = {c.name: c.type for c in table.schema.columns}
+        assert types["duration_s"] == types["mcap_MB"] == "float" and types["episode_id"] == "string"
+        assert list(types)[-1] == "open"
         rows = {r.data["episode_id"]: r.data for r in table.records}
         registry = res["ingest"].stores().registry
         assert set(rows) == {e["episode_id"] for e in registry.partition_episodes(batch)}
         done = [r for r in rows.values() if r["status"] == "transcoded"]
+        assert all(isinstance(r["mcap_MB"], float) and r["mcap_MB"] > 0 and r["duration_s"] > 0 for r in done)
         assert len(done) == 4 and all(r["open"].startswith("rerun ") and r["open"].endswith(".mcap") for r in done)
         assert all(
             r["versions"] == f"schema {versions.SCHEMA_VERSION} / pipeline {versions.PIPELINE_VERSION}" for r in done
@@ -201,12 +214,19 @@ def test_batch_partition_materializes_with_metadata_checks_and_quarantine(home, 
         assert readable.description.startswith(f"{batch}: 1 of 5 episodes failed (quarantine); ")
         raw = md(result, "raw_episodes", batch)
         assert (raw["episodes"], raw["quarantined"], raw["files"]) == (4, 1, 5)
-        assert raw["gates"]["readable"] == {"evaluated": 5, "failed": 1} and raw["bytes_in"] > 0
+        assert raw["gates"]["readable"] == {"evaluated": 5, "failed": 1} and raw["source_GB"] > 0
         assert all(c[("mcap_episodes", g)].passed for g in ("decodable", "frame_counts", "durations"))
         ladders = md(result, "step_ladders", batch)
         assert ladders["segmented_this_run"] == 4 and ladders["not_segmented"] == {}
         assert ladders["ladder_version"] == res["ladders"].config().version
         assert ladders["ladders"].count("data:image/png;base64,") == 2  # pictures=2
+        assert ladders["ladders"].startswith("![ep-")  # the picture first, under its episode id
+        # beside them each pictured episode's ladder as a drawing short enough for the table to show in place
+        (lmat,) = [x for x in result.asset_materializations_for_node("step_ladders") if x.partition == batch]
+        strips = {k: v for k, v in lmat.metadata.items() if k.startswith("ladder ")}
+        assert len(strips) == 2 and all(isinstance(v, MarkdownMetadataValue) for v in strips.values())
+        assert all(v.value.startswith("![") and "(data:image/svg+xml," in v.value for v in strips.values())
+        assert all(len(v.value) < 1000 for v in strips.values())  # Dagster's limit for showing markdown in place
         assert all(r["step_ladder"] for r in res["ingest"].stores().registry.partition_episodes(batch))
         # replay of the partition: nothing redone, no duplicate rows
         reg = res["ingest"].stores().registry
@@ -400,6 +420,9 @@ def test_ranged_run_records_metadata_per_partition(home):
         assert sorted(v["quarantined"] for v in per.values()) == [0, 0, 0, 0, 1]
 
 
+VERSIONS_CURRENT = AssetCheckKey(AssetKey("mcap_episodes"), "versions_current")
+
+
 def test_drift_sensor_backfills_exactly_the_stale_partitions_once(home, monkeypatch):
     # units in this process: the version is bumped by monkeypatching it here, which a Ray worker would not see
     # (tests/dyna_assets/test_deploy_drift.py bumps it in the code and runs the backfill on Ray under the daemon)
@@ -418,30 +441,36 @@ def test_drift_sensor_backfills_exactly_the_stale_partitions_once(home, monkeypa
                 return version_drift_sensor(ctx), ctx.cursor
 
         def version_check(cursor):
-            """What the version check sensor reports, through Dagster's own evaluation: {partition: passed}."""
+            """What the version check sensor asks (through Dagster's own evaluation), and the run it asks for
+            executed: {partition: latest versions_current passed} of the partitions it reported, the cursor."""
             with build_sensor_context(
                 instance=instance, cursor=cursor, definitions=defs, resources=for_sensor(version_check_sensor, res)
             ) as ctx:
                 data = version_check_sensor.evaluate_tick(ctx)
-            evaluations = [e for e in data.asset_events if isinstance(e, AssetCheckEvaluation)]
-            assert all(e.check_name == "versions_current" for e in evaluations)
-            return {e.partition: e.passed for e in evaluations}, data.cursor, evaluations
+            if not data.run_requests:
+                return {}, data.cursor
+            (request,) = data.run_requests
+            keys = request.run_config["ops"]["report_versions"]["config"]["partitions"]
+            job = defs.get_job_def("report_version_checks")
+            assert job.execute_in_process(run_config=request.run_config, instance=instance, resources=res).success
+            return {k: check_history(instance, VERSIONS_CURRENT, k)[0].passed for k in keys}, data.cursor
 
         assert "current versions" in drift()[0].skip_message
         reg = res["ingest"].stores().registry
         old_with_episodes = [k for k in old if reg.partition_episodes(k)]
-        reported, checked, _ = version_check(None)
+        reported, checked = version_check(None)
         assert reported == dict.fromkeys(old_with_episodes, True)
         monkeypatch.setattr(versions, "PIPELINE_VERSION", "9.9-test")
         for k in keys[3:]:  # batches ingested after the change are not stale
             materialize(ASSETS, instance=instance, partition_key=k, resources=res, raise_on_error=False)
         new_with_episodes = [k for k in keys[3:] if reg.partition_episodes(k)]
         # the deploy outdates the old partitions: their check fails, the new ones' passes, each named
-        reported, checked, evaluations = version_check(checked)
+        reported, checked = version_check(checked)
         assert reported == dict.fromkeys(old_with_episodes, False) | dict.fromkeys(new_with_episodes, True)
-        failed = next(e for e in evaluations if not e.passed)
+        failed = check_history(instance, VERSIONS_CURRENT, old_with_episodes[0])[0]
         assert failed.metadata["stale_episodes"].value == 1 and failed.severity.value == "WARN"
-        assert failed.description.startswith(f"{failed.partition}: 1 of 1 episodes at older versions")
+        assert failed.description.startswith(f"{old_with_episodes[0]}: 1 of 1 episodes at older versions")
+        assert [e.passed for e in check_history(instance, VERSIONS_CURRENT, old_with_episodes[0])] == [False, True]
         assert version_check(checked)[0] == {}  # nothing changed, nothing reported
         req, cursor = drift()
         stale_with_episodes = [k for k in old if res["ingest"].stores().registry.partition_episodes(k)]
@@ -612,7 +641,9 @@ def test_warehouse_follows_the_registry_and_its_sensor_fires_only_when_changes_a
         c = md(warmed, "cache_sets", "first-two")
         assert c["files"] == 2 and c["segments"] == t.num_rows and c["errors"] == {}
         assert c["fetched_pages"] == c["pages"] > 0 and c["already_warm_pages"] == 0
-        assert 0 < c["working_set_bytes"] <= c["page_bytes"] == c["fetched_bytes"]
+        assert 0 < c["working_set_GB"] <= c["pages_GB"] == c["fetched_GB"]
+        typed = warmed.asset_materializations_for_node("cache_sets")[0].metadata
+        assert all(isinstance(typed[k], FloatMetadataValue) for k in ("working_set_GB", "fetched_MBps", "seconds"))
         assert all(e.passed for e in warmed.get_asset_check_evaluations())
         said = [e.user_message for e in instance.all_logs(warmed.run_id) if "prewarm first-two:" in e.user_message]
         assert said[0].startswith(f"prewarm first-two: 0/{c['pages']} pages")  # progress in the run log
