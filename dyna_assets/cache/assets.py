@@ -13,6 +13,7 @@ from dagster import (
     asset,
 )
 
+from dyna_resources.figures import gigabytes, rounded
 from dyna_resources.resources import CacheResource, HomeResource, ReplicaResource
 from dyna_resources.storage.prewarm import prewarm_manifest
 from dyna_resources.storage.replicate import replicate
@@ -80,7 +81,7 @@ def cache_sets(context: AssetExecutionContext, home: HomeResource, cache: CacheR
             "manifest_sha256": manifest_sha,
             "groups": MetadataValue.json(list(read_set.groups)),
             **prewarmed.as_metadata(),
-            "dataset_bytes_cached": usage.get(name, 0),
+            "dataset_cached_GB": gigabytes(usage.get(name, 0)),
             "errors": MetadataValue.json(prewarmed.errors),
         },
         check_results=[
@@ -115,8 +116,8 @@ def mcap_replica(context: AssetExecutionContext, home: HomeResource, replica: Re
             "files": len(uris),
             "copied": len(report.copied),
             "skipped_current": len(report.skipped),
-            "bytes_copied": report.bytes_copied,
-            "seconds": round(report.seconds, 3),
+            "copied_GB": gigabytes(report.bytes_copied),
+            "seconds": rounded(report.seconds),
             "failed": MetadataValue.json(report.failed),
         },
         check_results=[AssetCheckResult(passed=not report.failed, metadata={"failed": len(report.failed)})],

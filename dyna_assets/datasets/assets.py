@@ -15,11 +15,19 @@ No ``from __future__ import annotations`` here: Dagster reads the context annota
 from dagster import AssetExecutionContext, DataVersion, Failure, MaterializeResult, MetadataValue, asset
 
 from dyna_resources.catalog.datasets import DatasetDeclaration, DatasetError, publish_manifest
+from dyna_resources.figures import rounded
 from dyna_resources.resources import HomeResource
 
 from .. import k8s
 from ..curation.assets import per_spec
 from ..partitions import partition_key
+
+
+def _typed(v):
+    """Dicts and lists as JSON, floats (``segment_hours``) to four significant digits, the rest as it is."""
+    if isinstance(v, (dict, list)):
+        return MetadataValue.json(v)
+    return rounded(v) if isinstance(v, float) else v
 
 
 @asset(
@@ -43,7 +51,7 @@ def datasets(context: AssetExecutionContext, home: HomeResource):
     except DatasetError as e:
         raise Failure(str(e)) from None
     md = done.as_metadata()
-    metadata = {k: MetadataValue.json(v) if isinstance(v, (dict, list)) else v for k, v in md.items()}
+    metadata = {k: _typed(v) for k, v in md.items()}
     metadata["arrow"] = MetadataValue.path(md["arrow"])
     if "diff_summary" in md:
         metadata["diff_summary"] = MetadataValue.md(md["diff_summary"])

@@ -26,6 +26,7 @@ from dagster_ray import RayResource
 
 from dyna_resources import versions
 from dyna_resources.catalog.episode_view import EpisodeView, batch_episode_views
+from dyna_resources.figures import gigabytes, megabytes, rounded
 from dyna_resources.ingest.batch_summary import BatchSummary, batch_summary
 from dyna_resources.ingest.gates import POST_GATES, PRE_GATES
 from dyna_resources.ingest.partitions import PartitionReport, UnitJob, ingest_partition
@@ -48,16 +49,17 @@ BACKFILL = BackfillPolicy.multi_run(max_partitions_per_run=16)
 
 
 def _partition_metadata(summary: BatchSummary, report: PartitionReport) -> dict:
-    """Everything shown for one partition; set per partition, so a ranged run shows each its own."""
+    """Everything shown for one partition; set per partition, so a ranged run shows each its own. Sizes in
+    GB and floats to four significant digits (``dyna_resources.figures``): read at a glance, graphed."""
     rep = report.combined
     return {
         **summary.as_metadata(),
         "this_run_processed": len(rep.processed),
         "this_run_skipped_up_to_date": len(rep.skipped),
-        "this_run_cpu_s": round(rep.cpu_s, 2),
+        "this_run_cpu_s": rounded(rep.cpu_s),
         "this_run_staging_swept_files": rep.staging_swept[0],  # raw files killed workers left staged
-        "this_run_staging_swept_bytes": rep.staging_swept[1],
-        "this_run_codec_cpu_s": round(rep.codec_cpu_s, 2),
+        "this_run_staging_swept_GB": gigabytes(rep.staging_swept[1]),
+        "this_run_codec_cpu_s": rounded(rep.codec_cpu_s),
         "this_run_failed_units": MetadataValue.json(report.failed_units),
         "gates": MetadataValue.json({g: {"evaluated": t.evaluated, "failed": t.failed} for g, t in rep.gates.items()}),
         **version_tags(),
@@ -68,12 +70,18 @@ EPISODES_SHOWN = 500  # rows of a partition's episodes table; `dyna episode ID` 
 
 
 def _episodes_table(views: list[EpisodeView]) -> TableMetadataValue:
-    """One row per episode of the partition: status, verdicts, versions, failed step, how to open it."""
-    rows = [v.as_row() for v in views[:EPISODES_SHOWN]]
-    columns = list(rows[0]) if rows else ["episode_id"]
-    return MetadataValue.table(
-        [TableRecord(r) for r in rows], schema=TableSchema([TableColumn(c, "string") for c in columns])
-    )
+    """One row per episode of the partition: status, verdicts, versions, failed step, its length and MCAP
+    size (typed columns: ``float``, in the unit the name says), how to open it."""
+    rows = []
+    for v in views[:EPISODES_SHOWN]:
+        row = v.as_row()
+        opens = row.pop("open")  # the command last, after the figures
+        row["duration_s"] = rounded(v.duration_s) if v.duration_s is not None else None
+        row["mcap_MB"] = megabytes(v.mcap_bytes) if v.mcap_bytes is not None else None
+        rows.append({**row, "open": opens})
+    names = list(rows[0]) if rows else ["episode_id"]
+    columns = [TableColumn(c, "float" if c in ("duration_s", "mcap_MB") else "string") for c in names]
+    return MetadataValue.table([TableRecord(r) for r in rows], schema=TableSchema(columns))
 
 
 def _summary(registry, partition: str, stage: str = "post") -> BatchSummary:

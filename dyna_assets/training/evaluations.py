@@ -24,6 +24,7 @@ from dagster import (
     asset,
 )
 
+from dyna_resources.figures import gigabytes, rounded
 from dyna_resources.keys import UnsafeKeyError, check_key
 from dyna_resources.resources import CacheResource, HomeResource, TrainerResource
 
@@ -55,6 +56,14 @@ def _latest_metadata(context: AssetExecutionContext, key: str, limit: int = 1) -
         limit=limit,
     ).records
     return [{k: getattr(v, "value", v) for k, v in r.asset_materialization.metadata.items()} for r in records]
+
+
+def _typed(v):
+    """Dicts and lists as JSON (``metrics`` keeps every digit), the top-level floats (``action_mse``) to four
+    significant digits for reading and the Plots tab, the rest as it is."""
+    if isinstance(v, (dict, list)):
+        return MetadataValue.json(v)
+    return rounded(v) if isinstance(v, float) else v
 
 
 def _run_dir(trainer: TrainerResource, home: HomeResource, cache: CacheResource, spec: str) -> Path:
@@ -108,7 +117,7 @@ def evaluations(
     )
     md = result.as_metadata()
     table = comparison_table(md, _latest_metadata(context, "evaluations", HISTORY))
-    out = {k: MetadataValue.json(v) if isinstance(v, (dict, list)) else v for k, v in md.items()}
+    out = {k: _typed(v) for k, v in md.items()}
     out["result_path"] = MetadataValue.path(result.path)
     out["comparison"] = MetadataValue.md(table)
     return MaterializeResult(metadata=out, data_version=DataVersion(result.version))
@@ -144,7 +153,7 @@ def released_models(
     md = {
         "url": MetadataValue.url(rel.url) if "://" in rel.url and not rel.url.startswith("file://") else rel.url,
         "sha256": rel.sha256,
-        "size": rel.size,
+        "size_GB": gigabytes(rel.size),
         "already_released": rel.already_released,
         "checkpoint": MetadataValue.json(side["source"]),
         "checkpoint_step": side["source"]["step"],

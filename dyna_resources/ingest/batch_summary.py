@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..catalog.registry import REJECTED, TRANSCODED, Registry
+from ..figures import gigabytes, rounded
 
 QUARANTINE_REASONS_SHOWN = 100  # the first ones, in the registry's order; the count says how many in all
 
@@ -30,10 +31,13 @@ class BatchSummary:
     schema_versions: dict[str, int] = field(default_factory=dict)
 
     def as_metadata(self) -> dict[str, Any]:
-        """Plain values; Dagster shows the dicts and lists as JSON."""
+        """Plain values as a person reads them (:mod:`dyna_resources.figures`): sizes in GB (``source_GB``,
+        ``mcap_GB``), floats to four significant digits; Dagster shows the dicts and lists as JSON."""
         d = asdict(self)
-        del d["schema_versions"]
-        return d
+        for k in ("schema_versions", "bytes_in", "bytes_out"):
+            del d[k]
+        d.update(hours=rounded(self.hours), compression_ratio=rounded(self.compression_ratio))
+        return {**d, "source_GB": gigabytes(self.bytes_in), "mcap_GB": gigabytes(self.bytes_out)}
 
 
 def batch_summary(batch_key: str | Sequence[str], registry: Registry, stage: str = "post") -> BatchSummary:

@@ -29,6 +29,7 @@ from ..episodes.errors import McapFormatError
 from ..episodes.mcap_reader import EpisodeReader
 from ..episodes.read_profile import TOPIC_GROUPS, ReadProfile
 from ..episodes.topics import camera_topic, is_camera_topic, is_training_camera_topic, parse_training_camera_topic
+from ..figures import gigabytes, rounded
 from .cache_fs import CachedFileSystem
 from .page_cache import PageCache
 from .stores import ObjectInfo, StoreUnavailableError, redact
@@ -107,18 +108,19 @@ class PrewarmReport:
         return self.fetched_bytes / 1e6 / self.seconds if self.seconds > 0 else 0.0
 
     def as_metadata(self) -> dict:
-        """The figures a cache set's materialization shows, by the names its metadata has always used."""
+        """The figures a cache set's materialization shows: sizes in GB, floats to four significant digits
+        (:mod:`dyna_resources.figures`)."""
         return {
             "files": self.files,
             "segments": self.segments,
-            "working_set_bytes": self.ranges_bytes,
+            "working_set_GB": gigabytes(self.ranges_bytes),
             "pages": self.pages,
-            "page_bytes": self.bytes,
+            "pages_GB": gigabytes(self.bytes),
             "fetched_pages": self.fetched_pages,
-            "fetched_bytes": self.fetched_bytes,
+            "fetched_GB": gigabytes(self.fetched_bytes),
             "already_warm_pages": self.warm_pages,
-            "seconds": round(self.seconds, 3),
-            "fetched_MBps": round(self.fetched_MBps, 1),
+            "seconds": rounded(self.seconds),
+            "fetched_MBps": rounded(self.fetched_MBps),
             "errors": dict(self.errors),
         }
 

@@ -5,7 +5,7 @@ fails the run with its address."""
 import socket
 
 import pyarrow as pa
-from dagster import DagsterInstance, materialize
+from dagster import DagsterInstance, FloatMetadataValue, materialize
 
 from dyna_assets.definitions import defs
 from dyna_assets.deployment import embedded_resources
@@ -49,6 +49,10 @@ def test_missing_mcap_fails_the_complete_check_not_the_run(tmp_path):
         assert check.check_name == "complete" and not check.passed
         (m,) = result.asset_materializations_for_node("cache_sets")
         assert "gone.mcap" in str(m.metadata["errors"].value) and m.metadata["files"].value == 0
+        # sizes in GB, as floats the Plots tab graphs; no raw byte counts
+        for key in ("working_set_GB", "pages_GB", "fetched_GB", "dataset_cached_GB", "seconds", "fetched_MBps"):
+            assert isinstance(m.metadata[key], FloatMetadataValue), key
+        assert not any("bytes" in k for k in m.metadata)
 
 
 def test_unreachable_alluxio_cluster_fails_the_prewarm_naming_it(tmp_path):

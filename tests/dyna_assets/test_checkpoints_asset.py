@@ -5,7 +5,7 @@ import base64
 import json
 from pathlib import Path
 
-from dagster import DagsterInstance, MarkdownMetadataValue, materialize
+from dagster import DagsterInstance, FloatMetadataValue, MarkdownMetadataValue, materialize
 
 from dyna_assets.definitions import defs
 from dyna_resources.catalog.manifest import write_manifest
@@ -39,6 +39,13 @@ def test_checkpoints_asset_trains_through_pipes_and_records_lineage(tmp_path, mc
         prefix = "![loss and data wait by step](data:image/png;base64,"
         assert md["curves"].startswith(prefix)
         assert base64.b64decode(md["curves"][len(prefix) : -1])[:8] == b"\x89PNG\r\n\x1a\n"
+        # the PNG is over the 1,000 characters Dagster shows in place; the loss line beside it is not
+        assert isinstance(m.metadata["loss"], MarkdownMetadataValue) and len(md["loss"]) < 1000
+        assert md["loss"].startswith("![loss from ") and "(data:image/svg+xml,%3Csvg" in md["loss"]
+        # the trainer's floats rounded for reading, still numbers the Plots tab graphs
+        for key in ("loss_first", "loss_last", "samples_per_s", "checkpoint_write_s"):
+            assert isinstance(m.metadata[key], FloatMetadataValue), key
+            assert md[key] == float(f"{md[key]:.4g}"), key
         lineage = md["lineage"]
         assert lineage["curation_spec"] == "spec-t" and len(lineage["manifest_sha256"]) == 64
         assert lineage["pipeline_version"] and lineage["code_commit"]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from dagster import DagsterInstance, materialize
+from dagster import DagsterInstance, FloatMetadataValue, materialize
 
 from dyna_assets.datasets.assets import datasets
 from dyna_resources.catalog.datasets import DatasetRegistry, ManifestIntegrityError
@@ -61,6 +61,8 @@ def test_publish_versions_diff_and_immutability(home):
         assert m.metadata["dataset"].value == "mix@1.0.0" and m.metadata["sha256"].value == v1.sha256
         assert m.metadata["rows"].value == 2 and m.metadata["episodes"].value == 2
         assert "diff" not in m.metadata
+        hours = m.metadata["segment_hours"]  # a float for the Plots tab, rounded for reading
+        assert isinstance(hours, FloatMetadataValue) and hours.value == float(f"{hours.value:.4g}") > 0
 
         v2 = write(home, [("e2", "fold", 2), ("e3", "pick", 0.5)])
         declare(home, "1.1.0")

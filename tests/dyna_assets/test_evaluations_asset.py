@@ -5,7 +5,7 @@ compared in a table; a release is published once, with the same lineage."""
 import json
 from pathlib import Path
 
-from dagster import DagsterInstance, materialize
+from dagster import DagsterInstance, FloatMetadataValue, materialize
 
 from dyna_assets.definitions import defs
 from dyna_assets.training.evaluations import evaluations, released_models
@@ -52,6 +52,13 @@ def test_evaluations_and_releases_trace_to_dataset_and_code(tmp_path, mcap_fleet
                 [evaluations, released_models], instance=instance, partition_key="spec-e", resources=deployed(steps)
             )
             assert r.success
+            # typed for reading and the Plots tab: the error to four significant digits, the weights in GB
+            (ev_m,) = r.asset_materializations_for_node("evaluations")
+            (rel_m,) = r.asset_materializations_for_node("released_models")
+            assert isinstance(ev_m.metadata["action_mse"], FloatMetadataValue)
+            assert ev_m.metadata["action_mse"].value == float(f"{ev_m.metadata['action_mse'].value:.4g}")
+            assert isinstance(rel_m.metadata["size_GB"], FloatMetadataValue) and rel_m.metadata["size_GB"].value > 0
+            assert "size" not in rel_m.metadata
             return _md(r, "evaluations"), _md(r, "released_models")
 
         ck = train(4)
