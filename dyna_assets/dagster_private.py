@@ -14,6 +14,9 @@ What the public API lacks:
 - One partition's history of an asset check (``versions_current``, reported per partition by a
   sensor): the instance's public ``get_latest_asset_check_evaluation_record`` has no partition; the
   event log storage's history takes a ``PartitionKeyFilter``, not exported.
+- Whether a partition is stale, and why (the UI's "Unsynced"): ``CachingStaleStatusResolver`` is
+  what the webserver uses, not exported; tests ask it that a checkpoint trained on a manifest goes
+  stale when the manifest gets a new DataVersion.
 
 ``tests/dyna_assets/test_dagster_private.py`` exercises every name here on a real instance, so an
 upgrade that moves or changes one fails there, by name, before any sensor does.
@@ -35,6 +38,7 @@ __all__ = [
     "check_history",
     "record_backfill",
     "requested_partitions",
+    "stale_status",
 ]
 
 FINISHED = frozenset(
@@ -99,3 +103,16 @@ def check_history(instance: DagsterInstance, key: AssetCheckKey, partition: str,
         if isinstance(data, AssetCheckEvaluation):
             out.append(data)
     return out
+
+
+def stale_status(instance: DagsterInstance, assets: list, key: AssetKey, partition: str | None) -> tuple[str, list]:
+    """The partition's stale status (``FRESH``, ``STALE``, ``MISSING``) in the graph of ``assets`` and its root
+    causes, each (asset key, partition, reason)."""
+    from dagster._utils.test.data_versions import get_stale_status_resolver  # a test helper: only tests ask
+
+    resolver = get_stale_status_resolver(instance, assets)
+    causes = [
+        (c.dependency.asset_key if c.dependency else c.key.asset_key, c.key.partition_key, c.reason)
+        for c in resolver.get_stale_root_causes(key, partition)
+    ]
+    return resolver.get_status(key, partition).value, causes

@@ -12,6 +12,7 @@ from dyna_assets.dagster_private import (
     check_history,
     record_backfill,
     requested_partitions,
+    stale_status,
 )
 from dyna_assets.definitions import defs
 
@@ -73,3 +74,30 @@ def test_a_partitions_check_history_holds_its_own_evaluations_newest_first():
             instance.report_runless_asset_event(
                 AssetCheckEvaluation(asset_key=MCAP, check_name=key.name, passed=True, partition="p2")
             )
+
+
+def test_a_partition_downstream_of_a_new_data_version_is_stale_and_names_its_cause():
+    from dagster import DataVersion, DynamicPartitionsDefinition, Output, asset, materialize
+
+    specs = DynamicPartitionsDefinition(name="specs")
+    version = {"now": "a"}
+
+    @asset(partitions_def=specs)
+    def manifest():
+        return Output(None, data_version=DataVersion(version["now"]))
+
+    @asset(partitions_def=specs, deps=[manifest])
+    def model():
+        return None
+
+    with DagsterInstance.ephemeral() as instance:
+        instance.add_dynamic_partitions("specs", ["s1"])
+        assert stale_status(instance, [manifest, model], model.key, "s1")[0] == "MISSING"
+        materialize([manifest, model], instance=instance, partition_key="s1")
+        assert stale_status(instance, [manifest, model], model.key, "s1") == ("FRESH", [])
+        materialize([manifest], instance=instance, partition_key="s1")  # the same content: nothing is stale
+        assert stale_status(instance, [manifest, model], model.key, "s1") == ("FRESH", [])
+        version["now"] = "b"
+        materialize([manifest], instance=instance, partition_key="s1")
+        status, causes = stale_status(instance, [manifest, model], model.key, "s1")
+        assert status == "STALE" and [(k, p) for k, p, _ in causes] == [(manifest.key, "s1")], causes
