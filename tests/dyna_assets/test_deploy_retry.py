@@ -4,8 +4,11 @@ its retry number and its parent).
 
 The run: the curation sensor's build of a spec's manifest while the warehouse does not exist yet (DuckDB
 cannot open a database that is not there, read-only). It fails the same way twice; nothing launches a
-third run.
+third run. Beside it, the request types no other daemon test covers: the landing sensor's new ingest
+partition and its run, and the curation sensor's removal of a deleted spec's partition.
 """
+
+import shutil
 
 from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, RunsFilter
 
@@ -25,8 +28,10 @@ def _step_failures(instance: DagsterInstance, run_id: str) -> list[str]:
     ]
 
 
-def test_a_failed_sensor_run_is_retried_once_by_the_daemon_then_left_failed(tmp_path, monkeypatch):
+def test_a_failed_sensor_run_is_retried_once_by_the_daemon_then_left_failed(tmp_path, monkeypatch, episode_factory):
     dyna_home, dagster_home = tmp_path / "dyna", tmp_path / "dagster_home"
+    (dyna_home / "landing" / "2026-12-06").mkdir(parents=True)
+    shutil.copyfile(episode_factory(episode_id="ep-landed").path, dyna_home / "landing" / "2026-12-06" / "ep-landed.h5")
     (dyna_home / "curation").mkdir(parents=True)
     (dyna_home / "curation" / f"{SPEC}.yaml").write_text(SAMPLE_SPEC.replace("name: demo-clean", f"name: {SPEC}"))
     write_instance_config(dagster_home)  # the project's instance config, as is: run retries on
@@ -34,7 +39,8 @@ def test_a_failed_sensor_run_is_retried_once_by_the_daemon_then_left_failed(tmp_
     monkeypatch.setenv("DAGSTER_HOME", env["DAGSTER_HOME"])
     services = Services(tmp_path, env)
     try:
-        services.cli("sensor", "start", "curation_spec_sensor", "-w", "workspace.yaml")
+        for name in ("curation_spec_sensor", "landing_sensor"):
+            services.cli("sensor", "start", name, "-w", "workspace.yaml")
         services.start_daemon()
         with DagsterInstance.get() as instance:
 
@@ -65,6 +71,25 @@ def test_a_failed_sensor_run_is_retried_once_by_the_daemon_then_left_failed(tmp_
                 (message,) = _step_failures(instance, run.run_id)
                 assert "warehouse.duckdb" in message, message
             assert len(runs()) == 2  # the failed spec's run key is spent: no tick launches it again
+
+            # the spec deleted: its partition goes, by the daemon's handling of the sensor's delete request
+            (dyna_home / "curation" / f"{SPEC}.yaml").unlink()
+            wait_for(
+                "the deleted spec's partition removed",
+                lambda: SPEC not in instance.get_dynamic_partitions("curation_specs"),
+                deadline_s=120,
+                check=services.check_alive,
+                state=lambda: instance.get_dynamic_partitions("curation_specs"),
+            )
+            # the landed file: a new ingest partition and its run, both from the landing sensor's tick
+            (landed,) = wait_for(
+                "the landing sensor's ingest run",
+                lambda: instance.get_runs(RunsFilter(tags={"dyna/trigger": "landing"})),
+                deadline_s=240,
+                check=services.check_alive,
+            )
+            assert landed.tags["dagster/sensor_name"] == "landing_sensor"
+            assert instance.get_dynamic_partitions("ingest_partitions") == [landed.tags["dagster/partition"]]
     except BaseException:
         print(services.diagnostics())
         raise
