@@ -101,6 +101,28 @@ def test_eviction_keeps_usage_under_capacity_and_drops_least_recently_used(tmp_p
         assert cache.stats.evicted_pages >= 3
 
 
+def test_a_replaced_versions_pages_are_never_served_and_are_evicted_first(tmp_path):
+    """A batch re-transcoded at a new pipeline version rewrites its MCAPs in place: the manifest's cache set
+    is warmed again, the new version gets new keys, and the old version's pages, read by no one any more,
+    are the least recently used: they go before any page still in use."""
+    origin = tmp_path / "o"
+    write(origin / "ep", 2 * PAGE, seed=3)
+    other = write(origin / "kept", 2 * PAGE)
+    with PageCache(small_config(tmp_path / "c", capacity=4 * PAGE)) as cache:
+        assert cache.warm(url(origin / "ep"), 0, 2 * PAGE, dataset="spec")[0] == 2
+        cache.warm(url(origin / "kept"), 0, 2 * PAGE, dataset="spec")
+        cache.read(url(origin / "kept"), 0, 2 * PAGE)  # still read by training: more recent than ep's old pages
+        cache.flush()
+        time.sleep(0.01)  # a new mtime: the file origin's version is (size, mtime_ns)
+        new = write(origin / "ep", 2 * PAGE, seed=5)
+        assert cache.warm(url(origin / "ep"), 0, 2 * PAGE, dataset="spec")[0] == 2  # the new version fetched
+        assert cache.page_count() == 4 and sum(cache.usage().values()) == 4 * PAGE
+        before = cache.stats.origin_bytes
+        assert bytes(cache.read(url(origin / "ep"), 0, 2 * PAGE)) == new
+        assert bytes(cache.read(url(origin / "kept"), 0, 2 * PAGE)) == other
+        assert cache.stats.origin_bytes == before and cache.stats.evicted_pages == 2  # the old version's two
+
+
 def test_quota_per_dataset(tmp_path):
     origin = tmp_path / "o"
     data = write(origin / "a", 8 * PAGE)
