@@ -5,8 +5,17 @@ import base64
 import json
 from pathlib import Path
 
-from dagster import DagsterInstance, FloatMetadataValue, MarkdownMetadataValue, materialize
+from dagster import (
+    AssetKey,
+    AssetMaterialization,
+    DagsterInstance,
+    FloatMetadataValue,
+    MarkdownMetadataValue,
+    materialize,
+)
 
+from dyna_assets.cache.sensors import DATA_VERSION_TAG
+from dyna_assets.dagster_private import stale_status
 from dyna_assets.definitions import defs
 from dyna_resources.catalog.manifest import write_manifest
 from dyna_resources.resources import CacheResource, HomeResource, TrainerResource
@@ -25,6 +34,14 @@ def test_checkpoints_asset_trains_through_pipes_and_records_lineage(tmp_path, mc
     }
     with DagsterInstance.ephemeral() as instance:
         instance.add_dynamic_partitions("curation_specs", ["spec-t"])
+
+        def upstream(name, version):  # what a manifests / cache_sets build records (built by hand here)
+            instance.report_runless_asset_event(
+                AssetMaterialization(name, partition="spec-t", tags={DATA_VERSION_TAG: version})
+            )
+
+        upstream("manifests", "manifest-v1")
+        upstream("cache_sets", "warm-v1")
         result = materialize(
             [defs.get_assets_def("checkpoints")], instance=instance, partition_key="spec-t", resources=res
         )
@@ -56,6 +73,12 @@ def test_checkpoints_asset_trains_through_pipes_and_records_lineage(tmp_path, mc
         )
         (m2,) = again.asset_materializations_for_node("checkpoints")
         assert m2.metadata["steps"].value == 6 and m2.metadata["checkpoints_dir"].value == md["checkpoints_dir"]
+        # trained on this manifest: current; a manifest with new content makes the checkpoint stale, naming it
+        graph = [defs.get_assets_def(k) for k in ("manifests", "cache_sets", "checkpoints")]
+        assert stale_status(instance, graph, AssetKey("checkpoints"), "spec-t") == ("FRESH", [])
+        upstream("manifests", "manifest-v2")
+        status, causes = stale_status(instance, graph, AssetKey("checkpoints"), "spec-t")
+        assert status == "STALE" and [(k, p) for k, p, _ in causes] == [(AssetKey("manifests"), "spec-t")], causes
 
 
 def test_an_object_gone_from_the_store_fails_training_by_name_and_torchrun_does_not_read_again(tmp_path, mcap_fleet):
