@@ -41,6 +41,18 @@ ui: $(STAMP)
 	@cp infra/dagster/dagster.yaml $(DAGSTER_HOME)/  # the embedded instance always runs the project's config
 	$(VENV)/bin/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
 
+# Screenshots of the UI for README.md's "Looking at the results" (scripts/screenshots.py, after `make demo`):
+# Debian's chromium (apt, as root, as system-deps does) and playwright in .venv, installed here when missing;
+# neither is a dependency of the project or of `make test`.
+.PHONY: screenshots
+screenshots: $(STAMP)
+	@if ! command -v chromium >/dev/null && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing chromium (headless, for the screenshots) ..."; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; \
+	fi
+	@$(PY) -c "import playwright" 2>/dev/null || $(PY) -m pip install --quiet playwright
+	$(PY) scripts/screenshots.py
+
 bench-storage: $(STAMP)
 	$(PY) -m benchmarks storage
 
