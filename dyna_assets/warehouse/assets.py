@@ -36,7 +36,10 @@ def warehouse_episodes(
         path = str(wh.path)
     context.log.info(f"applied {report.changes} changes ({report.upserts} upserts, {report.deletes} deletes)")
     for name, sel in selected.items():
-        context.log.info(f"curation spec {name}: " + (sel.error or f"selects {sel.episodes} episodes ({sel.digest})"))
+        if sel.error:
+            context.log.warning(f"curation spec {name}: {sel.error}")
+        else:
+            context.log.info(f"curation spec {name}: selects {sel.episodes} episodes ({sel.digest})")
     return MaterializeResult(
         metadata={
             "rows": summary["rows"],

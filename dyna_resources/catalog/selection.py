@@ -18,8 +18,11 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import duckdb
+
 from ..keys import is_safe_key
 from .curation import PASSTHROUGH, CurationSpec, CurationSpecError
+from .warehouse import STEP_COLUMNS
 
 # What each chosen episode contributes to the manifest, besides the spec itself.
 _MANIFEST_INPUTS = ["episode_id", "mcap_uri", "start_ns", "end_ns", "n_steps", "weight", *PASSTHROUGH]
@@ -63,7 +66,7 @@ def selection_of(warehouse, spec: CurationSpec, *, spec_file_digest: str, schema
     chosen, params = spec.chosen()
     used = {k: params[k] for k in re.findall(r"\$(\w+)", chosen)}
     steps = (
-        "(SELECT coalesce(sum(hash(s.*)::HUGEINT), 0) FROM episode_steps s "
+        f"(SELECT coalesce(sum(hash({', '.join(f's.{c}' for c, _ in STEP_COLUMNS)})::HUGEINT), 0) FROM episode_steps s "
         "WHERE s.episode_id IN (SELECT episode_id FROM picked))"
         if spec.step_where is not None
         else "0"
@@ -91,4 +94,6 @@ def selections(warehouse, spec_files: dict[str, Path], *, schema: str, pipeline:
             out[name] = selection_of(warehouse, spec, spec_file_digest=digest, schema=schema, pipeline=pipeline)
         except CurationSpecError as e:
             out[name] = Selection(spec=digest, digest="", error=str(e))
+        except duckdb.Error as e:  # never the sync's failure: its manifest is then rebuilt on spec edits only
+            out[name] = Selection(spec=digest, digest="", error=f"selection query failed: {e}")
     return out
