@@ -17,6 +17,7 @@ from typing import Any
 
 from dagster import DagsterInstance, materialize
 
+from dyna_resources import versions
 from dyna_resources.catalog.datasets import DatasetRef, DatasetRegistry, UnknownDatasetError
 from dyna_resources.catalog.manifest import ManifestFiles
 from dyna_resources.episodes.sim import generate_fleet
@@ -30,7 +31,7 @@ from trainer.summary import RESULT_FILE, TrainSummary
 from trainer.train import TrainConfig
 
 from .definitions import defs
-from .ingest.local import check_mcaps_present, ingest_landed, reprocess_stale
+from .ingest.local import check_mcaps_present, check_versions_current, ingest_landed, reprocess_stale
 
 SAMPLE_SPEC = """\
 # A curation spec: which episodes and segments a training run reads. Edit it, or add files
@@ -123,6 +124,18 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     results += present
+    versions_run = check_versions_current(instance, defs, resources=resources, run_config=quiet)
+    if versions_run is not None:
+        reported = [
+            e.event_specific_data
+            for e in versions_run.all_events
+            if e.event_type_value == "ASSET_CHECK_EVALUATION" and e.event_specific_data is not None
+        ]
+        print(
+            f"versions_current: {sum(r.passed for r in reported)} of {len(reported)} ingest partitions hold only "
+            f"episodes at pipeline {versions.PIPELINE_VERSION}, schema {versions.SCHEMA_VERSION}",
+            flush=True,
+        )
 
     def run(selection: list[str], partition: str | None = None):
         """One run of ``selection`` (Dagster orders its steps by the graph; a failed step skips what is downstream)."""
@@ -259,10 +272,10 @@ def print_ladders(home: DynaHome, ingest: IngestResource, ladders) -> None:
 
 
 def print_cache(partition: str, c: dict, r: dict) -> None:
-    mib = 1 << 20
+    mb = 1000  # the metadata's sizes are in GB
     print(
-        f"cache set {partition}: working set {c['working_set_bytes'] / mib:.1f} MiB of {c['files']} MCAP files in "
-        f"{c['pages']} pages; fetched {c['fetched_pages']} ({c['fetched_bytes'] / mib:.1f} MiB), "
+        f"cache set {partition}: working set {c['working_set_GB'] * mb:.1f} MB of {c['files']} MCAP files in "
+        f"{c['pages']} pages; fetched {c['fetched_pages']} ({c['fetched_GB'] * mb:.1f} MB), "
         f"{c['already_warm_pages']} already warm, {c['seconds']:.2f} s"
     )
     print(
@@ -271,7 +284,7 @@ def print_cache(partition: str, c: dict, r: dict) -> None:
     )
     print(
         f"  second origin {r['replica']}: {r['copied']} copied, {r['skipped_current']} already current, "
-        f"{r['bytes_copied'] / mib:.1f} MiB, each verified by sha256"
+        f"{r['copied_GB'] * mb:.1f} MB, each verified by sha256"
     )
     print("=" * 86)
 
@@ -421,6 +434,9 @@ def print_howto(home: DynaHome, files: list[Path]) -> None:
     print(
         "                backfills only stale partitions after PIPELINE_VERSION changes (dyna_resources/versions.py);"
     )
+    print("                the check mcap_episodes.versions_current marks each stale partition until then;")
+    print("                warehouse_episodes records what each curation spec selects; when that changes the")
+    print("                curation sensor rebuilds the manifest (run tag dyna/trigger: selection-changed);")
     print("                manifests -> cache_sets: the prewarm sensor warms a manifest's pages when its")
     print("                DataVersion changes; mcap_replica copies its files to the second origin;")
     print("                checkpoints trains on it (torchrun through Dagster Pipes, metrics in the run log)")

@@ -131,3 +131,26 @@ def reprocess_stale(
         )
         for key in stale
     ]
+
+
+def check_versions_current(
+    instance: DagsterInstance, defs: Definitions, *, resources: Mapping | None = None, run_config: Mapping | None = None
+):
+    """What the version check sensor launches, run in-process: ``mcap_episodes.versions_current`` recorded
+    for every ingest partition (a fresh cursor: all of them). The run's result, or None when none is known."""
+    from .staleness import version_check_sensor
+
+    given = _resources(defs, resources)
+    with build_sensor_context(
+        instance=instance,
+        definitions=defs,
+        resources={k: given[k] for k in version_check_sensor.required_resource_keys},
+    ) as ctx:
+        data = version_check_sensor.evaluate_tick(ctx)
+    if not data.run_requests:
+        return None
+    (request,) = data.run_requests
+    config = {**(run_config or {}), **(request.run_config or {})}
+    return defs.get_job_def("report_version_checks").execute_in_process(
+        run_config=config, instance=instance, resources=given, tags=request.tags, raise_on_error=False
+    )

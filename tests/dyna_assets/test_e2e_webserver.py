@@ -267,7 +267,7 @@ def test_backfill_launched_through_the_webserver_runs_on_the_daemon(episode_fact
                     assert md["episodes_by_status"] == {"transcoded": n_good}, (a, b, md)
                     assert (md["this_run_processed"], md["this_run_skipped_up_to_date"]) == (n_good, 0), (a, b, md)
                     assert md["pipeline_versions"] == {versions.PIPELINE_VERSION: n_good}, (a, b, md)
-                    assert md["bytes_out"] > 0 and md["hours"] > 0, (a, b, md)
+                    assert md["mcap_GB"] > 0 and md["hours"] > 0, (a, b, md)
 
         # -- asset checks (one per quality gate) --------------------------------------------------
         # The ranged run evaluates each gate once over both batches: one execution per check whose
