@@ -83,6 +83,10 @@ STAGING = ".staging"  # below mcap_dir: raw files copied from an object landing 
 STAGING_MAX_AGE_S = 6 * 3600.0
 
 
+# What a unit's engine tells as it goes: (episodes or files done, of the unit's total, their input bytes).
+EpisodeProgress = Callable[[int, int, int], None]
+
+
 def sweep_staging(mcap_dir: Path, *, max_age_s: float = STAGING_MAX_AGE_S, now: float | None = None) -> tuple[int, int]:
     """Remove staged raw files (and half-staged temporaries) not touched for ``max_age_s``: what killed
     workers left below ``mcap_dir/.staging``. Returns (files, bytes) removed."""
@@ -166,9 +170,11 @@ def inventory_batch(
     log: Callable[[str], None] = lambda m: None,
     *,
     lease: RunLease | None = None,
+    on_episode: EpisodeProgress | None = None,
 ) -> StageReport:
     """Inspect a work unit's files and run the pre gates; record the outcomes at the unit's end.
-    ``lease``: the run's (see catalog/leases.py); once it is gone the unit stops and records nothing."""
+    ``lease``: the run's (see catalog/leases.py); once it is gone the unit stops and records nothing.
+    ``on_episode``: hears (files inspected, of the unit's files, their bytes) before each file and at the end."""
     stores.check()
     files = stores.registry.batch_files(batch_key)
     registered = stores.registry.registered_at([f.path for f in files])
@@ -177,7 +183,11 @@ def inventory_batch(
     raw = stores.raw()
     outcomes = OutcomeBuffer(stores.registry)  # the unit's inventory in one transaction, at its end
     pending: dict[str, str] = {}  # landing key -> the machine fault that left it uninspected
+    inspected_bytes = 0
     for k, f in enumerate(files):
+        if on_episode is not None:
+            on_episode(k, len(files), inspected_bytes)
+        inspected_bytes += f.bytes
         if lease is not None and not lease.alive():
             raise RunEnded(lease.key, batch_key, len(files) - k)
         try:
@@ -223,6 +233,8 @@ def inventory_batch(
             log(f"quarantined {f.path}: {insp.quarantine['gate']}: {insp.quarantine['reason']}")
         rep.processed.append(f.path)
     outcomes.flush()
+    if on_episode is not None:
+        on_episode(len(files), len(files), inspected_bytes)
     rep.cpu_s = time.process_time() - t_cpu
     if pending:
         raise InfrastructureFault(batch_key, pending)
@@ -361,13 +373,15 @@ def transcode_batch(
     log: Callable[[str], None] = lambda m: None,
     mp_context: str | None = None,
     lease: RunLease | None = None,
+    on_episode: EpisodeProgress | None = None,
 ) -> StageReport:
     """Transcode a work unit's stale episodes, each in a process of its own, and record each outcome
     as it finishes. An episode that meets a machine fault is tried again (:mod:`.faults`); one still
     failing for the machine's sake is left pending and, once every other episode is recorded, the
     call raises :class:`InfrastructureFault` naming it. ``lease``: the run's (catalog/leases.py);
     once it is gone, the episodes in flight are killed or stop before publishing, and the call raises
-    :class:`RunEnded` with what finished recorded."""
+    :class:`RunEnded` with what finished recorded. ``on_episode``: hears (episodes done, up-to-date ones
+    included, of the unit's, the source bytes transcoded) at the start and as each comes to its outcome."""
     stores.check()
     settings = settings or TranscodeSettings()
     remove_orphan_temps(stores.mcap_dir)
@@ -402,6 +416,13 @@ def transcode_batch(
     faults: dict[int, list[tuple[str, bool]]] = {}  # job -> its machine faults so far: (reason, a worker death)
     exhausted: list[int] = []
     finished = 0  # episodes that came to an outcome of their own (transcoded or a verdict)
+    finished_bytes = 0
+
+    def progress() -> None:
+        if on_episode is not None:
+            on_episode(len(done) + finished, len(done) + len(todo), finished_bytes)
+
+    progress()
     attempt = list(range(len(jobs)))
     try:
         while attempt:  # a first pass, then rounds of the episodes a machine fault interrupted
@@ -429,7 +450,9 @@ def transcode_batch(
                     machine = out.infrastructure
                     if machine is None:
                         finished += 1
+                        finished_bytes += todo[i]["source_bytes"]
                         _record(outcomes, stores, rep, todo[i], out, slot, log)
+                        progress()
                         continue
                     tries = faults.setdefault(i, [])
                     tries.append((machine, out.worker_died))

@@ -66,6 +66,7 @@ class WorkUnit(Generic[P]):
     :param payload: what the unit function receives (it must pickle).
     :param bytes: input bytes, for progress and MB/s.
     :param episode_s: seconds of episodes it holds, for progress.
+    :param episodes: episodes (or files) it holds, for progress; an estimate its run may correct.
     :param resources: this unit's own request; ``None`` takes the one given to :func:`run_units`.
     """
 
@@ -73,6 +74,7 @@ class WorkUnit(Generic[P]):
     payload: P
     bytes: int = 0
     episode_s: float = 0.0
+    episodes: int = 0
     resources: UnitResources | None = None
 
 
@@ -120,7 +122,9 @@ UnitResult = UnitDone[R] | UnitFailed
 class Progress:
     """Where a call to :func:`run_units` stands. Finished units count whether they succeeded or
     failed (a failed unit is dealt with: its outcome is in the registry), so ``units_done`` ends at
-    ``units_total``."""
+    ``units_total``. ``episodes_done``/``episodes_total`` count the units' episodes (or files): on Ray
+    as units finish; in this process (``partitions.run_in_process``) also as the running unit's
+    episodes finish, with its bytes, so a long unit's rate and ETA move before it ends."""
 
     units_done: int
     units_failed: int
@@ -130,6 +134,8 @@ class Progress:
     episode_s_done: float
     episode_s_total: float
     elapsed_s: float
+    episodes_done: int = 0
+    episodes_total: int = 0
 
     @property
     def episode_hours_done(self) -> float:
@@ -151,8 +157,9 @@ class Progress:
     def summary(self) -> str:
         eta = self.eta_s
         failed = f" ({self.units_failed} failed)" if self.units_failed else ""
+        episodes = f"{self.episodes_done}/{self.episodes_total} episodes, " if self.episodes_total else ""
         return (
-            f"{self.units_done}/{self.units_total} units{failed}, "
+            f"{self.units_done}/{self.units_total} units{failed}, {episodes}"
             f"{self.episode_hours_done:.2f}/{self.episode_s_total / 3600:.2f} episode-h, "
             f"{self.bytes_done / 1e6:,.0f}/{self.bytes_total / 1e6:,.0f} MB at {self.mb_per_s:.1f} MB/s, "
             f"{_hms(self.elapsed_s)} elapsed, ETA {_hms(eta) if eta is not None else '?'}"
@@ -274,13 +281,27 @@ def run_units(
             fn_ref, u
         )
         pending[ref] = u
-    done = failed = bytes_done = 0
+    done = failed = bytes_done = episodes_done = 0
     episode_s_done = 0.0
     total_bytes, total_s = sum(u.bytes for u in units), sum(u.episode_s for u in units)
+    total_episodes = sum(u.episodes for u in units)
 
     def report() -> float:
         now = clock()
-        on_progress(Progress(done, failed, len(units), bytes_done, total_bytes, episode_s_done, total_s, now - t0))
+        on_progress(
+            Progress(
+                done,
+                failed,
+                len(units),
+                bytes_done,
+                total_bytes,
+                episode_s_done,
+                total_s,
+                now - t0,
+                episodes_done,
+                total_episodes,
+            )
+        )
         return now + progress_every_s
 
     next_report = report()
@@ -299,6 +320,7 @@ def run_units(
                 failed += not result.ok
                 bytes_done += unit.bytes
                 episode_s_done += unit.episode_s
+                episodes_done += unit.episodes
                 next_report = report()
                 yield result
     finally:
