@@ -19,6 +19,7 @@ from dyna_resources import versions
 from dyna_resources.catalog.curation import CurationSpec, CurationSpecError, curate, missing_episodes
 from dyna_resources.catalog.manifest import write_manifest
 from dyna_resources.catalog.selection import selection_of, spec_digest
+from dyna_resources.figures import gigabytes, rounded
 from dyna_resources.resources import HomeResource, WarehouseResource
 
 from .. import k8s
@@ -85,7 +86,7 @@ def manifests(context: AssetExecutionContext, home: HomeResource, warehouse: War
             "episodes": stats.get("episodes", 0),
             "stale_episodes": selection.stale_episodes,
             "selection": MetadataValue.json(selection.as_json()),
-            "segment_hours": stats.get("segment_hours", 0.0),
+            "segment_hours": rounded(stats.get("segment_hours", 0.0)),
             "by_task": MetadataValue.json(top("task")),
             "by_robot": MetadataValue.json(top("robot_id")),
             "by_site": MetadataValue.json(top("site")),
@@ -93,8 +94,8 @@ def manifests(context: AssetExecutionContext, home: HomeResource, warehouse: War
             "sha256": info.sha256,
             "parquet": MetadataValue.path(info.parquet),
             "arrow": MetadataValue.path(info.arrow),
-            "arrow_bytes": info.arrow_bytes,
-            "parquet_bytes": info.parquet_bytes,
+            "arrow_GB": gigabytes(info.arrow_bytes),
+            "parquet_GB": gigabytes(info.parquet_bytes),
             "sql": MetadataValue.md(f"```sql\n{sql}\n```"),
             "params": MetadataValue.json(
                 {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in params.items()}

@@ -153,7 +153,9 @@ def _fail_on_failed_units(context, asset: str, reports: list[PartitionReport], i
 def raw_episodes(context: AssetExecutionContext, ingest: IngestResource, gates: GatesResource, ray: RayResource):
     stores, config = ingest.stores(), gates.config()
     job = UnitJob("pre", stores, config)
-    reports = [_ingest(context, partition, job, ingest, ray) for partition in ingest_partition_keys(context)]
+    reports = [
+        _ingest(context, partition, job, ingest, ray) for partition in ingest_partition_keys(context, stores.registry)
+    ]
     _log_totals(context, reports)
     _fail_on_failed_units(context, "raw_episodes", reports, ingest)
     yield MaterializeResult(asset_key="raw_episodes", tags=version_tags())
@@ -198,7 +200,7 @@ def mcap_episodes(
     )
     reports = [
         _ingest(context, partition, job, ingest, ray, transcode.unit_resources())
-        for partition in ingest_partition_keys(context)
+        for partition in ingest_partition_keys(context, stores.registry)
     ]
     summaries = [(r.partition_key, _summary(stores.registry, r.partition_key)) for r in reports]
     digest = hashlib.sha256(

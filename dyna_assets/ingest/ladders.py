@@ -105,7 +105,7 @@ def _partition_metadata(report: LadderReport, registry) -> dict:
 def step_ladders(context: AssetExecutionContext, ingest: IngestResource, ladders: LadderResource):
     registry, config = ingest.stores().registry, ladders.config()
     reports = []
-    for partition in ingest_partition_keys(context):
+    for partition in ingest_partition_keys(context, registry):
         units = [u.key for u in registry.partition_units(partition)]
         rep = ladder_batch(partition, registry, config, pictures=ladders.pictures, log=context.log.warning, units=units)
         context.add_asset_metadata(_partition_metadata(rep, registry), partition_key=partition)

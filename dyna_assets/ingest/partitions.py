@@ -1,4 +1,6 @@
-from dagster import AssetCheckExecutionContext, AssetExecutionContext, DynamicPartitionsDefinition
+from dagster import AssetCheckExecutionContext, AssetExecutionContext, DynamicPartitionsDefinition, Failure
+
+from dyna_resources.catalog.registry import Registry
 
 from ..partitions import partition_keys
 
@@ -11,6 +13,20 @@ INGEST_PARTITIONS = "ingest_partitions"  # the definition's name (its .name attr
 ingest_partitions = DynamicPartitionsDefinition(name=INGEST_PARTITIONS)
 
 
-def ingest_partition_keys(context: AssetExecutionContext | AssetCheckExecutionContext) -> list[str]:
-    """The run's ingest partition keys (several in a ranged backfill run), each checked before any is used."""
-    return partition_keys(context, "ingest partition")
+def ingest_partition_keys(
+    context: AssetExecutionContext | AssetCheckExecutionContext, registry: Registry | None = None
+) -> list[str]:
+    """The run's ingest partition keys (several in a ranged backfill run), each checked before any is used:
+    a safe identifier, and (given the ``registry``) one the registry sealed. Dagster's Materialize dialog
+    offers "Add a partition" on every dynamic partitions definition and cannot be told not to (1.13), so
+    a key typed there fails the run here, by name, before any partition of the run is touched."""
+    keys = partition_keys(context, "ingest partition")
+    unknown = [k for k in keys if registry is not None and not registry.has_partition(k)]
+    if unknown:
+        raise Failure(
+            description=f"no ingest partition {', '.join(map(repr, unknown))} in the registry: ingest partitions are "
+            "added by the landing sensor once the registry seals them, not by hand (Add a partition)",
+            metadata={"unknown_partitions": ", ".join(unknown)},
+            allow_retries=False,
+        )
+    return keys

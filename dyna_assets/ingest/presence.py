@@ -22,7 +22,10 @@ from .partitions import ingest_partition_keys, ingest_partitions
 )
 def mcaps_present(context: AssetCheckExecutionContext, ingest: IngestResource) -> AssetCheckResult:
     stores = ingest.stores()
-    found = [check_partition_mcaps(stores.registry, stores.sink(), key) for key in ingest_partition_keys(context)]
+    found = [
+        check_partition_mcaps(stores.registry, stores.sink(), key)
+        for key in ingest_partition_keys(context, stores.registry)
+    ]
     missing = [m for p in found for m in p.missing]
     for p in found:
         (context.log.info if p.ok else context.log.error)(p.describe())

@@ -69,11 +69,10 @@ def _result_fields(p: PartitionVersions) -> dict:
     "changes; the drift backfill brings the partition back to current.",
 )
 def versions_current(context: AssetCheckExecutionContext, ingest: IngestResource) -> AssetCheckResult:
-    keys = ingest_partition_keys(context)
+    registry = ingest.stores().registry
+    keys = ingest_partition_keys(context, registry)
     schema, pipeline = _current()
-    found = partition_versions(
-        ingest.stores().registry.partition_version_counts(keys), schema=schema, pipeline=pipeline
-    )
+    found = partition_versions(registry.partition_version_counts(keys), schema=schema, pipeline=pipeline)
     parts = [found.get(k, PartitionVersions(partition=k, episodes=0, stale=0)) for k in keys]
     if len(parts) == 1:
         return AssetCheckResult(**_result_fields(parts[0]))

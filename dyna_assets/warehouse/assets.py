@@ -8,6 +8,7 @@ from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, ass
 from dyna_resources import versions
 from dyna_resources.catalog.cdc import sync
 from dyna_resources.catalog.selection import selections, spec_files
+from dyna_resources.figures import rounded
 from dyna_resources.resources import HomeResource, IngestResource, WarehouseResource
 
 from .. import k8s
@@ -44,9 +45,9 @@ def warehouse_episodes(
         metadata={
             "rows": summary["rows"],
             "rows_by_status": MetadataValue.json(summary["rows_by_status"]),
-            "hours_transcoded": round(summary["hours_transcoded"], 4),
+            "hours_transcoded": rounded(summary["hours_transcoded"]),
             "tasks": summary["tasks"],
-            "hours_by_task": MetadataValue.json({k: round(v, 4) for k, v in summary["hours_by_task"].items()}),
+            "hours_by_task": MetadataValue.json({k: rounded(v) for k, v in summary["hours_by_task"].items()}),
             "flags": MetadataValue.json(summary["flags"]),
             "stale_episodes": stale,
             "selections": MetadataValue.json({name: sel.as_json() for name, sel in selected.items()}),

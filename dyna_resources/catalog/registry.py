@@ -656,6 +656,11 @@ class Registry:
         with self._begin() as c:
             return [_partition(r) for r in c.execute(q)]
 
+    def has_partition(self, key: str) -> bool:
+        p = t.ingest_partitions
+        with self._begin() as c:
+            return c.execute(select(p.c.partition_key).where(p.c.partition_key == key)).first() is not None
+
     def partition(self, key: str) -> IngestPartition:
         with self._begin() as c:
             r = c.execute(select(t.ingest_partitions).where(t.ingest_partitions.c.partition_key == key)).first()

@@ -625,6 +625,10 @@ def test_warehouse_follows_the_registry_and_its_sensor_fires_only_when_changes_a
         # 2 s episodes (just under, by the first sample's offset), 0.5 s segments every 0.5 s -> 3 or 4 each
         assert m["rows"] == t.num_rows and set(t["episode_id"].to_pylist()) == {"ep-g0", "ep-g1"}
         assert m["episodes"] == 2 and 6 <= m["rows"] <= 8 and "SELECT" in m["sql"]
+        (typed,) = built.asset_materializations_for_node("manifests")
+        assert all(
+            isinstance(typed.metadata[k], FloatMetadataValue) for k in ("arrow_GB", "parquet_GB", "segment_hours")
+        )
         assert sum(rank_slice(t, r, 3).num_rows for r in range(3)) == t.num_rows
 
         # the manifest's working set is prewarmed into the node cache; its files are copied to the second origin

@@ -198,6 +198,22 @@ def test_a_ranged_backfill_run_with_one_unsafe_key_uses_none_of_them(world, asse
         assert not result.get_asset_materialization_events()
 
 
+@pytest.mark.parametrize("asset", INGEST_PARTITIONED, ids=lambda a: a.node_def.name)
+def test_a_safe_key_the_registry_never_sealed_fails_by_name_without_retries(world, asset):
+    """What Dagster's "Add a partition" lets anyone type: a well-formed key that is no ingest partition."""
+    _, nodes, selection = _runnable(asset, world[3])
+    with DagsterInstance.ephemeral() as instance:
+        instance.add_dynamic_partitions("ingest_partitions", ["mybatch"])
+        result = materialize(
+            nodes, instance=instance, raise_on_error=False, selection=selection, tags={"dagster/partition": "mybatch"}
+        )
+        (failure,) = failures(result)
+        error = str(failure.step_failure_data.error)
+        assert "no ingest partition 'mybatch' in the registry" in error and "landing sensor" in error
+        assert "KeyError" not in error
+        assert not result.get_asset_materialization_events()
+
+
 def test_safe_keys_still_build(world):
     """The keys the sensors make (batch keys, spec file stems) pass, and such a spec builds its manifest."""
     _, home, _, assets = world
