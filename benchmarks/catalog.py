@@ -144,6 +144,7 @@ def _warehouse_asset(url: str, warehouse_path: str, home: str) -> dict:
             instance=instance,
             run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
             resources={
+                "home": dyna_home,  # its curation specs (none here): what the sync records they select
                 "ingest": IngestResource(home=dyna_home),
                 "warehouse": WarehouseResource(home=dyna_home, path=warehouse_path),
             },
