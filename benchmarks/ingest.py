@@ -348,6 +348,7 @@ def main(argv: list[str]) -> int:
     from dyna_assets.definitions import defs
     from dyna_assets.deployment import embedded_resources
     from dyna_resources.catalog.registry import TRANSCODED
+    from dyna_resources.episodes.read_profiles import EMBEDDED
     from dyna_resources.episodes.sim import generate_fleet
     from dyna_resources.home import DynaHome
     from dyna_resources.ingest.gates import GateConfig
@@ -424,7 +425,7 @@ def main(argv: list[str]) -> int:
         quarantined = registry.quarantined()
 
         # -- codec floor and post gates, same frames, this process --------------------------
-        video = transcode.settings().video
+        video = transcode.settings(EMBEDDED["archive"]).video
         sources = [landing / e["source_path"] for e in good]
         floor = codec_floor_parallel(sources, video, transcode.pool_size())
         # every LONE_FLOOR_EVERY-th episode again alone (this process, nothing else of ours

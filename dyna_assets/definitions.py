@@ -11,6 +11,7 @@ from .ingest.ladders import step_ladders
 from .ingest.presence import mcaps_present
 from .ingest.sensors import landing_sensor, version_drift_sensor
 from .ingest.staleness import report_version_checks, version_check_sensor, versions_current
+from .ingest.training_streams import training_streams
 from .training.assets import checkpoints
 from .training.evaluations import evaluations, released_models
 from .warehouse.assets import warehouse_episodes
@@ -25,6 +26,7 @@ def build_definitions(environ=None) -> Definitions:
         assets=[
             raw_episodes,
             mcap_episodes,
+            training_streams,
             step_ladders,
             warehouse_episodes,
             manifests,

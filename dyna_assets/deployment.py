@@ -21,6 +21,7 @@ from typing import Any
 from dagster import DefaultSensorStatus, EnvVar
 from dagster_ray import Lifecycle
 
+from dyna_resources.episodes.read_profiles import DEFAULT_READ_PROFILE
 from dyna_resources.home import DEFAULT_ROOT
 from dyna_resources.ingest.tick import LandingSettings
 from dyna_resources.resources import (
@@ -46,6 +47,7 @@ PRODUCTION_SETTINGS = {
     "DYNA_CACHE_DIR": "the node page cache on local NVMe",
     "DYNA_CHECKPOINT_STORE": "where checkpoints are uploaded: gs://bucket/checkpoints",
 }
+# Optional in both modes: DYNA_READ_PROFILE (the read profile, episodes/read_profiles.py; default t64).
 # Optional in production: DYNA_LANDING_URL (gs:// or s3:// landing zone), DYNA_MCAP_STORE (where MCAPs are
 # published), DYNA_SCRATCH_DIR (node-local scratch for staging and writing), DYNA_RAY_NAMESPACE / _WORKER_CPUS
 # / _WORKER_MEMORY / _MAX_WORKERS (the KubeRay
@@ -126,6 +128,12 @@ def _cache_settings(env: Mapping[str, str]) -> dict:
     return settings
 
 
+def _read_profile(env: Mapping[str, str]) -> str:
+    """The read profile (``DYNA_READ_PROFILE``, both modes): the one setting that says which training
+    streams transcode writes, what prewarm warms and what the trainer reads."""
+    return env.get("DYNA_READ_PROFILE") or DEFAULT_READ_PROFILE
+
+
 def _trainer_settings(env: Mapping[str, str]) -> dict:
     return {"omp_num_threads": int(env["OMP_NUM_THREADS"])} if env.get("OMP_NUM_THREADS", "").isdigit() else {}
 
@@ -139,6 +147,7 @@ def embedded_resources(environ: Mapping[str, str] | None = None) -> dict:
         manifest_store=env.get("DYNA_MANIFEST_STORE", ""),
         registry_url=env.get("DYNA_REGISTRY_URL", ""),
         model_store=env.get("DYNA_MODEL_STORE", ""),
+        read_profile=_read_profile(env),
     )
     return {
         "home": home,
@@ -168,6 +177,7 @@ def production_resources(environ: Mapping[str, str] | None = None) -> dict:
         manifest_store=EnvVar("DYNA_MANIFEST_STORE"),
         registry_url=EnvVar("DYNA_REGISTRY_URL"),
         model_store=env.get("DYNA_MODEL_STORE", ""),
+        read_profile=_read_profile(env),
     )
     return {
         "home": home,

@@ -15,6 +15,7 @@
     scratch/     files being written and raw files being staged, when MCAPs go to an object store
     models/      released model weights, when no model store is configured
     gates.yaml, step_ladders.yaml   optional overrides of the quality gates and the ladder segmenter
+    read_profiles.yaml   optional read profiles beside the embedded ones (episodes/read_profiles.py)
     registry.sqlite   the registry (system of record) of the embedded default
     warehouse.duckdb  the analytic warehouse (DuckDB), kept in sync with the registry by CDC
     dagster/     DAGSTER_HOME of the embedded Dagster instance (runs, event log, storage)
@@ -119,6 +120,10 @@ class DynaHome:
     @property
     def ladders_file(self) -> Path:
         return self.root / "step_ladders.yaml"
+
+    @property
+    def read_profiles_file(self) -> Path:
+        return self.root / "read_profiles.yaml"
 
     @property
     def dagster(self) -> Path:

@@ -20,6 +20,8 @@ from trainer.launch import TrainerSettings, TrainingRun, launch_command, plan_ru
 from .catalog.registry import Registry
 from .catalog.warehouse import Warehouse
 from .episodes.codec import VideoSettings
+from .episodes.read_profile import ReadProfile
+from .episodes.read_profiles import resolve as resolve_read_profile
 from .episodes.transcode import CRF_BY_SITE, TranscodeSettings
 from .home import DEFAULT_ROOT, DynaHome
 from .ingest.batches import IngestStores
@@ -50,6 +52,9 @@ class HomeResource(ConfigurableResource):
     registry_url: str = ""
     # where released models go (models/ below it), an fsspec URL; empty: the home folder
     model_store: str = ""
+    # The read profile (episodes/read_profiles.py): the training streams transcode writes, what prewarm
+    # warms and what the trainer reads, all from this one name. Embedded, or in <home>/read_profiles.yaml.
+    read_profile: str = "archive"
 
     def home(self) -> DynaHome:
         return DynaHome(Path(self.root).resolve()).ensure()
@@ -76,6 +81,9 @@ class HomeResource(ConfigurableResource):
 
     def model_store_url(self) -> str:
         return self.model_store or self.home().root.as_uri()
+
+    def profile(self) -> ReadProfile:
+        return resolve_read_profile(self.read_profile, Path(self.root).resolve() / "read_profiles.yaml")
 
 
 class IngestResource(ConfigurableResource):
@@ -194,11 +202,13 @@ class TranscodeResource(ConfigurableResource):
     unit_cpus: int = 1
     unit_memory_gb: float = 4.0
 
-    def settings(self) -> TranscodeSettings:
+    def settings(self, profile: ReadProfile) -> TranscodeSettings:
+        """The transcode of episodes laid out as ``profile`` says (HomeResource.profile)."""
         return TranscodeSettings(
             video=VideoSettings(
                 gop_frames=self.gop_frames, crf=self.crf, preset=self.preset, x264_options=self.x264_options
             ),
+            profile=profile,
             crf_by_site=tuple(sorted(self.crf_by_site.items())),
             max_cpu_s=self.max_cpu_s,
         )
@@ -222,9 +232,6 @@ class CacheResource(ConfigurableResource):
     page_mb: float = 4.0
     quotas_gb: dict[str, float] = {}
     ttl_s: float = 0.0  # 0: pages do not expire
-    groups: list[str] = ["cameras", "proprio"]  # topic groups a training sample reads
-    video_stream: str = ""  # the video training reads: "" the archive cameras, else a training stream's name
-    # (TrainerResource.read_stream: set both to the same name)
     parallel: int = 16
     origin_routes: str = ""  # logical=physical[,logical=physical...]
     s3_endpoint_url: str = ""  # every s3:// origin is at this S3-compatible endpoint
@@ -246,7 +253,9 @@ class CacheResource(ConfigurableResource):
         return PageCache(CacheConfig(**config), Origins.from_settings(self.origin_routes, self.s3_endpoint_url))
 
     def read_set(self) -> ReadSet:
-        return ReadSet(groups=tuple(self.groups), video_stream=self.video_stream or None)
+        """What a training run reads of each segment: the topic groups and video of the read profile."""
+        profile = self.home.profile()
+        return ReadSet(groups=profile.reads, profile=profile, video_stream=profile.read_stream)
 
     def alluxio_front(self) -> AlluxioFront | None:
         """An ``AlluxioFront`` when ``alluxio`` configures a cluster, else None."""
@@ -295,17 +304,19 @@ class TrainerResource(ConfigurableResource):
     checkpoint_store: str = TrainerSettings.checkpoint_store
     all_checkpoints_damaged: str = TrainerSettings.all_checkpoints_damaged
     optimizer_mode: str = TrainerSettings.optimizer_mode
-    image_size: int = TrainerSettings.image_size
     loader: str = TrainerSettings.loader
     anchors: str = TrainerSettings.anchors
     anchor_every_s: float = TrainerSettings.anchor_every_s
     mix_units: float = TrainerSettings.mix_units
-    read_stream: str = TrainerSettings.read_stream
     seed: int = TrainerSettings.seed
     dataset: str = TrainerSettings.dataset
 
-    def settings(self) -> TrainerSettings:
-        return TrainerSettings(**{f.name: getattr(self, f.name) for f in dataclasses.fields(TrainerSettings)})
+    def settings(self, profile: ReadProfile | None = None) -> TrainerSettings:
+        """The trainer's settings; what it reads (stream, output size) from ``profile`` (HomeResource.profile)."""
+        fields = {
+            f.name: getattr(self, f.name) for f in dataclasses.fields(TrainerSettings) if f.name != "read_profile"
+        }
+        return TrainerSettings(**fields, read_profile=profile or TrainerSettings.read_profile)
 
     def launch_command(self, config_path: Path) -> list[str]:
         return launch_command(self.settings(), config_path)
@@ -321,7 +332,7 @@ class TrainerResource(ConfigurableResource):
     def _run_of(self, home: HomeResource, cache: CacheResource, partition: str) -> tuple:
         """The arguments of ``plan_run``/``prepare_run`` for ``partition`` in this deployment."""
         return (
-            self.settings(),
+            self.settings(home.profile()),
             home.home(),
             partition,
             home.manifest_arrow_url(partition),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -19,6 +20,8 @@ from typing import Literal, get_args
 
 from dyna_resources import versions
 from dyna_resources.catalog.datasets import ManifestIntegrityError, resolve_manifest_url
+from dyna_resources.episodes.read_profile import ReadProfile
+from dyna_resources.episodes.read_profiles import EMBEDDED
 from dyna_resources.home import DynaHome
 
 from .dataset import SampleSpec
@@ -28,6 +31,45 @@ from .train import LoaderConfig, TrainConfig
 
 Launcher = Literal["torchrun", "slurm"]
 REPO = Path(__file__).resolve().parent.parent
+DEFAULT_IMAGE_SIZE = (64, 64)  # a profile that names no output size
+BACKFILL_ASSET = "training_streams"  # the Dagster asset that adds a profile's streams to episodes
+
+
+class MissingStreamError(ValueError):
+    """A manifest holds episodes without the training stream the read profile reads."""
+
+    def __init__(self, manifest: str, profile: ReadProfile, episodes: list[str], total: int):
+        self.episodes, self.total = episodes, total
+        shown = ", ".join(episodes[:10]) + (f" and {total - 10} more" if total > 10 else "")
+        super().__init__(
+            f"manifest {manifest}: {total} episode(s) lack training stream {profile.stream_token()} of read "
+            f"profile {profile.name!r}: {shown}. Materialize the {BACKFILL_ASSET!r} asset for their ingest "
+            f"partitions (a backfill in the Dagster UI, or `dyna training-streams`), then the manifest again"
+        )
+
+
+def check_manifest_streams(arrow: Path, profile: ReadProfile, manifest_url: str) -> None:
+    """Refuse a manifest some of whose episodes lack the profile's read stream (its registry column
+    ``training_streams``, carried by the manifest), before any rank starts. Dictionary-encoded, so the
+    check is over the few distinct values, then the rows of those that lack it."""
+    token = profile.stream_token()
+    if token is None:
+        return
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    with pa.memory_map(str(arrow)) as source:
+        table = pa.ipc.open_file(source).read_all()
+    if "training_streams" not in table.column_names:
+        lacking = table.column("episode_id")
+    else:
+        column = table.column("training_streams")
+        values = pc.fill_null(pc.cast(column, pa.string()), "")
+        has = pc.match_substring_regex(values, f"(^|,){re.escape(token)}(,|$)")
+        lacking = table.column("episode_id").filter(pc.invert(has))
+    episodes = sorted(set(pc.cast(lacking, pa.string()).to_pylist()))
+    if episodes:
+        raise MissingStreamError(manifest_url, profile, episodes, len(episodes))
 
 
 @dataclass(frozen=True)
@@ -55,15 +97,15 @@ class TrainerSettings:
     # trains the same run folder from step 0 (TrainConfig.all_checkpoints_damaged; not part of the run's key)
     all_checkpoints_damaged: str = "error"
     optimizer_mode: str = "auto"  # auto | global | node_local (Muon's sharding, by node count when auto)
-    image_size: int = 64
     # How samples are read: "gop" (each GOP window decoded once for every sample in it) or "random"
     # (fully random, live GOP decoders per episode); where they sit: "end" (one per segment) or "every"
-    # (one every anchor_every_s inside each segment); read_stream: a training stream's name ("" = archive).
+    # (one every anchor_every_s inside each segment).
     loader: str = "gop"
     anchors: str = "end"
     anchor_every_s: float = 0.1
     mix_units: float = 3.0
-    read_stream: str = ""
+    # Which video the run reads and at what size (the deployment's read profile, episodes/read_profiles.py).
+    read_profile: ReadProfile = EMBEDDED["archive"]
     seed: int = 0
     dataset: str = ""  # name@version from the dataset registry; empty: the partition's current manifest
 
@@ -144,7 +186,9 @@ def plan_run(
         raise ManifestIntegrityError(
             f"dataset {dataset}: {manifest_url} has SHA-256 {manifest_sha}, published as {published_sha}"
         )
-    size = (settings.image_size, settings.image_size)
+    profile = settings.read_profile
+    check_manifest_streams(home.node_cache / f"{manifest_sha}.arrow", profile, manifest_url)
+    size = profile.output_size or DEFAULT_IMAGE_SIZE
     cfg = TrainConfig(
         manifest=manifest_url,
         run_dir="",
@@ -163,7 +207,7 @@ def plan_run(
             image_size=size,
             anchors=settings.anchors,
             anchor_every_s=settings.anchor_every_s,
-            stream=settings.read_stream or None,
+            stream=profile.read_stream,
         ),
         loader=LoaderConfig(kind=settings.loader, mix_units=settings.mix_units),  # type: ignore[arg-type]
         lineage={
@@ -174,6 +218,7 @@ def plan_run(
             "schema_version": versions.SCHEMA_VERSION,
             "pipeline_version": versions.PIPELINE_VERSION,
             "code_commit": code_commit(),
+            "read_profile": {"name": profile.name, "digest": profile.digest},
         },
     )
     cfg.run_dir = str(home.run_dir(spec, run_key(cfg)))

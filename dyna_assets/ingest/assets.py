@@ -194,7 +194,7 @@ def mcap_episodes(
         "post",
         stores,
         config,
-        settings=transcode.settings(),
+        settings=transcode.settings(ingest.home.profile()),
         workers=transcode.unit_cpus if on_ray else transcode.pool_size(),
         mp_context="forkserver" if on_ray else None,
     )

@@ -19,6 +19,7 @@ from dagster import (
 
 from dyna_resources.figures import inline_svg, rounded
 from dyna_resources.resources import CacheResource, HomeResource, TrainerResource
+from trainer.launch import MissingStreamError
 from trainer.train import FATAL_FILE
 
 from .. import k8s
@@ -36,7 +37,19 @@ from ..partitions import partition_key
     "code commit.",
 )
 def checkpoints(context: AssetExecutionContext, home: HomeResource, cache: CacheResource, trainer: TrainerResource):
-    run = trainer.prepare(home, cache, partition_key(context, "curation spec"))
+    try:
+        run = trainer.prepare(home, cache, partition_key(context, "curation spec"))
+    except MissingStreamError as e:  # before any rank starts: named, with the backfill that mends it
+        partitions = home.registry().partitions_of(e.episodes)
+        raise Failure(
+            description=f"{e} Ingest partitions: {', '.join(partitions[:20])}"
+            + (f" and {len(partitions) - 20} more" if len(partitions) > 20 else ""),
+            metadata={
+                "episodes_lacking_stream": e.total,
+                "backfill": f"training_streams, partitions {', '.join(partitions[:50])}",
+            },
+            allow_retries=False,
+        ) from None
     context.log.info(f"training run {run.run_dir} ({'resuming' if run.resuming else 'new'}): {' '.join(run.command)}")
     fatal = run.run_dir / FATAL_FILE
     fatal.unlink(missing_ok=True)  # a fault of an earlier launch; this one looks afresh

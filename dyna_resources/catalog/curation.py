@@ -76,10 +76,20 @@ _EXPECTED = {
 }
 # Manifest columns carried over from the warehouse as they are (after the computed ones:
 # episode_id, uri, start_ns, end_ns, n_steps, weight).
-PASSTHROUGH = ["task", "robot_id", "robot_model", "site", "success", "sim", "pipeline_version", "schema_version"]
+PASSTHROUGH = [
+    "task",
+    "robot_id",
+    "robot_model",
+    "site",
+    "success",
+    "sim",
+    "pipeline_version",
+    "schema_version",
+    "training_streams",  # what a read profile's runs check before training (trainer/launch.py)
+]
 # Of those, the few-valued text columns leave DuckDB as ENUMs, i.e. Arrow dictionary arrays:
 # one byte per row instead of a string, in the manifest and in every rank's mapped pages.
-DICTIONARY = ["task", "robot_id", "robot_model", "site", "pipeline_version", "schema_version"]
+DICTIONARY = ["task", "robot_id", "robot_model", "site", "pipeline_version", "schema_version", "training_streams"]
 
 
 class _SpecLoader(yaml.SafeLoader):

@@ -677,6 +677,21 @@ class Registry:
             self.partition(key)  # raises for an unknown key
         return [Batch(r.seq, r.batch_key, r.files, r.bytes, r.partition_key) for r in rows]
 
+    def partitions_of(self, episode_ids: Sequence[str]) -> list[str]:
+        """The ingest partitions holding ``episode_ids`` (those in none are left out), sorted."""
+        e, b = t.episodes.c, t.ingest_batches.c
+        found: set[str] = set()
+        with self._begin() as c:
+            for k in range(0, len(episode_ids), 5000):
+                q = (
+                    select(b.partition_key)
+                    .distinct()
+                    .select_from(t.episodes.join(t.ingest_batches, e.batch_key == b.batch_key))
+                    .where(e.episode_id.in_(list(episode_ids[k : k + 5000])), b.partition_key.is_not(None))
+                )
+                found.update(r[0] for r in c.execute(q))
+        return sorted(found)
+
     def partition_episodes(self, key: str) -> list[dict]:
         """Episode rows of every work unit of an ingest partition, by id."""
         return self.episodes([u.key for u in self.partition_units(key)])
@@ -1045,6 +1060,35 @@ class Registry:
                     .values(status=MISSING, mcap_version=None, updated_at=now)
                 ).rowcount
         return n
+
+    def record_rewrite(
+        self,
+        episode_id: str,
+        *,
+        expect_version: str | None,
+        mcap_version: str,
+        mcap_bytes: int,
+        training_streams: str | None,
+        now: float | None = None,
+    ) -> bool:
+        """An episode's MCAP rewritten in place (training streams added, the archive untouched): its new
+        version, size and streams, only if the registry still records ``expect_version`` for a transcoded
+        episode (compare and set). Returns whether it did: False, a transcode or another rewrite won."""
+        e = t.episodes.c
+        with self._begin() as c:
+            return (
+                c.execute(
+                    update(t.episodes)
+                    .where(e.episode_id == episode_id, e.status == TRANSCODED, e.mcap_version == expect_version)
+                    .values(
+                        mcap_version=mcap_version,
+                        mcap_bytes=mcap_bytes,
+                        training_streams=training_streams,
+                        updated_at=time.time() if now is None else now,
+                    )
+                ).rowcount
+                == 1
+            )
 
     # -- step ladders ------------------------------------------------------------------------
     def ladders_to_do(self, batch_key: str | Sequence[str], version: str) -> list[dict]:

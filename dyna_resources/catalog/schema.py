@@ -139,6 +139,9 @@ episodes = Table(
     ),  # the same file as an fsspec URL (file://, gs://): what manifests carry
     Column("mcap_bytes", BigInteger, nullable=True),
     Column("mcap_version", String(128), nullable=True),  # the MCAP object's version: a rewrite must replace exactly it
+    # the training streams the MCAP carries beside the archive video, "name@spec-digest" comma separated
+    # (episodes/read_profile.streams_column); NULL: none. What a read profile's runs check in the manifest.
+    Column("training_streams", String(512), nullable=True),
     # what the transcode measured, for curation (time range, steps, frames, cameras with gaps)
     Column("start_ns", BigInteger, nullable=True),
     Column("end_ns", BigInteger, nullable=True),

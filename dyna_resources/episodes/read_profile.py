@@ -1,16 +1,30 @@
-"""Read profiles: which topics share chunks, how each group is chunked and compressed.
+"""Read profiles: how episodes are laid out for training, and what training reads of them.
 
-Which streams a model reads together is a training hyperparameter, so the grouping is
-configuration. A topic belongs to the first group whose pattern (fnmatch) matches it.
-Chunks of a group cover fixed time windows from the episode start, so a time window
-of a sample maps to a predictable, small set of chunks per group.
+Which streams a model reads together is a training hyperparameter, so the layout is
+configuration. A profile names:
+
+- the topic groups: which topics share chunks, how each group is chunked and compressed. A topic
+  belongs to the first group whose pattern (fnmatch) matches it. Chunks of a group cover fixed
+  time windows from the episode start, so a time window of a sample maps to a predictable, small
+  set of chunks per group;
+- the training streams transcode writes beside the archive video (``training_streams.py``);
+- what a training run reads: which stream (a training stream's name, or the archive cameras), at
+  what output size, and which topic groups (what prewarm warms).
+
+A deployment chooses one profile by name (``read_profiles.py``); transcode, the training-stream
+backfill, prewarm and the trainer all take it from there, so there is no second setting that must
+agree with it.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import hashlib
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+from .training_streams import TrainingStreamSpec
 
 COMPRESSIONS = ("none", "zstd", "lz4")
 
@@ -37,6 +51,35 @@ class TopicGroup:
 class ReadProfile:
     name: str
     groups: tuple[TopicGroup, ...]
+    # Written by transcode (and added to older episodes by the ``training_streams`` backfill).
+    training_streams: tuple[TrainingStreamSpec, ...] = ()
+    # The video training reads: a training stream's name, or None for the archive cameras.
+    read_stream: str | None = None
+    # (height, width) of the frames handed to the model; None: the trainer's default.
+    output_size: tuple[int, int] | None = None
+    # The topic groups a training sample reads (what prewarm warms); None: every group.
+    read_groups: tuple[str, ...] | None = None
+
+    def __post_init__(self):
+        names = [s.name for s in self.training_streams]
+        if len(set(names)) != len(names):
+            raise ValueError(f"read profile {self.name!r}: training stream names repeat: {names}")
+        if self.read_stream is not None and self.read_stream not in names:
+            raise ValueError(
+                f"read profile {self.name!r}: read_stream {self.read_stream!r} is not one of its training "
+                f"streams {names}"
+            )
+        if self.output_size is not None:
+            h, w = self.output_size
+            if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (h, w)):
+                raise ValueError(f"read profile {self.name!r}: output_size must be two positive integers")
+            object.__setattr__(self, "output_size", (h, w))
+        unknown = set(self.read_groups or ()) - {g.name for g in self.groups}
+        if unknown:
+            raise ValueError(
+                f"read profile {self.name!r}: read_groups names unknown groups {sorted(unknown)} "
+                f"(it has {[g.name for g in self.groups]})"
+            )
 
     def group_of(self, topic: str) -> TopicGroup:
         for g in self.groups:
@@ -44,24 +87,75 @@ class ReadProfile:
                 return g
         raise KeyError(f"read profile {self.name!r}: no group for topic {topic}")
 
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """The topic groups a training sample reads."""
+        return self.read_groups if self.read_groups is not None else tuple(g.name for g in self.groups)
+
+    def stream(self, name: str) -> TrainingStreamSpec:
+        return next(s for s in self.training_streams if s.name == name)
+
+    def stream_token(self) -> str | None:
+        """What an episode must carry (registry and manifest column ``training_streams``) for a run
+        of this profile to read it: the read stream's token, or None when training reads the archive."""
+        return None if self.read_stream is None else stream_token(self.stream(self.read_stream))
+
     def as_dict(self) -> dict:
-        return {
+        d: dict = {
             "name": self.name,
             "groups": [
                 {"name": g.name, "patterns": list(g.patterns), "compression": g.compression, "window_s": g.window_s}
                 for g in self.groups
             ],
         }
+        # only when set, so a layout-only profile reads as it always has (episode metadata, digests)
+        if self.training_streams:
+            d["training_streams"] = [s.as_dict() for s in self.training_streams]
+        if self.read_stream is not None:
+            d["read_stream"] = self.read_stream
+        if self.output_size is not None:
+            d["output_size"] = list(self.output_size)
+        if self.read_groups is not None:
+            d["read_groups"] = list(self.read_groups)
+        return d
+
+    @property
+    def digest(self) -> str:
+        """A short hash of everything the profile declares: what a run's lineage records."""
+        return hashlib.sha256(json.dumps(self.as_dict(), sort_keys=True).encode()).hexdigest()[:16]
 
     @classmethod
     def from_dict(cls, d: dict) -> ReadProfile:
+        size = d.get("output_size")
         return cls(
             name=d["name"],
             groups=tuple(
                 TopicGroup(g["name"], tuple(g["patterns"]), g.get("compression", "zstd"), g.get("window_s"))
                 for g in d["groups"]
             ),
+            training_streams=tuple(TrainingStreamSpec.from_dict(s) for s in d.get("training_streams", ())),
+            read_stream=d.get("read_stream"),
+            output_size=None if size is None else (size[0], size[1]),
+            read_groups=None if d.get("read_groups") is None else tuple(d["read_groups"]),
         )
+
+
+def stream_token(spec: TrainingStreamSpec) -> str:
+    """``name@digest``: a training stream with exactly this spec (another GOP or size is another token)."""
+    digest = hashlib.sha256(json.dumps(spec.as_dict(), sort_keys=True).encode()).hexdigest()[:8]
+    return f"{spec.name}@{digest}"
+
+
+def streams_column(specs: Iterable[TrainingStreamSpec]) -> str | None:
+    """The registry's ``training_streams`` value for an episode carrying ``specs``: sorted tokens, comma
+    separated; None when it carries none."""
+    tokens = sorted(stream_token(s) for s in specs)
+    return ",".join(tokens) if tokens else None
+
+
+def carries(column: str | None, token: str) -> bool:
+    """Whether a ``training_streams`` value holds ``token``."""
+    return column is not None and token in column.split(",")
 
 
 # Cameras in their own chunks (one GOP window each, uncompressed: zstd gains ~2% on

@@ -26,7 +26,7 @@ from .codec import VideoSettings, encode_gop
 from .errors import RawFormatError
 from .mcap_writer import GroupedChunkWriter
 from .raw_format import CameraStream, RawEpisode, SampleStream, file_sha256
-from .read_profile import TOPIC_GROUPS, ReadProfile
+from .read_profile import TOPIC_GROUPS, ReadProfile, streams_column
 from .topics import EPISODE_METADATA, STATS_METADATA, VIDEO_SCHEMA, camera_topic, stream_topic
 from .training_streams import TrainingStreamSpec, add_training_streams
 
@@ -53,19 +53,18 @@ class TranscodeSettings:
     # engine enforces it on each episode's worker process: a file that would hold a transcode slot
     # for hours is quarantined instead. Not part of the output, so not in as_dict().
     max_cpu_s: float = 0.0
-    # Derived small video streams written at ingest (training_streams.py); none by default. Part of
-    # the output, so in as_dict() when there are any.
-    training_streams: tuple[TrainingStreamSpec, ...] = ()
+
+    @property
+    def training_streams(self) -> tuple[TrainingStreamSpec, ...]:
+        """Derived small video streams written at ingest (training_streams.py): the read profile's."""
+        return self.profile.training_streams
 
     def for_site(self, site: str) -> TranscodeSettings:
         crf = dict(self.crf_by_site).get(site)
         return self if crf is None else replace(self, video=replace(self.video, crf=crf))
 
     def as_dict(self) -> dict:
-        d = {"video": self.video.as_dict(), "read_profile": self.profile.as_dict(), "block_s": self.block_s}
-        if self.training_streams:
-            d["training_streams"] = [s.as_dict() for s in self.training_streams]
-        return d
+        return {"video": self.video.as_dict(), "read_profile": self.profile.as_dict(), "block_s": self.block_s}
 
 
 @dataclass
@@ -107,6 +106,8 @@ class TranscodeReport:
     video_encode_cpu_s: float
     meta: dict
     versions: dict
+    # the training streams written (registry column ``training_streams``: read_profile.streams_column)
+    training_streams: str | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -291,6 +292,7 @@ def _write_episode(raw: RawEpisode, f, settings: TranscodeSettings, source_sha: 
         video_encode_cpu_s=video.encode_t.cpu_s,
         meta=meta,
         versions=stamp,
+        training_streams=streams_column(settings.training_streams),
     )
 
 

@@ -521,6 +521,7 @@ def _leave_pending(outcomes: OutcomeBuffer, rep: StageReport, row: dict) -> None
                     "mcap_uri": None,
                     "mcap_bytes": None,
                     "mcap_version": None,
+                    "training_streams": None,
                 },
             )
         )
@@ -567,7 +568,13 @@ def _post_row(row: dict, out: TranscodeOutcome) -> dict:
     }
     if out.quarantine:
         episode.update(
-            status=QUARANTINED, mcap_path=None, mcap_uri=None, mcap_bytes=None, mcap_version=None, quality_ok=False
+            status=QUARANTINED,
+            mcap_path=None,
+            mcap_uri=None,
+            mcap_bytes=None,
+            mcap_version=None,
+            training_streams=None,
+            quality_ok=False,
         )
         return episode
     r, mcap = out.report, out.mcap
@@ -579,6 +586,7 @@ def _post_row(row: dict, out: TranscodeOutcome) -> dict:
         mcap_uri=mcap.uri,
         mcap_version=mcap.version,
         mcap_bytes=r.bytes_out,
+        training_streams=r.training_streams,
         quality_ok=bool(row.get("quality_ok", True)) and all(g.passed for g in out.gates),
         start_ns=r.start_ns,
         end_ns=r.end_ns,

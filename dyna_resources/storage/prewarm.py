@@ -50,8 +50,11 @@ class ReadSet:
     video_stream: str | None = None
 
     def data_version(self, manifest_sha256: str) -> str:
-        """The version of a cache set: the manifest's bytes and the topic groups warmed of it."""
-        return hashlib.sha256(json.dumps([manifest_sha256, list(self.groups)]).encode()).hexdigest()
+        """The version of a cache set: the manifest's bytes, the topic groups and the video warmed of it."""
+        warmed: list = [manifest_sha256, list(self.groups)]
+        if self.video_stream is not None:  # the archive cameras keep the versions they always had
+            warmed.append(self.video_stream)
+        return hashlib.sha256(json.dumps(warmed).encode()).hexdigest()
 
     def __post_init__(self):
         unknown = set(self.groups) - {g.name for g in self.profile.groups}

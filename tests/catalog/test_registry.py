@@ -254,6 +254,7 @@ def test_episode_row_round_trips_every_column(registry):
         sim=False,
         mcap_uri="gs://bucket/mcap/ep-000001.mcap",
         mcap_version="1765432100123456",
+        training_streams="t128@0a1b2c3d,t64@4e5f6a7b",
         dark_frame_fraction=0.5,
         frozen_frame_fraction=0.125,
         smoothness_score=0.95,

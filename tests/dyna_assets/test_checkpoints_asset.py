@@ -21,15 +21,22 @@ from dyna_resources.catalog.manifest import write_manifest
 from dyna_resources.resources import CacheResource, HomeResource, TrainerResource
 
 
+def small_frames(home: Path) -> HomeResource:
+    """A home whose read profile hands the model 32 x 32 archive frames (a small, quick model)."""
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "read_profiles.yaml").write_text("archive32: {output_size: [32, 32]}\n")
+    return HomeResource(root=str(home), read_profile="archive32")
+
+
 def test_checkpoints_asset_trains_through_pipes_and_records_lineage(tmp_path, mcap_fleet):
     _, manifest = mcap_fleet
     home = tmp_path / "home"
     write_manifest(manifest, home / "manifests", "spec-t")
     res = {
-        "home": HomeResource(root=str(home)),
-        "cache": CacheResource(home=HomeResource(root=str(home))),
+        "home": small_frames(home),
+        "cache": CacheResource(home=small_frames(home)),
         "trainer": TrainerResource(
-            nproc_per_node=1, max_restarts=0, steps=6, batch_size=2, workers=0, checkpoint_every=3, image_size=32
+            nproc_per_node=1, max_restarts=0, steps=6, batch_size=2, workers=0, checkpoint_every=3
         ),
     }
     with DagsterInstance.ephemeral() as instance:
@@ -66,6 +73,9 @@ def test_checkpoints_asset_trains_through_pipes_and_records_lineage(tmp_path, mc
         lineage = md["lineage"]
         assert lineage["curation_spec"] == "spec-t" and len(lineage["manifest_sha256"]) == 64
         assert lineage["pipeline_version"] and lineage["code_commit"]
+        profile = small_frames(home).profile()
+        assert lineage["read_profile"] == {"name": "archive32", "digest": profile.digest}
+        assert md["config"]["sample"]["image_size"] == [32, 32] and md["config"]["sample"]["stream"] is None
         done = json.loads((Path(md["checkpoints_dir"]) / "step-000000006" / "COMPLETE.json").read_text())
         assert done["extra"]["lineage"] == lineage
         again = materialize(
@@ -102,10 +112,10 @@ def test_an_object_gone_from_the_store_fails_training_by_name_and_torchrun_does_
     write_manifest(segment_rows(copies), home / "manifests", "spec-gone")
     copies[1].unlink()
     res = {
-        "home": HomeResource(root=str(home)),
-        "cache": CacheResource(home=HomeResource(root=str(home))),
+        "home": small_frames(home),
+        "cache": CacheResource(home=small_frames(home)),
         "trainer": TrainerResource(
-            nproc_per_node=1, max_restarts=2, steps=6, batch_size=2, workers=0, checkpoint_every=3, image_size=32
+            nproc_per_node=1, max_restarts=2, steps=6, batch_size=2, workers=0, checkpoint_every=3
         ),
     }
     with DagsterInstance.ephemeral() as instance:

@@ -26,6 +26,7 @@ from dyna_resources.episodes.codec import (
 )
 from dyna_resources.episodes.errors import McapFormatError, WindowError
 from dyna_resources.episodes.mcap_reader import EpisodeReader, FrameCache
+from dyna_resources.episodes.read_profile import TOPIC_GROUPS, ReadProfile, stream_token
 from dyna_resources.episodes.topics import (
     EPISODE_METADATA,
     STATS_METADATA,
@@ -385,15 +386,23 @@ def test_same_name_other_spec_replaces_only_that_stream(episode, tmp_path):
 
 def test_transcoder_writes_training_streams_when_asked(episode_factory, tmp_path):
     gen = episode_factory(duration_s=4.0, width=160, height=120)
-    settings = dataclasses.replace(SETTINGS, training_streams=(T80,))
+    profile = ReadProfile("t80", TOPIC_GROUPS.groups, training_streams=(T80,), read_stream="t80")
+    settings = dataclasses.replace(SETTINGS, profile=profile)
     out = tmp_path / "ingest.mcap"
     report = transcode_episode(gen.path, out, settings)
     assert report.bytes_out == out.stat().st_size
+    assert report.training_streams == stream_token(T80)  # what the registry records
     with EpisodeReader(out) as r:
         assert r.training_streams == {"t80": r.cameras}
-        assert r.transcode_settings()["training_streams"] == [T80.as_dict()]
+        assert r.transcode_settings()["read_profile"]["training_streams"] == [T80.as_dict()]
+        assert r.transcode_settings()["read_profile"]["read_stream"] == "t80"
         assert json.loads(r.metadata()["training_streams"]) == {"t80": T80.as_dict()}
-    assert "training_streams" not in TranscodeSettings().as_dict()  # default off, and settings unchanged
+    # default off, and the layout-only profile's settings read as they always have
+    assert TranscodeSettings().as_dict()["read_profile"] == {
+        "name": "topic-groups",
+        "groups": TOPIC_GROUPS.as_dict()["groups"],
+    }
+    assert "training_streams" not in TranscodeSettings().as_dict()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ingest.mcap"]
 
 

@@ -267,3 +267,41 @@ def test_an_unreachable_mcap_store_fails_before_any_work(s3_unreachable_endpoint
     )
     with pytest.raises(StoreUnavailableError, match="s3://nowhere/mcap"):
         stores.check()
+
+
+def test_training_streams_are_backfilled_in_the_bucket_and_never_over_someone_elses_mcap(
+    bucket, episode_factory, tmp_path
+):
+    """The backfill downloads each MCAP pinned to the recorded version, adds the streams and republishes
+    with that version as the precondition: an object replaced meanwhile is a conflict, left as it is."""
+    from dyna_resources.episodes.read_profile import stream_token
+    from dyna_resources.episodes.training_streams import TrainingStreamSpec
+    from dyna_resources.ingest.training_backfill import backfill_partition
+
+    raw = bucket.store(bucket.landing)
+    for i in range(2):
+        raw.put_file(episode_factory(episode_id=f"ep-bf{i}", seed=740 + i, duration_s=2.0).path, f"d/ep-bf{i}.h5")
+    registry = Registry.sqlite(tmp_path / "registry.sqlite")
+    stores = IngestStores(
+        registry,
+        landing_zone(bucket.landing, bucket.endpoint),
+        tmp_path / "s" / "mcap",
+        tmp_path / "s" / "quarantine",
+        mcap_store=bucket.mcap,
+        endpoint_url=bucket.endpoint,
+    )
+    (partition,) = landing_tick(LandingCursor(), stores.landing, registry, ALL_IN_ONE).sealed
+    _ingest(stores, partition.key)
+    mcaps = bucket.store(bucket.mcap)
+    mcaps.put_bytes("ep-bf1.mcap", b"someone else's newer MCAP")  # after the registry recorded its version
+    spec = TrainingStreamSpec("t32", 32, 32, gop_frames=15, preset="veryfast")
+    rep = backfill_partition(partition.key, stores, [spec], workers=2)
+    assert rep.added == ["ep-bf0"] and list(rep.conflicts) == ["ep-bf1"] and rep.failed == {}
+    e0, e1 = registry.episode_by_id("ep-bf0"), registry.episode_by_id("ep-bf1")
+    assert e0["training_streams"] == stream_token(spec) and e0["mcap_version"] == mcaps.info("ep-bf0.mcap").version
+    assert e0["mcap_bytes"] == mcaps.info("ep-bf0.mcap").size
+    with fsspec.open(e0["mcap_uri"], "rb", **_options(bucket)) as f, EpisodeReader(f) as r:
+        assert r.training_streams == {"t32": r.cameras}
+    assert e1["training_streams"] is None and mcaps.cat("ep-bf1.mcap") == b"someone else's newer MCAP"
+    assert [p for p in (tmp_path / "s").rglob("*") if p.is_file()] == []  # nothing left on the node
+    assert sorted(mcaps.ls("")) == ["ep-bf0.mcap", "ep-bf1.mcap"]  # no temporary objects
