@@ -291,7 +291,8 @@ def print_cache(partition: str, c: dict, r: dict) -> None:
 
 def print_training(partition: str, run_dir: Path) -> None:
     s = TrainSummary.read(run_dir)
-    lineage = TrainConfig.from_json((run_dir / "config.json").read_text()).lineage
+    cfg = TrainConfig.from_json((run_dir / "config.json").read_text())
+    lineage = cfg.lineage
     loss = f"{s.loss_first:.3f} -> {s.loss_last:.3f}" if s.loss_first is not None and s.loss_last is not None else "-"
     print(
         f"checkpoints {partition}: {s.steps} steps, loss {loss}, {s.samples_per_s:.1f} samples/s, "
@@ -301,6 +302,12 @@ def print_training(partition: str, run_dir: Path) -> None:
         f"  loader {s.loader}: {s.samples_per_epoch} samples per epoch, "
         f"{s.decodes_per_frame or 0.0:.2f} frames decoded per frame delivered, first-epoch data wait "
         f"{s.data_wait_first_epoch or 0.0:.1%}, {s.skipped} samples skipped"
+    )
+    profile = lineage.get("read_profile", {})
+    h, w = cfg.sample.image_size
+    print(
+        f"  read profile {profile.get('name', '?')} (digest {profile.get('digest', '?')}; DYNA_READ_PROFILE): "
+        f"{'training stream ' + cfg.sample.stream if cfg.sample.stream else 'the archive cameras'} at {h}x{w}"
     )
     print(
         f"  {run_dir / 'checkpoints'}  (async, sharded; each COMPLETE.json records the manifest, versions and commit "

@@ -204,11 +204,23 @@ def production_resources(environ: Mapping[str, str] | None = None) -> dict:
     }
 
 
-def sensor_status(environ: Mapping[str, str] | None = None) -> DefaultSensorStatus:
-    """Every sensor's default status: running, unless ``DYNA_SENSORS=stopped`` (tests that drive
-    Dagster by hand)."""
-    stopped = _environ(environ).get("DYNA_SENSORS", "running") == "stopped"
-    return DefaultSensorStatus.STOPPED if stopped else DefaultSensorStatus.RUNNING
+def sensor_status(name: str, environ: Mapping[str, str] | None = None) -> DefaultSensorStatus:
+    """Sensor ``name``'s default status: running, unless ``DYNA_SENSORS`` says otherwise: ``stopped``
+    (every sensor: tests that drive Dagster by hand), or a comma-separated list of the sensors that start
+    running (the rest stopped)."""
+    value = _environ(environ).get("DYNA_SENSORS", "running").strip() or "running"
+    if value in ("running", "stopped"):
+        return DefaultSensorStatus.RUNNING if value == "running" else DefaultSensorStatus.STOPPED
+    running = {n.strip() for n in value.split(",")}
+    return DefaultSensorStatus.RUNNING if name in running else DefaultSensorStatus.STOPPED
+
+
+def sensor_interval(every_s: int, environ: Mapping[str, str] | None = None) -> int:
+    """A sensor's minimum interval: ``every_s``, or ``DYNA_SENSOR_INTERVAL_S`` when that is shorter (a
+    small deployment, or a test of the deployment, whose sensors should follow each other faster than the
+    production intervals allow)."""
+    cap = _environ(environ).get("DYNA_SENSOR_INTERVAL_S", "")
+    return min(every_s, max(1, int(cap))) if cap.isdigit() else every_s
 
 
 # Every run a sensor launches carries this: a failed automatic run (a killed `dagster dev`, a node gone,
@@ -219,10 +231,17 @@ AUTOMATIC_RUN_RETRIES = 1
 AUTOMATIC_RUN_TAGS = {"dagster/max_retries": str(AUTOMATIC_RUN_RETRIES)}
 
 
-def sensor_on(asset_selection: Any, every_s: int) -> dict[str, Any]:
-    """What every sensor here declares to ``@sensor``: what it requests, how often it is evaluated, and
-    its default status (:func:`sensor_status`)."""
-    return {"asset_selection": asset_selection, "minimum_interval_seconds": every_s, "default_status": sensor_status()}
+def sensor_on(name: str, every_s: int, asset_selection: Any = None) -> dict[str, Any]:
+    """What every sensor here declares to ``@sensor``: its name, what it requests, how often it is
+    evaluated (:func:`sensor_interval`), and its default status (:func:`sensor_status`)."""
+    declared: dict[str, Any] = {
+        "name": name,
+        "minimum_interval_seconds": sensor_interval(every_s),
+        "default_status": sensor_status(name),
+    }
+    if asset_selection is not None:
+        declared["asset_selection"] = asset_selection
+    return declared
 
 
 def resources(environ: Mapping[str, str] | None = None) -> dict:

@@ -11,7 +11,7 @@ BATCH = 1000
 
 
 @sensor(
-    **sensor_on([AssetKey("cache_sets")], 30),
+    **sensor_on("manifest_prewarm_sensor", 30, [AssetKey("cache_sets")]),
     description="When a manifests partition is materialized with a new DataVersion (its content hash), "
     "prewarm its cache set; a rebuild with the same content requests nothing.",
 )

@@ -24,7 +24,7 @@ WAREHOUSE = AssetKey("warehouse_episodes")
 
 
 @sensor(
-    **sensor_on([MANIFESTS], 30),
+    **sensor_on("curation_spec_sensor", 30, [MANIFESTS]),
     description="Curation spec files ($DYNA_HOME/curation/*.yaml) → one manifests partition each. Builds a "
     "manifest when its spec is new or changed (run key: the spec's content hash), and again when "
     "the latest warehouse sync says the spec now selects other episodes or versions than the "

@@ -22,7 +22,7 @@ DRIFT_TAG = "dyna/drift"
 
 
 @sensor(
-    **sensor_on(INGEST_ASSETS, 30),
+    **sensor_on("landing_sensor", 30, INGEST_ASSETS),
     description="New raw files → registry → byte-balanced work units → ingest partitions (a few TiB "
     "each) → one Dagster partition and run per sealed partition (at most max_runs_per_tick "
     "per tick; the run queue staggers them).",
@@ -61,7 +61,7 @@ def landing_sensor(context: SensorEvaluationContext, ingest: IngestResource):
 # The daemon only accepts a backfill request (RunRequest.for_asset_graph_subset) from a sensor that declares
 # the assets it may target, and refuses a subset reaching outside them.
 @sensor(
-    **sensor_on(DRIFT_ASSETS, 60),
+    **sensor_on("version_drift_sensor", 60, DRIFT_ASSETS),
     description="Ingest partitions holding episodes of an outdated PIPELINE/SCHEMA_VERSION → ONE backfill "
     "of mcap_episodes + step_ladders for exactly those partitions, plus step_ladders alone for "
     "partitions whose ladders an older segmenter/config wrote (never while one is in flight).",

@@ -31,7 +31,7 @@ from dyna_resources import versions
 from dyna_resources.catalog.staleness import PartitionVersions, partition_versions
 from dyna_resources.resources import IngestResource
 
-from ..deployment import AUTOMATIC_RUN_TAGS, sensor_status
+from ..deployment import AUTOMATIC_RUN_TAGS, sensor_on
 from .partitions import INGEST_PARTITIONS, ingest_partition_keys, ingest_partitions
 
 MCAP = AssetKey("mcap_episodes")
@@ -127,8 +127,7 @@ def report_version_checks():
 
 @sensor(
     job=report_version_checks,
-    minimum_interval_seconds=60,
-    default_status=sensor_status(),
+    **sensor_on("version_check_sensor", 60),
     description="When ingest partitions' version status changed (a new PIPELINE/SCHEMA_VERSION deployed, a "
     "backfill done), one small run records mcap_episodes.versions_current for exactly those "
     "partitions (at most 1000 a run) and the asset's stale episode count.",

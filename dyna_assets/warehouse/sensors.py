@@ -13,7 +13,7 @@ SYNCED = [AssetKey("warehouse_episodes"), AssetKey("review_pool")]
 
 
 @sensor(
-    **sensor_on(SYNCED, 10),
+    **sensor_on("warehouse_sync_sensor", 10, SYNCED),
     description="Registry changes pending → one run of the warehouse sync and the review pool (run key = "
     "oldest pending change, so a burst never launches twice; DuckDB writers are serialized by the "
     "duckdb pool).",

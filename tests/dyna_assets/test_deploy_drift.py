@@ -85,7 +85,11 @@ def test_daemon_backfills_exactly_the_stale_batches_after_a_pipeline_version_bum
     dyna_home, dagster_home, code = tmp_path / "dyna", tmp_path / "dagster_home", tmp_path / "code"
     write_instance_config(dagster_home)  # the project's instance config, as is
     _bump_pipeline_version(copy_code(code))
-    env = service_env(dyna_home, dagster_home, code_root=code, DYNA_SENSORS="stopped")
+    # the followers start running with the daemon (the drift sensor is switched on later, by hand), every
+    # sensor evaluated at most every 5 s instead of its production interval
+    env = service_env(
+        dyna_home, dagster_home, code_root=code, DYNA_SENSORS=",".join(FOLLOWERS), DYNA_SENSOR_INTERVAL_S="5"
+    )
     for k in ("DYNA_HOME", "DAGSTER_HOME", "DYNA_SENSORS"):
         monkeypatch.setenv(k, env[k])
     monkeypatch.delenv("DYNA_REGISTRY_URL", raising=False)
@@ -134,8 +138,6 @@ def test_daemon_backfills_exactly_the_stale_batches_after_a_pipeline_version_bum
     # -- the new revision deployed: the daemon, with the drift sensor switched on ------------------
     services = Services(tmp_path, env, cwd=code)
     try:
-        for name in FOLLOWERS:
-            services.cli("sensor", "start", name, "-w", "workspace.yaml")
         services.start_daemon()
         with DagsterInstance.get() as instance:
             # the deploy outdates the two old batches: their versions_current fails, the new one's passes

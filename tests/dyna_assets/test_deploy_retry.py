@@ -35,12 +35,13 @@ def test_a_failed_sensor_run_is_retried_once_by_the_daemon_then_left_failed(tmp_
     (dyna_home / "curation").mkdir(parents=True)
     (dyna_home / "curation" / f"{SPEC}.yaml").write_text(SAMPLE_SPEC.replace("name: demo-clean", f"name: {SPEC}"))
     write_instance_config(dagster_home)  # the project's instance config, as is: run retries on
-    env = service_env(dyna_home, dagster_home, DYNA_SENSORS="stopped")
+    # these two start running with the daemon, the others stopped; each evaluated at most every 5 s
+    env = service_env(
+        dyna_home, dagster_home, DYNA_SENSORS="curation_spec_sensor,landing_sensor", DYNA_SENSOR_INTERVAL_S="5"
+    )
     monkeypatch.setenv("DAGSTER_HOME", env["DAGSTER_HOME"])
     services = Services(tmp_path, env)
     try:
-        for name in ("curation_spec_sensor", "landing_sensor"):
-            services.cli("sensor", "start", name, "-w", "workspace.yaml")
         services.start_daemon()
         with DagsterInstance.get() as instance:
 

@@ -1,6 +1,7 @@
 """The production deployment: resources switched by DYNA_ENV, built against the local PostgreSQL and
 the GCS emulator; a missing setting fails at load; the production instance config loads."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -130,3 +131,36 @@ def test_every_asset_asks_kubernetes_for_what_it_needs():
         assert requests["cpu"] and requests["memory"], key
     train = __import__("json").loads(defs.get_assets_def("checkpoints").op.tags["dagster-k8s/config"])
     assert train["container_config"]["resources"]["limits"]["nvidia.com/gpu"] == "8"
+
+
+def test_the_deployment_settings_reach_the_definitions_the_daemon_loads(tmp_path):
+    """DYNA_SENSORS (which sensors start running), DYNA_SENSOR_INTERVAL_S (a cap on their intervals) and
+    DYNA_READ_PROFILE, read where the webserver and daemon read them: importing the definitions."""
+    probe = (
+        "import json; from dyna_assets.definitions import defs\n"
+        "s = {x.name: [x.default_status.value, x.minimum_interval_seconds] for x in defs.sensors}\n"
+        "print(json.dumps({'sensors': s, 'profile': defs.resources['home'].read_profile}))"
+    )
+
+    def load(**settings) -> dict:
+        ours = ("DYNA_SENSORS", "DYNA_SENSOR_INTERVAL_S", "DYNA_READ_PROFILE")
+        env = {k: v for k, v in os.environ.items() if k not in ours}
+        env.update(DYNA_HOME=str(tmp_path / "home"), **settings)
+        out = subprocess.run(
+            [sys.executable, "-c", probe], env=env, cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout
+        return json.loads(out.strip().splitlines()[-1])
+
+    default = load()
+    assert default["profile"] == "t64"
+    assert {n: v[0] for n, v in default["sensors"].items()} == dict.fromkeys(default["sensors"], "RUNNING")
+    assert default["sensors"]["landing_sensor"][1] == 30 and default["sensors"]["version_check_sensor"][1] == 60
+    chosen = load(
+        DYNA_SENSORS="landing_sensor, warehouse_sync_sensor", DYNA_SENSOR_INTERVAL_S="5", DYNA_READ_PROFILE="t128"
+    )
+    assert chosen["profile"] == "t128"
+    running = sorted(n for n, v in chosen["sensors"].items() if v[0] == "RUNNING")
+    assert running == ["landing_sensor", "warehouse_sync_sensor"]
+    # capped at 5 s, never raised: the warehouse sensor's own interval is 10 s
+    assert {v[1] for v in chosen["sensors"].values()} == {5}
+    assert load(DYNA_SENSORS="stopped")["sensors"]["landing_sensor"][0] == "STOPPED"
