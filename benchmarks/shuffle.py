@@ -14,9 +14,10 @@ epoch: nothing is read), for one rank's epoch as the training loop receives it:
 - ``episode_run_batches``: an episode's stretch of consecutive batches, on average (1: never twice in
   a row).
 
-Orders: GopDataset at ``mix_units`` 1, 3 (the default), 8 and 32; ManifestDataset's random access
-order (blocks of 16 segments permuted, a 64-place bounded shuffle); and a uniform permutation of the
-same samples as the reference. Corpus: a manifest of episodes 30-120 s long (2 s segments back to
+Orders, as the trainer reads them (``ElasticStream``, 64 shards: batch g from shard g mod 64): the
+GOP-aware loader at ``mix_units`` 1, 3 (the default), 8 and 32; the random-access loader (blocks of 16
+segments permuted, a 64-place bounded shuffle); and a uniform permutation of the same samples as the
+reference. Corpus: a manifest of episodes 30-120 s long (2 s segments back to
 back), dense anchors (every 0.1 s), batches of 8 (the demo's) and 64.
 """
 
@@ -73,25 +74,38 @@ def quality(episode_batches: list[np.ndarray], unit_batches: list[np.ndarray] | 
     return out
 
 
+def _batches(stream, gop: bool) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
+    """Epoch 0 as the training loop receives it, batch by batch: each sample's episode (its MCAP URI)
+    and, GOP-aware, its decode unit (shard, unit), from the orders alone."""
+    episodes, units = [], []
+    for g in range(stream.batches_per_epoch):
+        _, v, k = stream.locate(g)
+        shard = stream.shard(v)
+        if gop:
+            samples = shard.batch_samples(0, k)
+            units.append(v * (1 << 32) + shard._units[samples])
+        else:
+            samples = shard.order_cache(0)[k * stream.batch_size : (k + 1) * stream.batch_size]
+        names = np.array(shard._uri_names, dtype=object)
+        episodes.append(names[shard.plan.code[samples]])
+    return episodes, (units if gop else None)
+
+
 def measure(table: pa.Table, batch: int) -> dict:
     from benchmarks.loader import sample_spec
-    from trainer.dataset import ManifestDataset
-    from trainer.gop_dataset import GopDataset
+    from trainer.elastic import ElasticStream
 
     spec = sample_spec(dense=True)
     out: dict[str, dict] = {}
     for mix in MIX_UNITS:
-        ds = GopDataset(table, spec=spec, batch_size=batch, seed=0, mix_units=mix)
-        code = ds.plan.code
-        samples = [ds.batch_samples(0, j) for j in range(ds.batches_per_epoch)]
-        out[f"gop_mix{mix:g}"] = quality([code[s] for s in samples], [ds._units[s] for s in samples])
-    rnd = ManifestDataset(table, spec=spec, batch_size=batch, seed=0)
-    order = rnd.order(0)
-    code = rnd.plan.code
-    n = rnd.batches_per_epoch
-    out["random_access"] = quality([code[order[j * batch : (j + 1) * batch]] for j in range(n)], None)
-    uniform = np.random.default_rng(0).permutation(rnd.plan.n)[: n * batch]
-    out["uniform"] = quality([code[uniform[j * batch : (j + 1) * batch]] for j in range(n)], None)
+        stream = ElasticStream(table, spec, loader="gop", batch_size=batch, options={"mix_units": mix})
+        out[f"gop_mix{mix:g}"] = quality(*_batches(stream, True))
+    rnd = ElasticStream(table, spec, loader="random", batch_size=batch)
+    out["random_access"] = quality(*_batches(rnd, False))
+    every = np.concatenate(_batches(rnd, False)[0])
+    uniform = np.random.default_rng(0).permutation(every)
+    n = len(uniform) // batch
+    out["uniform"] = quality([uniform[j * batch : (j + 1) * batch] for j in range(n)], None)
     return out
 
 

@@ -562,12 +562,16 @@ def set_rng_state(state: dict[str, Any]) -> None:
 class RNGState(Stateful):
     """This rank's RNG state under a per-rank key (DCP keeps one copy of same-named non-DTensor
     values across ranks). The torch states are uint8 tensors; python's and numpy's are pickled
-    by DCP. Restoring expects the same world size."""
+    by DCP. ``source``, while set, is the rank whose state a load reads (a resume on another world
+    size: a rank the saving run did not have reads an existing rank's)."""
 
     def __init__(self, rank: int | None = None):
         self.rank = rank
+        self.source: int | None = None
 
     def _key(self) -> str:
+        if self.source is not None:
+            return f"rank{self.source}"
         rank = self.rank if self.rank is not None else (dist.get_rank() if dist.is_initialized() else 0)
         return f"rank{rank}"
 

@@ -152,6 +152,9 @@ class ManifestDataset(IterableDataset):
     continuous: bool = False  # one iterator runs through every epoch: no DataLoader restart between epochs
     chunks_per_reader: int = 16  # parsed chunks kept per open episode (a proprio chunk serves many samples)
     position: LoaderPosition = field(default_factory=LoaderPosition)
+    # Samples in each of the ``world`` slices, when the caller counted them already (the elastic stream
+    # counts once for all its shards; counting is a pass over the whole manifest)
+    slice_samples: object = None
 
     def __post_init__(self):
         super().__init__()
@@ -201,6 +204,8 @@ class ManifestDataset(IterableDataset):
 
     def _rank_sample_counts(self, per_rank: int) -> np.ndarray:
         """The samples each rank's slice of ``per_rank`` rows holds, one count a rank."""
+        if self.slice_samples is not None:
+            return np.asarray(self.slice_samples)
         if self.spec.anchors == "end":
             return np.full(self.world, per_rank)
         counts = samples_per_row(

@@ -270,21 +270,29 @@ class _LaneReader:
     """One lane of one epoch in a worker: decodes each unit when its first sample is due, drops it
     after its last (a resume mid-lane decodes only what is still to come)."""
 
-    def __init__(self, ds: GopDataset, order: LaneOrder, first_batch: int):
+    def __init__(self, ds: GopDataset, order: LaneOrder, first_batch: int, visits: np.ndarray | None = None):
+        """``visits``: the lane's batches this reader will serve (default: every one from ``first_batch``);
+        a unit is decoded for, and dropped after, the samples of those batches only."""
         self.ds, self.order = ds, order
-        begin = first_batch * ds.batch_size
-        todo_units = order.unit[begin:]
-        self.left = np.bincount(todo_units) if len(todo_units) else np.zeros(0, np.int64)
-        self.begin = begin
+        bs = ds.batch_size
+        served = np.zeros(len(order.unit), bool)
+        if visits is None:
+            served[first_batch * bs :] = True
+        else:
+            for k in np.asarray(visits, np.int64).tolist():
+                served[k * bs : (k + 1) * bs] = True
+        self.served = served
+        n_units = int(order.unit.max()) + 1 if len(order.unit) else 0
+        self.left = np.bincount(order.unit[served], minlength=n_units)
         by_unit = np.argsort(order.unit, kind="stable")
         self._by_unit = by_unit
-        self._bounds = np.searchsorted(order.unit[by_unit], np.arange(len(self.left) + 1))
+        self._bounds = np.searchsorted(order.unit[by_unit], np.arange(n_units + 1))
         self.live: dict[int, _Unit] = {}
         self.last_good: list[dict] = []
 
     def _members(self, u: int) -> np.ndarray:
         positions = self._by_unit[self._bounds[u] : self._bounds[u + 1]]
-        positions = np.sort(positions[positions >= self.begin])
+        positions = np.sort(positions[self.served[positions]])
         return self.order.samples[positions]
 
     def batch(self, i: int) -> dict:

@@ -104,6 +104,9 @@ class TrainerSettings:
     anchors: str = "end"
     anchor_every_s: float = 0.1
     mix_units: float = 3.0
+    # Slices of the one global sample order (trainer/elastic.py): fixed per run, so a requeue onto another
+    # number of ranks resumes exactly; ranks x workers dividing it decode each unit once.
+    shards: int = 64
     # Which video the run reads and at what size (the deployment's read profile, episodes/read_profiles.py).
     read_profile: ReadProfile = EMBEDDED["archive"]
     seed: int = 0
@@ -209,7 +212,11 @@ def plan_run(
             anchor_every_s=settings.anchor_every_s,
             stream=profile.read_stream,
         ),
-        loader=LoaderConfig(kind=settings.loader, mix_units=settings.mix_units),  # type: ignore[arg-type]
+        loader=LoaderConfig(
+            kind=settings.loader,  # type: ignore[arg-type]  # checked by LoaderConfig
+            mix_units=settings.mix_units,
+            shards=settings.shards,
+        ),
         lineage={
             "curation_spec": spec,
             "dataset": dataset or f"manifest:{manifest_sha[:16]}",

@@ -49,10 +49,10 @@ from .checkpoint import (
     NoIntactCheckpointError,
     RNGState,
 )
-from .dataset import ManifestDataset, MissingDataError, SampleSpec, gone_object, worker_init_threads
+from .dataset import MissingDataError, SampleSpec, gone_object, worker_init_threads
+from .elastic import ElasticStream
 from .faults import ENV as FAULT_ENV
 from .faults import Fault
-from .gop_dataset import GopDataset
 from .manifest_loader import local_copy, open_manifest
 from .model import ModelConfig, WorldActionModel
 from .summary import FinalCheckpoint, TrainSummary
@@ -72,7 +72,10 @@ class LoaderConfig:
     kind: LoaderKind = "gop"
     unit_s: float = 20.0  # gop: seconds of one episode decoded as one unit (whole GOPs: 4 of the fleet's 5 s)
     mix_units: float = 3.0  # gop: units mixed in flight per lane: more is more random and holds more frames
-    lanes: int = 4  # gop: independent unit streams; the DataLoader worker count must divide it
+    # Contiguous manifest slices of the one global order (trainer/elastic.py): fixed by the run, never by the
+    # world size, so a run resumed on other ranks continues exactly; ranks x workers dividing it decode each
+    # unit once. A manifest too small for as many shards of 8 batches runs on fewer (a divisor).
+    shards: int = 64
     decode_threads: int = 0  # gop: threads decoding a unit's cameras (0: one per camera, at most 4)
     decoder: str = "auto"  # gop: "cpu", "cuda" (NVDEC) or "auto" (cuda when the trainer has a GPU that answers)
     bad_samples: str = "raise"  # gop: a sample whose frame or stream fails: "raise" (naming it) or "skip" (counted)
@@ -105,6 +108,10 @@ class TrainConfig:
     # step 0 (the new run's checkpoints replace the damaged ones step by step). Not part of the run's
     # identity (``identity_json``): switching it resumes the same run folder.
     all_checkpoints_damaged: OnAllDamaged = "error"
+    # Provenance: each rank appends the samples of every step, (manifest row, anchor time), to
+    # attempts/<attempt>/samples.rank<r>.jsonl: which data a step trained on, e.g. across a requeue
+    # onto another world size. Like all_checkpoints_damaged, not part of the run's identity.
+    sample_log: bool = False
     cache_dir: str = ""  # the node page cache ("" reads the origin directly)
     log_every: int = 5
     lineage: dict = field(default_factory=dict)  # manifest data version, pipeline versions, code commit
@@ -126,7 +133,7 @@ class TrainConfig:
     def identity_json(self) -> str:
         """``to_json`` without the fields that say how to run rather than what (a run folder's key)."""
         d = dataclasses.asdict(self)
-        del d["all_checkpoints_damaged"]
+        del d["all_checkpoints_damaged"], d["sample_log"]
         return json.dumps(d, indent=1)
 
     @classmethod
@@ -148,7 +155,9 @@ class TrainConfig:
         if "proprio_streams" in sample:
             sample["proprio_streams"] = tuple(tuple(x) for x in sample["proprio_streams"])
         d["sample"] = SampleSpec(**sample)
-        d["loader"] = LoaderConfig(**d.get("loader", {}))
+        loader = dict(d.get("loader", {}))
+        loader.pop("lanes", None)  # configs written before the elastic stream: lanes became shards
+        d["loader"] = LoaderConfig(**loader)
         return cls(**d)
 
 
@@ -165,16 +174,17 @@ class StepTimes:
 
 
 class DataPosition:
-    """The dataset's position as a checkpointable state (``Stateful``)."""
+    """The stream's position as a checkpointable state (``Stateful``): the same on every rank (global
+    batches consumed), under one key, so any world size resumes from it."""
 
-    def __init__(self, ds: ManifestDataset):
+    def __init__(self, ds: ElasticStream):
         self.ds = ds
 
     def state_dict(self) -> dict:
-        return {f"rank{self.ds.rank}": self.ds.state_dict()}
+        return {"stream": self.ds.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.ds.load_state_dict(state[f"rank{self.ds.rank}"])
+        self.ds.load_state_dict(state["stream"])
 
 
 class StepCounter:
@@ -228,32 +238,36 @@ def run(cfg: TrainConfig) -> TrainSummary:
 
         cache = PageCache(CacheConfig.from_env(cfg.cache_dir, root=cfg.cache_dir), Origins.from_env())
         open_file = CachedFileSystem(cache).open
-    common: dict[str, Any] = dict(  # the datasets' shared keyword arguments, of several types
+    lc = cfg.loader
+    options: dict[str, Any] = {"open_file": open_file}
+    if lc.kind == "gop":
+        options.update(
+            unit_s=lc.unit_s,
+            mix_units=lc.mix_units,
+            decode_threads=lc.decode_threads,
+            decoder=lc.decoder if lc.decoder != "auto" or torch.cuda.is_available() else "cpu",
+            bad_samples=lc.bad_samples,
+        )
+    ds = ElasticStream(
+        manifest,
+        cfg.sample,
+        loader=lc.kind,
         batch_size=cfg.batch_size,
         rank=topo.rank,
         world=topo.world_size,
         seed=cfg.seed,
-        open_file=open_file,
+        shards=lc.shards,
         continuous=True,
+        options=options,
     )
-    ds: ManifestDataset  # a GopDataset is one
-    if cfg.loader.kind == "gop":
-        lc = cfg.loader
-        decoder = lc.decoder if lc.decoder != "auto" or torch.cuda.is_available() else "cpu"
-        ds = GopDataset(
-            manifest,
-            cfg.sample,
-            unit_s=lc.unit_s,
-            mix_units=lc.mix_units,
-            lanes=lc.lanes,
-            decode_threads=lc.decode_threads,
-            decoder=decoder,
-            bad_samples=lc.bad_samples,
-            **common,
-        )
-    else:
-        ds = ManifestDataset(manifest, cfg.sample, **common)
-    log.info("loader %s: %d samples per epoch on this rank, %d batches", cfg.loader.kind, ds.rows, ds.batches_per_epoch)
+    log.info(
+        "loader %s: %d samples per epoch (all ranks), %d batches of %d over %d shards",
+        lc.kind,
+        ds.rows,
+        ds.batches_per_epoch,
+        cfg.batch_size,
+        ds.n_shards,
+    )
 
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
     model = WorldActionModel(cfg.model)
@@ -270,7 +284,8 @@ def run(cfg: TrainConfig) -> TrainSummary:
         topo,
     )
     counter = StepCounter()
-    state = {"app": AppState(model, optimizer), "data": DataPosition(ds), "rng": RNGState(topo.rank), "step": counter}
+    rng = RNGState(topo.rank)
+    state = {"app": AppState(model, optimizer), "data": DataPosition(ds), "rng": rng, "step": counter}
     summary = TrainSummary(
         attempt=attempt,
         attempt_name=attempt_name,
@@ -290,7 +305,14 @@ def run(cfg: TrainConfig) -> TrainSummary:
         )
         latest = _resume_point(ckpt, cfg, summary)
         if latest is not None:
+            saved_world = int(latest.extra.get("world_size", topo.world_size))
+            if saved_world != topo.world_size:
+                # the data position is global; model and optimizer state are the same for any world size
+                # (muon.py); a rank the saving run did not have takes the RNG of rank (its rank mod that size)
+                log.info("resuming a %d-rank checkpoint on %d ranks", saved_world, topo.world_size)
+            rng.source = topo.rank % saved_world
             ckpt.load(latest, state)
+            rng.source = None
             log.info("resumed from step %d (%s)", counter.step, latest.path)
             summary.resumed_from = counter.step
         pipes = stack.enter_context(_pipes()) if topo.rank == 0 else None
@@ -372,6 +394,10 @@ def _loop(
         persistent_workers=cfg.workers > 0,
     )
     it = None
+    samples_log = None
+    if cfg.sample_log:
+        path = Path(cfg.run_dir) / "attempts" / summary.attempt_name / f"samples.rank{topo.rank}.jsonl"
+        samples_log = open(path, "a")  # closed after the loop (a failed step: with the process)
     t_start = time.perf_counter()
     while counter.step < cfg.steps:
         if it is None:
@@ -392,6 +418,10 @@ def _loop(
         first_epoch_steps += in_first_epoch
         ds.advance()
         counter.step += 1
+        if samples_log is not None:
+            record = {"step": counter.step, "rows": batch["row"].tolist(), "anchor_ns": batch["anchor_ns"].tolist()}
+            samples_log.write(json.dumps(record) + "\n")
+            samples_log.flush()
         for k in io:
             if k in batch:
                 io[k] += int(batch[k])
@@ -408,7 +438,16 @@ def _loop(
             w.samples += n
         if step % cfg.checkpoint_every == 0 or step == cfg.steps:
             tc = time.perf_counter()
-            ckpt.save(step, state, extra={"lineage": cfg.lineage, "loss": parts["loss"], "attempt": attempt})
+            ckpt.save(
+                step,
+                state,
+                extra={
+                    "lineage": cfg.lineage,
+                    "loss": parts["loss"],
+                    "attempt": attempt,
+                    "world_size": topo.world_size,
+                },
+            )
             blocking.append(time.perf_counter() - tc)
         if step % cfg.log_every == 0 or step == cfg.steps:
             record_ = {
@@ -428,6 +467,8 @@ def _loop(
             window = StepTimes()
         if fault is not None:
             fault.after_step(step, topo.rank, attempt, ckpt)
+    if samples_log is not None:
+        samples_log.close()
     first = min(losses) if losses else None
     summary.steps = counter.step
     summary.losses = losses
@@ -443,7 +484,7 @@ def _loop(
     summary.decoded_frames, summary.delivered_frames = io["decoded_frames"], io["delivered_frames"]
     summary.decodes_per_frame = io["decoded_frames"] / io["delivered_frames"] if io["delivered_frames"] else None
     summary.bytes_read, summary.skipped = io["bytes_read"], io["skipped"]
-    summary.samples_per_epoch = ds.rows * topo.world_size
+    summary.samples_per_epoch = ds.rows
     summary.wall_s = time.perf_counter() - t_start
 
 
