@@ -63,12 +63,30 @@ ROOT = Path(__file__).resolve().parents[1]
 FPS = 30
 SEGMENT_S = 2.0
 TRAINING_STREAM = "t128"
+TRAINING_GOP = 30  # the t128 stream's frames per GOP
 LEROBOT_EPISODES = {"full": 3, "quick": 2, "tiny": 2}
 
 
-def sample_spec(dense: bool, stream: str | None = None, image: int = 64):
+def sample_spec(dense: bool, stream: str | None = None, image: int = 64, adjacent_hw: list | None = None):
+    """The benchmark's sample definitions. ``adjacent_hw`` (H, W): the adjacent-frames definition at that
+    output size, the common ACT / diffusion-policy input: the frames at t and t + 1/fps of every camera,
+    1 s of joint states, an anchor every 3rd frame."""
     from trainer.dataset import SampleSpec
 
+    if adjacent_hw is not None:
+        return SampleSpec(
+            image_size=(int(adjacent_hw[0]), int(adjacent_hw[1])),
+            frame_offsets_s=(0.0,),
+            future_frame_s=1.0 / FPS,
+            proprio_steps=FPS,
+            proprio_hz=float(FPS),
+            action_chunk=15,
+            action_hz=float(FPS),
+            tolerance_s=0.034,
+            anchors="every",
+            anchor_every_s=3.0 / FPS,
+            stream=stream,
+        )
     # same shape as mcap_writer.py's Statistics(...) (a record built keyword by keyword); nothing to share
     return SampleSpec(
         image_size=(image, image),
@@ -137,7 +155,9 @@ def _make_episode(job) -> str:
         write_episode(spec, h5)
         transcode_episode(h5, mcap, TranscodeSettings(video=VideoSettings(gop_frames=gop, preset="faster")))
     if not with_stream.exists():
-        add_training_streams(mcap, with_stream, [TrainingStreamSpec(TRAINING_STREAM, 128, 128, gop_frames=30)])
+        add_training_streams(
+            mcap, with_stream, [TrainingStreamSpec(TRAINING_STREAM, 128, 128, gop_frames=TRAINING_GOP)]
+        )
     return spec.episode_id
 
 
@@ -177,9 +197,9 @@ def measure(job: dict) -> dict:
     torch.set_num_threads(1)
     manifest = pa.ipc.open_file(job["manifest"]).read_all()
     kind = job["kind"]
-    spec = sample_spec(job["dense"], job.get("stream"), job.get("image", 64))
+    spec = sample_spec(job["dense"], job.get("stream"), job.get("image", 64), job.get("adjacent_hw"))
     before = _io_read_bytes()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     decoded = delivered = samples = 0
     if kind == "gop":
         from trainer.gop_dataset import GopDataset
@@ -215,7 +235,7 @@ def measure(job: dict) -> dict:
         delivered = samples * len(next(iter(readers.values()))[0].cameras) * len(spec.all_frame_offsets_ns())
     elif kind == "jpeg":
         decoded, delivered, samples = _jpeg_pass(job, manifest, spec)
-    seconds = time.perf_counter() - t0
+    seconds, cpu_s = time.perf_counter() - t0, time.process_time() - c0
     extra = {}
     if kind == "gop":  # how mixed the stream is: distinct units and episodes per batch, the most units in flight
         lane = ds.lanes_of(0)[0]
@@ -241,6 +261,8 @@ def measure(job: dict) -> dict:
         "samples": samples,
         "seconds": seconds,
         "samples_per_s": samples / seconds,
+        # process CPU (every thread): stable on a loaded machine, where wall time is not
+        "cpu_ms_per_sample": 1000 * cpu_s / max(1, samples),
         "decoded": decoded,
         "delivered": delivered,
         "decodes_per_frame": decoded / delivered if delivered else None,
@@ -285,6 +307,28 @@ def _jpeg_pass(job: dict, manifest: pa.Table, spec) -> tuple[int, int, int]:
         hf["observations/qpos"][int(pj.min()) : int(pj.max()) + 1]
         hf["action"][int(pa_.min()) : int(pa_.max()) + 1]
     return delivered, delivered, len(order)
+
+
+def decode_floor(manifest: pa.Table, spec, gop_frames: int, limit: int | None = None) -> float:
+    """The fewest decodes per delivered frame any decoder needs for the samples of ``manifest`` under
+    ``spec``: in every GOP a sample reads, each frame from the keyframe to the last wanted one (P-frames
+    need their predecessors), over the frames the samples deliver. Cameras share one timing (the
+    corpus's), so one camera stands for all; ``limit``: the first samples of a pass only."""
+    names, plan = _plan(manifest, spec, "uri")
+    n = plan.n if limit is None else min(limit, plan.n)
+    offsets = spec.all_frame_offsets_ns()
+    t = plan.anchor_ns[:n, None] + offsets[None, :]
+    lo, hi = plan.lo_ns[plan.code[:n]][:, None], plan.hi_ns[plan.code[:n]][:, None]
+    frame = np.rint((np.clip(t, lo, hi) - lo) * FPS / 1e9).astype(np.int64)
+    code = np.broadcast_to(plan.code[:n, None], frame.shape)
+    # the last wanted frame of every (episode, GOP) read
+    gop = frame // gop_frames
+    key = code.ravel() * (1 << 32) + gop.ravel()
+    order = np.lexsort((frame.ravel(), key))
+    last = np.r_[key[order][1:] != key[order][:-1], True]
+    needed = (frame.ravel()[order][last] - gop.ravel()[order][last] * gop_frames + 1).sum()
+    # a sample's frames are delivered one by one even when two of them are the same frame
+    return float(needed) / frame.size
 
 
 def _plan(manifest: pa.Table, spec, key: str):
@@ -374,9 +418,18 @@ def lerobot_dataset(venv: Path, root: Path, c: dict) -> Path:
     return out
 
 
-def lerobot_pass(venv: Path, dataset: Path, c: dict, manifest: pa.Table, dense: bool, limit: int, tmp: Path) -> dict:
+def lerobot_pass(
+    venv: Path,
+    dataset: Path,
+    c: dict,
+    manifest: pa.Table,
+    dense: bool,
+    limit: int,
+    tmp: Path,
+    adjacent_hw: list | None = None,
+) -> dict:
     """LeRobot's loader over samples equivalent to ours: the same anchors, as LeRobot frame indices."""
-    spec = sample_spec(dense)
+    spec = sample_spec(dense, adjacent_hw=adjacent_hw)
     episode_index = {eid: k for k, eid in enumerate(lerobot_episodes(c))}
     first_ns: dict[str, int] = {}
     for eid, start in zip(
@@ -394,7 +447,7 @@ def lerobot_pass(venv: Path, dataset: Path, c: dict, manifest: pa.Table, dense: 
         for i in order.tolist()
     ]
     delta = {
-        **{f"observation.images.{cam}": [-0.5, 0.0, 0.5] for cam in _cameras(c)},
+        **{f"observation.images.{cam}": (spec.all_frame_offsets_ns() / 1e9).round(6).tolist() for cam in _cameras(c)},
         "observation.state": (spec.proprio_offsets_ns() / 1e9).round(6).tolist(),
         "action": (spec.action_offsets_ns() / 1e9).round(6).tolist(),
     }
@@ -554,7 +607,7 @@ def main(argv: list[str]) -> int:
             lerobot_ds = lerobot_dataset(venv, base / "corpus", c)
         except (RuntimeError, subprocess.SubprocessError) as e:
             results["lerobot_error"] = str(e)[-500:]
-    for set_name, dense in (("dense", True), ("sparse", False)):
+    for set_name, dense in (("dense", True), ("sparse", False), ("adjacent", True)):
         rows = {}
         jobs = {
             "gop": {"kind": "gop", "dense": dense},
@@ -563,7 +616,12 @@ def main(argv: list[str]) -> int:
             "gop_t128": {"kind": "gop", "dense": dense, "stream": TRAINING_STREAM},
             "jpeg": {"kind": "jpeg", "dense": dense, "limit": limit, "h5": str(base / "corpus" / "h5")},
         }
-        if dense:  # the cameras of a unit decoded on threads (libavcodec and swscale release the GIL), 2 cores
+        adjacent_hw = [height, width] if set_name == "adjacent" else None
+        if adjacent_hw:  # at full resolution, as LeRobot returns frames; the JPEG loader is not compared here
+            del jobs["jpeg"]
+            for job in jobs.values():
+                job["adjacent_hw"] = adjacent_hw
+        elif dense:  # the cameras of a unit decoded on threads (libavcodec and swscale release the GIL), 2 cores
             jobs["gop_threads"] = {"kind": "gop", "dense": True, "threads": 3, "cores": 2}
         for name, job in jobs.items():
             random_order = job["kind"] != "gop"
@@ -580,7 +638,7 @@ def main(argv: list[str]) -> int:
             drop_page_cache(*folders)
             assert venv is not None  # a LeRobot dataset was built with it
             try:
-                rows["lerobot"] = lerobot_pass(venv, lerobot_ds, c, subset, dense, limit, base)
+                rows["lerobot"] = lerobot_pass(venv, lerobot_ds, c, subset, dense, limit, base, adjacent_hw)
                 print(f"  {set_name:6} lerobot      {rows['lerobot']['samples_per_s']:8.1f} samples/s", flush=True)
             except (RuntimeError, subprocess.SubprocessError, OSError, KeyError, ValueError) as e:
                 results["lerobot_error"] = str(e)[-500:]
@@ -593,6 +651,30 @@ def main(argv: list[str]) -> int:
         results["training_t128"] = train_wait(Path(tmp), stream_manifest, steps, TRAINING_STREAM)
     dense = results["sets"]["dense"]
     lr = dense.get("lerobot", {}).get("samples_per_s")
+    adjacent = results["sets"]["adjacent"]
+    floor = decode_floor(manifest, sample_spec(True, adjacent_hw=[height, width]), gop)
+    floor_t = decode_floor(manifest, sample_spec(True, adjacent_hw=[height, width]), TRAINING_GOP)
+    lr_cpu = adjacent.get("lerobot", {}).get("cpu_ms_per_sample")
+
+    def cpu_speedup(name: str) -> float | None:
+        return lr_cpu / adjacent[name]["cpu_ms_per_sample"] if lr_cpu else None
+
+    results.update(
+        adjacent_decode_floor=floor,
+        adjacent_decode_floor_t128=floor_t,
+        adjacent_cpu_ms_gop_archive=adjacent["gop"]["cpu_ms_per_sample"],
+        adjacent_cpu_ms_random_archive=adjacent["random"]["cpu_ms_per_sample"],
+        adjacent_cpu_ms_gop_t128=adjacent["gop_t128"]["cpu_ms_per_sample"],
+        adjacent_cpu_ms_lerobot=lr_cpu,
+        adjacent_cpu_gop_archive_over_lerobot=adjacent["gop"]["cpu_ms_per_sample"] / lr_cpu if lr_cpu else None,
+        adjacent_decodes_over_floor=adjacent["gop"]["decodes_per_frame"] / floor,
+        adjacent_decodes_over_floor_t128=adjacent["gop_t128"]["decodes_per_frame"] / floor_t,
+        training_stream_gop_cpu_speedup_vs_lerobot=cpu_speedup("gop_t128"),
+        training_stream_random_cpu_speedup_vs_lerobot=cpu_speedup("random_t128"),
+        # issue 38 item 3 (prefetch from the origin, no prewarm) is not built: no cold run from the object server yet
+        data_wait_first_epoch_from_origin=None,
+        origin_bytes_over_needed=None,
+    )
     results.update(
         gop_aware_samples_per_s=dense["gop"]["samples_per_s"],
         random_samples_per_s=dense["random"]["samples_per_s"],
@@ -662,8 +744,8 @@ def _table(r: dict) -> None:
         f"corpus bytes: HDF5/JPEG {mib['h5']:.0f} MiB, MCAP {mib['mcap']:.0f} MiB, MCAP + t128 {mib['mcap-t128']:.0f} MiB"
     )
     head = (
-        f"{'set':7}{'loader':14}{'stream':9}{'samples':>8}{'samples/s':>11}{'dec/frame':>10}{'KiB/sample':>11}"
-        f"{'peak MiB':>9}"
+        f"{'set':9}{'loader':14}{'stream':9}{'samples':>8}{'samples/s':>11}{'CPU ms':>8}{'dec/frame':>10}"
+        f"{'KiB/sample':>11}{'peak MiB':>9}"
     )
     print(head)
     print("-" * len(head))
@@ -672,12 +754,28 @@ def _table(r: dict) -> None:
             stream = {"jpeg": "jpeg", "lerobot": "av1"}.get(name, "t128" if "t128" in name else "archive")
             stream += "*" if name == "gop_threads" else ""
             dpf = m.get("decodes_per_frame")
+            cpu = m.get("cpu_ms_per_sample")
             print(
-                f"{set_name:7}{name:14}{stream:9}{m['samples']:>8}{m['samples_per_s']:>11.1f}"
-                f"{(f'{dpf:.2f}' if dpf else '-'):>10}{m.get('bytes_per_sample', 0) / 1024:>11.1f}"
-                f"{m.get('peak_rss_mib', 0):>9.0f}"
+                f"{set_name:9}{name:14}{stream:9}{m['samples']:>8}{m['samples_per_s']:>11.1f}"
+                f"{(f'{cpu:.1f}' if cpu else '-'):>8}{(f'{dpf:.2f}' if dpf else '-'):>10}"
+                f"{m.get('bytes_per_sample', 0) / 1024:>11.1f}{m.get('peak_rss_mib', 0):>9.0f}"
             )
     print("* gop_threads: the unit's 3 cameras on 3 decode threads over both cores (every other row: one core)")
+    print(
+        f"adjacent (t and t + 1/{FPS} s of every camera, 1 s of joint states, an anchor every 3rd frame, full "
+        f"resolution out): GOP-aware archive {r['adjacent_cpu_ms_gop_archive']:.1f} CPU ms a sample, "
+        f"{r['adjacent_decodes_over_floor']:.2f}x the decode floor ({r['adjacent_decode_floor']:.2f} decodes a "
+        f"delivered frame); t128 {r['adjacent_cpu_ms_gop_t128']:.1f} ms, {r['adjacent_decodes_over_floor_t128']:.2f}x "
+        f"its floor ({r['adjacent_decode_floor_t128']:.2f})"
+        + (
+            f"; LeRobot {r['adjacent_cpu_ms_lerobot']:.1f} ms: archive {r['adjacent_cpu_gop_archive_over_lerobot']:.2f}x "
+            f"LeRobot's CPU, t128 GOP-aware {r['training_stream_gop_cpu_speedup_vs_lerobot']:.1f}x and random "
+            f"{r['training_stream_random_cpu_speedup_vs_lerobot']:.1f}x faster"
+            if r.get("adjacent_cpu_ms_lerobot")
+            else ""
+        )
+    )
+    print("cold from the object server with no prewarm: not measured (issue 38 item 3, origin prefetch, is not built)")
     if r.get("lerobot_error"):
         print(f"lerobot: {r['lerobot_error']}")
     elif r.get("lerobot_venv") is None:
