@@ -227,9 +227,9 @@ class GopDataset(ManifestDataset):
         spec = self.spec
         i = int(unit.samples[k])
         width = unit.frame_t.shape[1]
-        rows = np.arange(k * width, (k + 1) * width)
+        rows = slice(k * width, (k + 1) * width)  # a view of each camera's frames, copied once by the stack
         for f in unit.frames:
-            reason = f.error_for(rows)
+            reason = f.error_for(range(rows.start, rows.stop)) if f.errors else None
             if reason is not None:
                 raise WindowError(unit.path, reason, f.topic)
         if unit.streams_error is not None:

@@ -66,6 +66,24 @@ def test_swscale_conversion_matches_the_reference_within_the_stated_tolerance(ep
     assert small.shape == (3, 32, 48) and small.dtype == np.uint8
 
 
+def test_full_size_channels_first_is_the_interleaved_conversion_transposed_bit_for_bit(episode):
+    """The (3, H, W) full-size path converts to planar RGB (no transpose copy): the same bytes as the
+    interleaved conversion transposed, for the decoder's frames and for an unflagged yuv420p one."""
+    ctx = av.CodecContext.create("h264", "r")
+    frames = []
+    for _, au in _video(episode)[:12]:
+        frames += ctx.decode(av.Packet(au))
+    plain = av.VideoFrame.from_ndarray(frames[0].to_ndarray(), format="yuv420p")
+    plain.color_range = 0
+    for f in [*frames, plain]:
+        chw = swscale_rgb()(f)
+        assert chw.shape == (3, f.height, f.width) and chw.flags["C_CONTIGUOUS"]
+        assert np.array_equal(chw, swscale_rgb(chw=False)(f).transpose(2, 0, 1))
+    # naming the full size explicitly takes the same path
+    f = frames[3]
+    assert np.array_equal(swscale_rgb(f.height, f.width)(f), swscale_rgb()(f))
+
+
 def test_each_gop_decodes_once_and_stops_at_its_last_wanted_frame(episode):
     video = _video(episode)
     times = np.array([t for t, _ in video])
