@@ -617,10 +617,10 @@ def main(argv: list[str]) -> int:
             "jpeg": {"kind": "jpeg", "dense": dense, "limit": limit, "h5": str(base / "corpus" / "h5")},
         }
         adjacent_hw = [height, width] if set_name == "adjacent" else None
-        if adjacent_hw:  # at full resolution, as LeRobot returns frames; the JPEG loader is not compared here
-            del jobs["jpeg"]
+        if adjacent_hw:  # the archive at full resolution, as LeRobot returns frames; t128 at its own size (as a read
+            del jobs["jpeg"]  # profile reads it, no resize); the JPEG loader is not compared here
             for job in jobs.values():
-                job["adjacent_hw"] = adjacent_hw
+                job["adjacent_hw"] = [128, 128] if job.get("stream") else adjacent_hw
         elif dense:  # the cameras of a unit decoded on threads (libavcodec and swscale release the GIL), 2 cores
             jobs["gop_threads"] = {"kind": "gop", "dense": True, "threads": 3, "cores": 2}
         for name, job in jobs.items():
@@ -765,8 +765,8 @@ def _table(r: dict) -> None:
         f"adjacent (t and t + 1/{FPS} s of every camera, 1 s of joint states, an anchor every 3rd frame, full "
         f"resolution out): GOP-aware archive {r['adjacent_cpu_ms_gop_archive']:.1f} CPU ms a sample, "
         f"{r['adjacent_decodes_over_floor']:.2f}x the decode floor ({r['adjacent_decode_floor']:.2f} decodes a "
-        f"delivered frame); t128 {r['adjacent_cpu_ms_gop_t128']:.1f} ms, {r['adjacent_decodes_over_floor_t128']:.2f}x "
-        f"its floor ({r['adjacent_decode_floor_t128']:.2f})"
+        f"delivered frame); t128 (128x128 out) {r['adjacent_cpu_ms_gop_t128']:.1f} ms, "
+        f"{r['adjacent_decodes_over_floor_t128']:.2f}x its floor ({r['adjacent_decode_floor_t128']:.2f})"
         + (
             f"; LeRobot {r['adjacent_cpu_ms_lerobot']:.1f} ms: archive {r['adjacent_cpu_gop_archive_over_lerobot']:.2f}x "
             f"LeRobot's CPU, t128 GOP-aware {r['training_stream_gop_cpu_speedup_vs_lerobot']:.1f}x and random "
