@@ -33,6 +33,7 @@ EXPECTED = {
     "raw_episodes",
     "mcap_episodes",
     "step_ladders",
+    "training_streams",
     "manifests",
     "datasets",
     "cache_sets",
@@ -176,6 +177,7 @@ def test_the_ingest_assets_are_partitioned_by_ingest_partition():
         "mcap_episodes_versions_current",
         "raw_episodes",
         "step_ladders",
+        "training_streams",
     ]
 
 
