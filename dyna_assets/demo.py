@@ -446,7 +446,10 @@ def print_howto(home: DynaHome, files: list[Path]) -> None:
     print("                curation sensor rebuilds the manifest (run tag dyna/trigger: selection-changed);")
     print("                manifests -> cache_sets: the prewarm sensor warms a manifest's pages when its")
     print("                DataVersion changes; mcap_replica copies its files to the second origin;")
-    print("                checkpoints trains on it (torchrun through Dagster Pipes, metrics in the run log)")
+    print("                checkpoints trains on it (torchrun through Dagster Pipes, metrics in the run log);")
+    print("                DYNA_READ_PROFILE (default t64) chooses the training stream transcode writes, prewarm")
+    print("                warms and the trainer reads: after changing it, backfill training_streams (it adds")
+    print("                the new stream to the MCAPs already there; a manifest lacking it is refused)")
     if files:
         print(f"  Rerun:        .venv/bin/rerun {files[0]}")
         print(f"  Foxglove:     open {files[0]} in Foxglove (desktop app or app.foxglove.dev: Open local file)")
