@@ -225,8 +225,12 @@ def test_progress_is_heard_at_the_start_on_every_interval_and_at_the_end(tmp_pat
     last = heard[-1]
     assert (last.pages_done, last.bytes_done, last.fetched_bytes) == (report.pages, report.bytes, report.fetched_bytes)
     assert last.eta_s == 0.0 and f"{report.pages}/{report.pages} pages" in last.summary()
-    # a report every third page (30 clock seconds), the start and the end: not one per page
-    assert [p.pages_done for p in heard[1:-1]] == list(range(3, report.pages, 3))
+    # a report about every third page (30 clock seconds), the start and the end: not one per page. The
+    # clock moves when a page's warm returns, in the pool's thread, before the main loop has counted that
+    # page, so on a loaded machine a report may name a page or two fewer ([3, 6, 9, 12, 15, 16] of 22
+    # pages was seen): the spacing on the clock is exact, the page counts only about every third.
+    middle = [p.pages_done for p in heard[1:-1]]
+    assert report.pages // 3 - 2 <= len(middle) <= report.pages // 3, (middle, report.pages)
     assert all(b.elapsed_s - a.elapsed_s >= 25 for a, b in zip(heard, heard[1:-1]))
     assert [p.pages_done for p in heard] == sorted(p.pages_done for p in heard)
 
