@@ -122,14 +122,21 @@ def _fail_on_failed_units(context, asset: str, reports: list[PartitionReport], i
             "infrastructure_units": MetadataValue.json(sorted(machine)),
         },
     )
-    if machine == set(failed) and context.retry_number < ingest.infra_retries:
+    if machine == set(failed):
+        retry_after_backoff(context, ingest, failure)
+    raise failure
+
+
+def retry_after_backoff(context, ingest: IngestResource, failure: Failure) -> None:
+    """For a step whose every failure was the machine's: run it again after an exponential back-off,
+    ``ingest.infra_retries`` times at most (then this returns and the caller raises ``failure``)."""
+    if context.retry_number < ingest.infra_retries:
         wait_s = ingest.infra_retry_wait_s * 2**context.retry_number
         context.log.warning(
             f"{failure.description}; retrying the step in {wait_s:g} s "
             f"(attempt {context.retry_number + 2} of {ingest.infra_retries + 1})"
         )
         raise RetryRequested(max_retries=ingest.infra_retries, seconds_to_wait=wait_s) from failure
-    raise failure
 
 
 @multi_asset(

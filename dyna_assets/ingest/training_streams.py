@@ -14,7 +14,7 @@ from dyna_resources.ingest.training_backfill import BackfillReport, backfill_par
 from dyna_resources.resources import IngestResource, TranscodeResource
 
 from .. import k8s
-from .assets import BACKFILL, version_tags
+from .assets import BACKFILL, retry_after_backoff, version_tags
 from .partitions import ingest_partition_keys, ingest_partitions
 
 SHOWN = 20  # episodes named per list in the metadata
@@ -30,6 +30,7 @@ def _metadata(profile_name: str, rep: BackfillReport) -> dict:
         "this_run_added_GB": gigabytes(rep.bytes_added),
         "this_run_conflicts": MetadataValue.json(dict(list(rep.conflicts.items())[:SHOWN])),
         "this_run_failed": MetadataValue.json(dict(list(rep.failed.items())[:SHOWN])),
+        "this_run_pending": MetadataValue.json(dict(list(rep.pending.items())[:SHOWN])),
         "this_run_s": rounded(rep.seconds),
         "this_run_cpu_s": rounded(rep.cpu_s),
     }
@@ -58,16 +59,27 @@ def training_streams(context: AssetExecutionContext, ingest: IngestResource, tra
         context.add_asset_metadata(_metadata(profile.name, rep), partition_key=partition)
         context.log.info(
             f"{partition}: {len(rep.added)} episode(s) given {', '.join(rep.streams) or 'no streams'}, "
-            f"{len(rep.current)} already had them, {len(rep.conflicts)} conflicts, {len(rep.failed)} failed"
+            f"{len(rep.current)} already had them, {len(rep.conflicts)} conflicts, {len(rep.failed)} failed, "
+            f"{len(rep.pending)} left pending by machine faults"
         )
     failed = {e: why for r in reports for e, why in r.failed.items()}
-    if failed:  # after every partition is done: what the others did is recorded
-        raise Failure(
-            description=f"training_streams: {len(failed)} episode(s) could not be given the streams: "
-            + "; ".join(f"{e}: {why}" for e, why in list(failed.items())[:5]),
-            metadata={"failed": MetadataValue.json(dict(list(failed.items())[:SHOWN]))},
+    pending = {e: why for r in reports for e, why in r.pending.items()}
+    if failed or pending:  # after every partition is done: what the others did is recorded
+        named = {**failed, **pending}
+        failure = Failure(
+            description=f"training_streams: {len(named)} episode(s) could not be given the streams"
+            + (f" ({len(pending)} for machine faults, not their files')" if pending else "")
+            + ": "
+            + "; ".join(f"{e}: {why}" for e, why in list(named.items())[:5]),
+            metadata={
+                "failed": MetadataValue.json(dict(list(failed.items())[:SHOWN])),
+                "pending": MetadataValue.json(dict(list(pending.items())[:SHOWN])),
+            },
             allow_retries=False,
         )
+        if not failed:  # every one was the machine's: a passing outage heals without a person
+            retry_after_backoff(context, ingest, failure)
+        raise failure
     digest = hashlib.sha256(
         repr(sorted((r.partition, r.streams, len(r.current) + len(r.added)) for r in reports)).encode()
     ).hexdigest()[:16]

@@ -12,7 +12,10 @@ A new read profile (another training stream size or GOP) must not mean transcodi
   republished the episode meanwhile is never overwritten (it is reported as a conflict and left
   for the next run, which finds it current or rewrites the new MCAP);
 - a damaged MCAP fails that episode alone, named with the reason; a store that does not answer
-  fails the partition (critical: the run is retried).
+  fails the partition (critical: the run is retried);
+- a machine fault (its worker killed or out of memory, a full disk) is not a verdict on the episode: it
+  is tried again (:data:`~.faults.WORKER_DEATH_ATTEMPTS` attempts), then left ``pending`` (without the
+  streams, nothing recorded against it) for the asset to retry the step after a back-off.
 
 Plain Python, no Dagster import (the ``training_streams`` asset is the Dagster face).
 """
@@ -30,12 +33,13 @@ from pathlib import Path
 
 from ..catalog.registry import TRANSCODED
 from ..episodes.errors import McapFormatError
-from ..episodes.read_profile import carries, stream_token, streams_column
+from ..episodes.read_profile import carries, stream_token
 from ..episodes.training_streams import TrainingStreamSpec, add_training_streams
 from ..storage.publish import PreconditionFailed
 from ..storage.stores import StoreUnavailableError
 from .batches import IngestStores
 from .episode_io import McapSink
+from .faults import INFRASTRUCTURE, WORKER_DEATH_ATTEMPTS, exception_class
 from .workers import WorkerFailure, run_each
 
 
@@ -56,6 +60,7 @@ class RewriteOutcome:
     error: str | None = None  # the episode's own: a damaged MCAP
     conflict: str | None = None  # someone else's MCAP is there now
     unavailable: tuple[str, str] | None = None  # (url, reason): the store did not answer
+    machine: str | None = None  # a fault of the machine (disk full, out of memory): tried again
     cpu_s: float = 0.0
 
 
@@ -68,6 +73,7 @@ class BackfillReport:
     added: list[str] = field(default_factory=list)
     conflicts: dict[str, str] = field(default_factory=dict)  # republished meanwhile: left for the next run
     failed: dict[str, str] = field(default_factory=dict)  # episode -> why (its MCAP is damaged)
+    pending: dict[str, str] = field(default_factory=dict)  # episode -> the machine fault met on every attempt
     bytes_added: int = 0
     seconds: float = 0.0
     cpu_s: float = 0.0
@@ -83,6 +89,9 @@ def rewrite_job(job: RewriteJob) -> RewriteOutcome:
         out = _rewrite(job, src, work)
     except StoreUnavailableError as e:
         out = RewriteOutcome(unavailable=(e.url, e.reason))
+    except Exception as e:
+        why = f"{type(e).__name__}: {e}"
+        out = RewriteOutcome(machine=why) if exception_class(e) == INFRASTRUCTURE else RewriteOutcome(error=why)
     finally:
         src.unlink(missing_ok=True)
         work.unlink(missing_ok=True)
@@ -119,6 +128,33 @@ def _rewrite(job: RewriteJob, src: Path, work: Path) -> RewriteOutcome:
     return RewriteOutcome(version=published.version, bytes_after=report.bytes_after, bytes_added=added)
 
 
+def _record(
+    stores: IngestStores,
+    rep: BackfillReport,
+    row: dict,
+    out: RewriteOutcome,
+    specs: Sequence[TrainingStreamSpec],
+    wanted: list[str],
+) -> None:
+    assert out.version is not None
+    # the streams the file now holds: the wanted ones beside any other it carried
+    kept = [tok for tok in (row.get("training_streams") or "").split(",") if tok]
+    names = {s.name for s in specs}
+    column = ",".join(sorted({*(t for t in kept if t.split("@")[0] not in names), *wanted}))
+    recorded = stores.registry.record_rewrite(
+        row["episode_id"],
+        expect_version=row.get("mcap_version"),
+        mcap_version=out.version,
+        mcap_bytes=out.bytes_after,
+        training_streams=column,
+    )
+    if recorded:
+        rep.added.append(row["episode_id"])
+        rep.bytes_added += out.bytes_added
+    else:
+        rep.conflicts[row["episode_id"]] = "the registry's row changed while its MCAP was rewritten"
+
+
 def backfill_partition(
     partition_key: str,
     stores: IngestStores,
@@ -144,42 +180,42 @@ def backfill_partition(
         else:
             todo.append(r)
     sink = stores.sink()
-    jobs = [(RewriteJob(r["episode_id"], r["mcap_path"], r.get("mcap_version"), sink, specs),) for r in todo]
+    jobs = [RewriteJob(r["episode_id"], r["mcap_path"], r.get("mcap_version"), sink, specs) for r in todo]
     unavailable: tuple[str, str] | None = None
     episodes_cpu = 0.0
-    with closing(run_each(rewrite_job, jobs, max(1, min(workers, len(jobs) or 1)))) as results:
-        for k, _slot, out in results:
-            row = todo[k]
-            eid = row["episode_id"]
-            if isinstance(out, WorkerFailure):
-                rep.failed[eid] = f"its worker died: {out.reason}"
-                continue
-            episodes_cpu += out.cpu_s
-            if out.unavailable:
-                unavailable = out.unavailable
-            elif out.error:
-                rep.failed[eid] = out.error
-                log(f"{eid}: training streams not added: {out.error}")
-            elif out.conflict:
-                rep.conflicts[eid] = out.conflict
-            else:
-                assert out.version is not None
-                # the streams the file now holds: the wanted ones beside any other it carried
-                kept = [tok for tok in (row.get("training_streams") or "").split(",") if tok]
-                names = {s.name for s in specs}
-                column = ",".join(sorted({*(t for t in kept if t.split("@")[0] not in names), *wanted}))
-                recorded = stores.registry.record_rewrite(
-                    eid,
-                    expect_version=row.get("mcap_version"),
-                    mcap_version=out.version,
-                    mcap_bytes=out.bytes_after,
-                    training_streams=column or streams_column(specs),
-                )
-                if recorded:
-                    rep.added.append(eid)
-                    rep.bytes_added += out.bytes_added
+    attempt, faults = list(range(len(todo))), dict[int, list[str]]()
+    while attempt and unavailable is None:
+        again = []
+        with closing(
+            run_each(rewrite_job, [(jobs[i],) for i in attempt], max(1, min(workers, len(attempt))))
+        ) as results:
+            for k, _slot, out in results:
+                i = attempt[k]
+                eid = todo[i]["episode_id"]
+                if isinstance(out, WorkerFailure):  # killed, out of memory: rewrite_job itself never raises
+                    out = RewriteOutcome(machine=out.reason)
+                episodes_cpu += out.cpu_s
+                if out.unavailable:
+                    unavailable = out.unavailable
+                elif out.machine:
+                    faults.setdefault(i, []).append(out.machine)
+                    log(
+                        f"{eid}: attempt {len(faults[i])} of {WORKER_DEATH_ATTEMPTS} met a machine fault: {out.machine}"
+                    )
+                    if len(faults[i]) < WORKER_DEATH_ATTEMPTS:
+                        again.append(i)
+                    else:
+                        rep.pending[eid] = out.machine
+                elif out.error:
+                    rep.failed[eid] = out.error
+                    log(f"{eid}: training streams not added: {out.error}")
+                elif out.conflict:
+                    rep.conflicts[eid] = out.conflict
                 else:
-                    rep.conflicts[eid] = "the registry's row changed while its MCAP was rewritten"
+                    _record(stores, rep, todo[i], out, specs, wanted)
+        attempt = again
+    for i in attempt:  # left when the store stopped answering
+        rep.pending.setdefault(todo[i]["episode_id"], faults[i][-1])
     rep.seconds = time.perf_counter() - t0
     rep.cpu_s = time.process_time() - c0 + episodes_cpu
     if unavailable is not None:

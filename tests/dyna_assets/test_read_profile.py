@@ -2,7 +2,9 @@
 training streams transcode writes and the backfill adds, what prewarm warms and what the trainer reads; a
 manifest whose episodes lack the stream is refused before training, naming them and the backfill."""
 
+import os
 import shutil
+import signal
 
 import pyarrow as pa
 from dagster import DagsterInstance, materialize
@@ -10,6 +12,8 @@ from dagster import DagsterInstance, materialize
 from dyna_assets.definitions import defs
 from dyna_resources.episodes.mcap_reader import EpisodeReader
 from dyna_resources.episodes.read_profile import stream_token
+from dyna_resources.ingest import training_backfill
+from dyna_resources.ingest.faults import WORKER_DEATH_ATTEMPTS
 from dyna_resources.resources import (
     CacheResource,
     HomeResource,
@@ -126,3 +130,42 @@ def test_one_setting_chooses_the_streams_of_transcode_backfill_prewarm_and_train
         mended = {r["episode_id"]: r for r in registry.partition_episodes(key)}
         assert {r["training_streams"] for r in mended.values()} == {token_short}
         assert all(archive_payloads(r["mcap_path"]) == before[e] for e, r in mended.items())
+
+
+def test_a_killed_backfill_worker_retries_the_step_after_a_back_off_and_fails_nothing(
+    tmp_path, episode_factory, monkeypatch
+):
+    """A backfill worker killed on every attempt (out of memory, a signal) is the machine's fault, not the
+    episode's: the step is retried after the back-off (the ingest's ``infra_retries``), and heals."""
+    root = tmp_path / "home"
+    landing = root / "landing" / "2026-12-01"
+    landing.mkdir(parents=True)
+    for i in range(2):
+        shutil.copyfile(episode_factory(episode_id=f"ep-k{i}", seed=340 + i, duration_s=1.5).path, landing / f"k{i}.h5")
+    base = resources(root, units_on="process", infra_retries=1)
+    archive = deployment(base, root, "archive")
+    with DagsterInstance.ephemeral() as instance:
+        (key,) = [r.partition_key for r in tick(instance, archive).run_requests]
+        assert materialize(
+            assets("raw_episodes", "mcap_episodes"), instance=instance, partition_key=key, resources=archive
+        ).success
+        (root / "read_profiles.yaml").write_text(PROFILES)
+        t32 = deployment(base, root, "t32")
+        deaths = tmp_path / "deaths"
+        real = training_backfill.add_training_streams
+
+        def killed(src, dst, specs):  # in the forked worker: ep-k0's dies on each attempt of the first step
+            if "ep-k0" in str(dst) and len(deaths.read_text() if deaths.exists() else "") < WORKER_DEATH_ATTEMPTS:
+                with open(deaths, "a") as f:
+                    f.write("x")
+                os.kill(os.getpid(), signal.SIGKILL)
+            return real(src, dst, specs)
+
+        monkeypatch.setattr(training_backfill, "add_training_streams", killed)
+        run = materialize(assets("training_streams"), instance=instance, partition_key=key, resources=t32)
+        assert run.success and deaths.read_text() == "x" * WORKER_DEATH_ATTEMPTS
+        kinds = [e.event_type_value for e in run.all_events]
+        assert kinds.count("STEP_UP_FOR_RETRY") == 1 and "STEP_FAILURE" not in kinds
+        token = stream_token(t32["home"].profile().stream("t32"))
+        rows = archive["ingest"].stores().registry.partition_episodes(key)
+        assert {r["training_streams"] for r in rows} == {token}
