@@ -4,10 +4,17 @@ Objects are cut into fixed pages (default 4 MiB). A page is keyed by (logical UR
 version, page index), so a rewritten object never serves old pages: its new version has new keys.
 Layout under ``root``::
 
-    index.sqlite          which pages exist, their dataset, size and access times (WAL, shared);
+    index.sqlite          which pages exist, their dataset, bytes held and access times (WAL, shared);
                           its ``user_version`` is the on-disk format (``_FORMAT``)
     locks                 a lock file: byte-range locks, one slot per page key (fetch-once)
-    pages/ab/<object>/N   page N of one object version: header, per-block checksums, data
+    pages/ab/<object>/N   page N of one object version: header, block bitmap, per-block checksums, data
+
+**Ranged fills.** A page holds only the blocks (``block_size``, 16 KiB) that were asked for: a miss
+fetches the missing blocks of the bytes wanted, not the whole page, and adds them to the page file
+(data, then checksums, then the bitmap bits, so a reader never sees a block marked present before its
+bytes and checksum are there; the absent blocks are holes in a sparse file). A training read set is a
+few small chunks (a training stream, proprio) between large archive-camera chunks: whole-page fills
+fetched ~12x the bytes such an epoch needs.
 
 A folder of another format (an older release's) is rebuilt when it is first opened: the index
 tables are recreated and the old pages removed, under the index's write lock, so concurrent
@@ -71,7 +78,7 @@ log = logging.getLogger("dyna.cache")
 
 MiB = 1 << 20
 _MAGIC = b"DYPG"
-_FORMAT = 2  # the on-disk format: page header below and index schema; another one is rebuilt
+_FORMAT = 3  # the on-disk format: page header below and index schema; another one is rebuilt
 # magic, format, block count, block size, data length, fetched at, object digest (URL, version,
 # page size: the key's middle part), page index: the header binds the file to its key
 _HEADER = struct.Struct("<4sBxHIQd16sQ")
@@ -91,7 +98,7 @@ class CacheConfig:
     quotas: Mapping[str, int] = field(default_factory=dict)  # dataset -> bytes
     ttl_s: float | None = None  # serve a page at most this long after it was fetched
     metadata_ttl_s: float = 0.0  # trust an object's (size, version) this long without asking the origin
-    block_size: int = 64 << 10  # checksum granularity inside a page
+    block_size: int = 16 << 10  # checksum and fill granularity inside a page
     fetch_threads: int = 8  # parallel origin reads of the missing pages of one read
 
     def __post_init__(self):
@@ -214,8 +221,8 @@ class PageCache:
 
             def fill(item):
                 p, lo, hi = item
-                page, _ = self._fill(url, info, p, dataset)
-                view[lo - start : hi - start] = memoryview(page)[lo - p * ps : hi - p * ps]
+                got, _ = self._fill(url, info, p, dataset, lo - p * ps, hi - p * ps)
+                view[lo - start : hi - start] = got
 
             self._run_all(fill, missing)
         self._maybe_flush_touches()
@@ -224,24 +231,24 @@ class PageCache:
     def warm(
         self, url: str, start: int, end: int, *, info: ObjectInfo | None = None, dataset: str = ""
     ) -> tuple[int, int, int, int]:
-        """Make the pages of ``[start, end)`` present without reading them back.
-        Returns (pages fetched, bytes fetched, pages already warm, bytes already warm)."""
+        """Make the blocks of ``[start, end)`` present without reading them back.
+        Returns (pages fetched, bytes fetched from the origin, pages already warm, bytes already warm)."""
         url = normalize_url(url)
         info = info or self.info(url)
         ps = self.config.page_size
         start, end = max(0, start), min(end, info.size)
         fetched = fetched_bytes = warm = warm_bytes = 0
         for p in range(start // ps, (end - 1) // ps + 1) if start < end else ():
-            n = min(info.size, (p + 1) * ps) - p * ps
-            if self._present(url, info, p, n):
-                warm, warm_bytes = warm + 1, warm_bytes + n
+            a, b = max(start, p * ps) - p * ps, min(end, (p + 1) * ps) - p * ps
+            if self._present(url, info, p, a, b):
+                warm, warm_bytes = warm + 1, warm_bytes + b - a
                 self._touch(self._key(url, info, p))
                 continue
-            _, from_origin = self._fill(url, info, p, dataset)
+            _, from_origin = self._fill(url, info, p, dataset, a, b)
             if from_origin:  # else another thread or process filled it meanwhile
-                fetched, fetched_bytes = fetched + 1, fetched_bytes + n
+                fetched, fetched_bytes = fetched + 1, fetched_bytes + from_origin
             else:
-                warm, warm_bytes = warm + 1, warm_bytes + n
+                warm, warm_bytes = warm + 1, warm_bytes + b - a
         return fetched, fetched_bytes, warm, warm_bytes
 
     def usage(self) -> dict[str, int]:
@@ -305,7 +312,8 @@ class PageCache:
 
     # ---- hits ---------------------------------------------------------------------------------
     def _hit(self, url, info, page, a, b, dest: memoryview, *, count: bool = True) -> bool:
-        """Copy bytes [a, b) of a verified cached page into ``dest``; False on a miss."""
+        """Copy bytes [a, b) of a verified cached page into ``dest``; False on a miss (no page, or a
+        block of the range not in it)."""
         if not self._usable():
             return False
         key = self._key(url, info, page)
@@ -318,13 +326,15 @@ class PageCache:
             self._warn("read", f"cache page unreadable ({e.strerror}): reading from the origin")
             return False
         try:
-            sums, data_at = self._header(fd, want, key)
+            sums, data_at, bits = self._header(fd, want, key)
             if sums is None:
                 return self._drop_bad(key, "corrupt header, or a page file of another key")
             if sums is False:
                 return self._drop_expired(key)
             bs = self.config.block_size
             k_first, k_last = a // bs, (b - 1) // bs
+            if bits is not None and not _all_set(bits, k_first, k_last + 1):
+                return False  # a partial page without these blocks: a miss, the page stays
             # Whole blocks inside [a, b) are read straight into dest; the edge blocks via a buffer.
             inner_lo = -(-a // bs)
             inner_hi = b // bs if b < want else k_last + 1
@@ -358,22 +368,22 @@ class PageCache:
         return True
 
     def _header(self, fd: int, want: int, key: str, *, remember: bool = True):
-        """(checksums, data offset); (None, 0) if the header is bad or bound to another key,
-        (False, 0) if expired.
+        """(checksums, data offset, block bitmap): the bitmap is None when every block is present;
+        (None, 0, None) if the header is bad or bound to another key, (False, 0, None) if expired.
 
-        Parsed headers are remembered per key: a page file under one key always holds the same
-        bytes (a refetch writes identical data), and the data itself is verified on every read
-        against these checksums, which came from a header bound to ``key``: bytes of any other
-        page put in its place fail them."""
+        Parsed headers of complete pages are remembered per key: a complete page file under one key
+        always holds the same bytes (a refetch writes identical data), and the data itself is verified
+        on every read against these checksums, which came from a header bound to ``key``: bytes of any
+        other page put in its place fail them. A partial page's header changes as blocks are added."""
         known = self._headers.get(key) if remember else None
         if known is not None:
             sums, data_at, fetched_at = known
             if self.config.ttl_s is not None and self._clock() - fetched_at > self.config.ttl_s:
-                return False, 0
-            return sums, data_at
+                return False, 0, None
+            return sums, data_at, None
         head = os.pread(fd, _HEADER.size, 0)
         if len(head) != _HEADER.size:
-            return None, 0
+            return None, 0, None
         magic, fmt, nblocks, bs, length, fetched_at, digest, index = _HEADER.unpack(head)
         if (
             magic != _MAGIC
@@ -383,31 +393,41 @@ class PageCache:
             or nblocks != -(-length // bs)
             or (digest, index) != self._binding(key)
         ):
-            return None, 0
+            return None, 0, None
         if self.config.ttl_s is not None and self._clock() - fetched_at > self.config.ttl_s:
-            return False, 0
-        raw = os.pread(fd, 8 * nblocks, _HEADER.size)
-        if len(raw) != 8 * nblocks:
-            return None, 0
-        sums, data_at = memoryview(raw).cast("Q"), _HEADER.size + 8 * nblocks
-        if remember:
+            return False, 0, None
+        nbits = _bitmap_bytes(nblocks)
+        # the bitmap before the checksums, in one read: a block's bit is set only after its checksum is
+        # written, so a bit seen set here has its checksum in the same (later-copied) bytes
+        raw = os.pread(fd, nbits + 8 * nblocks, _HEADER.size)
+        if len(raw) != nbits + 8 * nblocks:
+            return None, 0, None
+        bits = bytes(raw[:nbits])
+        sums, data_at = memoryview(raw)[nbits:].cast("Q"), _HEADER.size + nbits + 8 * nblocks
+        complete = _all_set(bits, 0, nblocks)
+        if remember and complete:
             if len(self._headers) >= _HEADER_MEMO:
                 self._headers.clear()
             self._headers[key] = (sums, data_at, fetched_at)
-        return sums, data_at
+        return sums, data_at, None if complete else bits
 
-    def _present(self, url, info, page, want) -> bool:
-        """A page file with a valid header and the full length exists (checksums verified on read)."""
+    def _present(self, url, info, page, a: int, b: int) -> bool:
+        """A page file with a valid header, its full length and the blocks of [a, b) exists (checksums
+        verified on read)."""
         if not self._usable():
             return False
         key = self._key(url, info, page)
+        want = min(info.size, (page + 1) * self.config.page_size) - page * self.config.page_size
         try:
             fd = os.open(self._page_path(key), os.O_RDONLY)
         except OSError:
             return False
         try:
-            sums, data_at = self._header(fd, want, key, remember=False)
-            return bool(sums) and os.fstat(fd).st_size == data_at + want
+            sums, data_at, bits = self._header(fd, want, key, remember=False)
+            if not sums or os.fstat(fd).st_size != data_at + want:
+                return False
+            bs = self.config.block_size
+            return bits is None or _all_set(bits, a // bs, (b - 1) // bs + 1)
         except OSError:
             return False
         finally:
@@ -430,31 +450,97 @@ class PageCache:
         self._with_index(lambda db: db.execute("DELETE FROM pages WHERE key = ?", (key,)))
 
     # ---- misses -------------------------------------------------------------------------------
-    def _fill(self, url: str, info: ObjectInfo, page: int, dataset: str) -> tuple[bytes | bytearray, bool]:
-        """(the page's bytes, whether they came from the origin): from the cache if another reader
-        filled it meanwhile, else from the origin, then stored (best effort)."""
-        ps = self.config.page_size
-        lo, hi = page * ps, min(info.size, (page + 1) * ps)
+    def _fill(self, url: str, info: ObjectInfo, page: int, dataset: str, a: int, b: int) -> tuple[bytearray, int]:
+        """(bytes [a, b) of the page, bytes fetched from the origin for them): from the cache if another
+        reader filled them meanwhile, else the missing blocks from the origin, then stored (best effort)."""
+        ps, bs = self.config.page_size, self.config.block_size
+        base, want = page * ps, min(info.size, (page + 1) * ps) - page * ps
         key = self._key(url, info, page)
+        out = bytearray(b - a)
         self._count(miss_pages=1)
         with self._page_lock(key) as locked:
-            if locked:
-                buf = bytearray(hi - lo)
-                if self._hit(url, info, page, 0, hi - lo, memoryview(buf), count=False):
-                    self._count(shared_fills=1)
-                    return buf, False
-            else:
+            if not locked:
                 self._warn("fallback", f"cache at {self.root} unusable: reading {redact(url)} from the origin")
-            data = self.origins.read(url, lo, hi, info.version)
-            self._count(origin_requests=1, origin_bytes=len(data))
-            if len(data) != hi - lo:
-                raise ObjectChangedError(url, info.version, f"a short read ({len(data)} of {hi - lo} bytes)")
-            if locked:
-                self._store(key, data, dataset)
-            return data, True
+                out[:] = self._origin_read(url, info, base + a, base + b)
+                return out, b - a
+            if self._hit(url, info, page, a, b, memoryview(out), count=False):
+                self._count(shared_fills=1)
+                return out, 0
+            held = self._blocks_held(key, want)  # the page's present blocks (None: no usable page file)
+            k0, k1 = a // bs, (b - 1) // bs + 1
+            runs, k = [], k0
+            while k < k1:  # runs of the blocks of [a, b) the page lacks: one origin request each
+                if held is not None and _all_set(held, k, k + 1):
+                    k += 1
+                    continue
+                j = k
+                while j < k1 and not (held is not None and _all_set(held, j, j + 1)):
+                    j += 1
+                runs.append((k, j))
+                k = j
+            fetched = 0
+            view = memoryview(out)
+            got: list[tuple[int, bytes]] = []
+            for r0, r1 in runs:
+                lo, hi = r0 * bs, min(r1 * bs, want)
+                data = self._origin_read(url, info, base + lo, base + hi)
+                fetched += len(data)
+                got.append((r0, data))
+                cut_lo, cut_hi = max(a, lo), min(b, hi)
+                view[cut_lo - a : cut_hi - a] = memoryview(data)[cut_lo - lo : cut_hi - lo]
+            self._store(key, want, got, held, dataset)
+            for k in range(k0, k1):  # blocks the page already held: read from it (or the origin if it went)
+                if held is None or not _all_set(held, k, k + 1):
+                    continue
+                lo, hi = max(a, k * bs), min(b, (k + 1) * bs)
+                if not self._hit(url, info, page, lo, hi, view[lo - a : hi - a], count=False):
+                    view[lo - a : hi - a] = self._origin_read(url, info, base + lo, base + hi)
+                    fetched += hi - lo
+            return out, fetched
 
-    def _store(self, key: str, data: bytes, dataset: str) -> None:
-        size = len(data)
+    def _origin_read(self, url: str, info: ObjectInfo, lo: int, hi: int) -> bytes:
+        data = self.origins.read(url, lo, hi, info.version)
+        self._count(origin_requests=1, origin_bytes=len(data))
+        if len(data) != hi - lo:
+            raise ObjectChangedError(url, info.version, f"a short read ({len(data)} of {hi - lo} bytes)")
+        return data
+
+    def _blocks_held(self, key: str, want: int) -> bytes | None:
+        """The bitmap of a usable page file of ``key`` (all set when complete); None when there is none
+        (or it is bad or expired: it is removed, and the fill writes a new one)."""
+        try:
+            fd = os.open(self._page_path(key), os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            sums, data_at, bits = self._header(fd, want, key, remember=False)
+            ok = bool(sums) and os.fstat(fd).st_size == data_at + want
+        except OSError:
+            ok = False
+        finally:
+            os.close(fd)
+        if not ok:
+            self._forget(key)
+            return None
+        nblocks = -(-want // self.config.block_size)
+        return bits if bits is not None else b"\xff" * _bitmap_bytes(nblocks)
+
+    def _store(self, key: str, want: int, blocks: list[tuple[int, bytes]], held: bytes | None, dataset: str) -> None:
+        """Add the fetched runs (first block, bytes) to the page file (a new sparse one when ``held`` is
+        None), then to the index with the bytes the page now holds."""
+        if not blocks:
+            return
+        bs = self.config.block_size
+        nblocks = -(-want // bs)
+        bits = bytearray(held) if held is not None else bytearray(_bitmap_bytes(nblocks))
+        sums: dict[int, int] = {}
+        for r0, data in blocks:
+            view = memoryview(data)
+            for i in range(0, len(data), bs):
+                k = r0 + i // bs
+                sums[k] = xxhash.xxh3_64_intdigest(view[i : i + bs])
+                bits[k >> 3] |= 1 << (k & 7)
+        size = sum(min((k + 1) * bs, want) - k * bs for k in range(nblocks) if bits[k >> 3] >> (k & 7) & 1)
         limit = min(self.config.capacity_bytes, self.config.quotas.get(dataset, self.config.capacity_bytes))
         if size > limit:
             self._warn(
@@ -470,18 +556,34 @@ class PageCache:
             _unlink(self._page_path(v))
         self._count(evicted_pages=len(victims))
         path = Path(self._page_path(key))
+        data_at = _HEADER.size + len(bits) + 8 * nblocks
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            bs = self.config.block_size
-            view = memoryview(data)
-            sums = [xxhash.xxh3_64_intdigest(view[i : i + bs]) for i in range(0, size, bs)]
-            head = _HEADER.pack(_MAGIC, _FORMAT, len(sums), bs, size, self._clock(), *self._binding(key))
-            with open(tmp, "wb") as f:
-                f.write(head)
-                f.write(struct.pack(f"<{len(sums)}Q", *sums))
-                f.write(view)
-            os.replace(tmp, path)
+            if held is None or key in victims:  # a new page file, written whole and renamed into place
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                try:
+                    os.ftruncate(fd, data_at + want)  # absent blocks stay holes
+                    head = _HEADER.pack(_MAGIC, _FORMAT, nblocks, bs, want, self._clock(), *self._binding(key))
+                    all_sums = [sums.get(k, 0) for k in range(nblocks)]
+                    os.pwrite(fd, head + bytes(bits) + struct.pack(f"<{nblocks}Q", *all_sums), 0)
+                    for r0, data in blocks:
+                        os.pwrite(fd, data, data_at + r0 * bs)
+                finally:
+                    os.close(fd)
+                os.replace(tmp, path)
+            else:  # blocks added to a partial page in place: data, then checksums, then the bitmap
+                fd = os.open(path, os.O_WRONLY)
+                try:
+                    for r0, data in blocks:
+                        os.pwrite(fd, data, data_at + r0 * bs)
+                    sums_at = _HEADER.size + len(bits)
+                    for k, v in sums.items():
+                        os.pwrite(fd, struct.pack("<Q", v), sums_at + 8 * k)
+                    os.pwrite(fd, bytes(bits), _HEADER.size)
+                finally:
+                    os.close(fd)
+            self._headers.pop(key, None)
         except OSError as e:
             _unlink(tmp)
             self._with_index(lambda db: db.execute("DELETE FROM pages WHERE key = ?", (key,)))
@@ -799,6 +901,17 @@ def _rebuild_index(db: sqlite3.Connection, root: Path) -> Path | None:
 
 # struct flock on Linux (l_type, l_whence, l_start, l_len, l_pid), native alignment: 32 bytes
 _FLOCK = struct.Struct("@hhqqi4x")
+
+
+def _bitmap_bytes(nblocks: int) -> int:
+    """Bytes of a page's block bitmap (bit k of byte k // 8: block k present), padded to 8 so the
+    checksums after it stay aligned."""
+    return -(-nblocks // 64) * 8
+
+
+def _all_set(bits: bytes, k0: int, k1: int) -> bool:
+    """Whether blocks [k0, k1) are all marked present."""
+    return all(bits[k >> 3] >> (k & 7) & 1 for k in range(k0, k1))
 
 
 def _lock_slot(path: Path, slot: int) -> int:

@@ -230,19 +230,15 @@ def prewarm(
     """Fetch every page of ``plan`` that the cache lacks, ``parallel`` pages at a time. ``progress``
     hears where it stands when it starts, at least every ``progress_every_s`` (``clock`` seconds), and
     when it is done."""
-    ps = cache.config.page_size
-    work = []
-    for f in plan.files:
-        pages = sorted({p for s, e in f.ranges for p in range(s // ps, (e - 1) // ps + 1)})
-        work += [(f, p) for p in pages]
+    work = [(f, a, b) for f in plan.files for a, b in page_pieces(f.ranges, cache.config.page_size)]
     t0 = time.perf_counter()
     totals = np.zeros(4, np.int64)
     errors = dict(plan.errors)
     report = _Reporter(progress, len(work), progress_every_s, clock)
 
     def warm_page(item):
-        f, p = item
-        return cache.warm(f.url, p * ps, (p + 1) * ps, info=f.info, dataset=dataset)
+        f, a, b = item
+        return cache.warm(f.url, a, b, info=f.info, dataset=dataset)
 
     finished: queue.SimpleQueue = queue.SimpleQueue()
     with ThreadPoolExecutor(max(1, parallel), thread_name_prefix="prewarm") as pool:
@@ -323,6 +319,16 @@ def prewarm_manifest(
 
 
 # ---- helpers -------------------------------------------------------------------------------------
+def page_pieces(ranges: Iterable[tuple[int, int]], page_size: int) -> list[tuple[int, int]]:
+    """Merged ``ranges`` cut at page boundaries, in file order: the cache fetches the blocks of each
+    piece only (two ranges in one page are two pieces)."""
+    pieces = []
+    for s, e in _merge(ranges):
+        for p in range(s // page_size, (e - 1) // page_size + 1) if s < e else ():
+            pieces.append((max(s, p * page_size), min(e, (p + 1) * page_size)))
+    return pieces
+
+
 def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Disjoint sorted intervals covering the closed intervals [starts[i], ends[i]]."""
     if len(starts) == 0:

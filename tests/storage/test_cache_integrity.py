@@ -14,6 +14,7 @@ from pathlib import Path
 
 import xxhash
 
+from dyna_resources.storage import page_cache
 from dyna_resources.storage.cache_fs import CachedFileSystem
 from dyna_resources.storage.origins import Origins
 from dyna_resources.storage.page_cache import CacheConfig, PageCache
@@ -169,7 +170,7 @@ def test_old_format_cache_is_rebuilt_once_by_concurrent_readers_not_misread(tmp_
     assert sum(requests for _, requests, _, _ in got) == 3  # one rebuild: each page fetched once in all
     assert sum(cached for _, _, cached, _ in got) == 3  # the other process got each page from the cache
     db = sqlite3.connect(root / "index.sqlite")
-    assert db.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert db.execute("PRAGMA user_version").fetchone()[0] == page_cache._FORMAT
     assert sorted(k for (k,) in db.execute("SELECT key FROM pages")) == sorted(keys)
     db.close()
     assert not list(root.glob(".pages-*"))  # the old pages are gone

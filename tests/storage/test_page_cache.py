@@ -70,6 +70,72 @@ def test_random_ranges_are_byte_identical_to_the_origin(objects, shared_cache, n
     assert sum(shared_cache.usage().values()) <= 6 * PAGE  # the small capacity forces evictions on the way
 
 
+def test_a_miss_fetches_only_the_blocks_of_the_bytes_wanted_and_adds_to_the_page(tmp_path):
+    """Ranged fills: a read fetches the blocks its bytes touch, not the page; a second range of the same
+    page adds its blocks to the page file (in place) and the index counts the bytes the page holds."""
+    origin = tmp_path / "o"
+    data = write(origin / "a", 3 * PAGE)
+    u = url(origin / "a")
+    with PageCache(small_config(tmp_path / "c")) as cache:
+        assert bytes(cache.read(u, 100, 200)) == data[100:200]  # inside block 0
+        assert (cache.stats.origin_requests, cache.stats.origin_bytes) == (1, BLOCK)
+        assert bytes(cache.read(u, 5 * BLOCK - 10, 7 * BLOCK + 1)) == data[5 * BLOCK - 10 : 7 * BLOCK + 1]
+        assert cache.stats.origin_bytes == BLOCK + 4 * BLOCK  # blocks 4..7
+        assert cache.page_count() == 1 and cache.usage() == {"": 5 * BLOCK}
+        # the whole page: only its 11 missing blocks come from the origin, in runs (1-3, 8-15)
+        assert bytes(cache.read(u, 0, PAGE)) == data[:PAGE]
+        assert cache.stats.origin_bytes == PAGE and cache.stats.origin_requests == 4
+        assert cache.usage() == {"": PAGE}
+        assert bytes(cache.read(u, 0, PAGE)) == data[:PAGE] and cache.stats.origin_bytes == PAGE
+    with PageCache(small_config(tmp_path / "c")) as again:  # another process's view: the same page file
+        assert bytes(again.read(u, 3 * BLOCK, PAGE + 10)) == data[3 * BLOCK : PAGE + 10]
+        assert again.stats.origin_bytes == BLOCK  # block 0 of page 1 only
+        assert again.warm(u, 0, PAGE) == (0, 0, 1, PAGE)
+
+
+def test_a_corrupt_block_of_a_partial_page_is_dropped_and_refetched(tmp_path):
+    origin = tmp_path / "o"
+    data = write(origin / "a", PAGE)
+    u = url(origin / "a")
+    with PageCache(small_config(tmp_path / "c")) as cache:
+        cache.read(u, 0, 2 * BLOCK)
+        (page,) = [p for p in (tmp_path / "c" / "pages").rglob("*") if p.is_file() and p.name.isdigit()]
+        raw = bytearray(page.read_bytes())
+        raw[len(raw) - PAGE + 10] ^= 0xFF  # block 0's data
+        page.write_bytes(raw)
+        assert bytes(cache.read(u, 0, 2 * BLOCK)) == data[: 2 * BLOCK]
+        assert cache.stats.corrupt_pages == 1 and cache.stats.origin_bytes == 4 * BLOCK
+
+
+def _fill_blocks(root: str, u: str, blocks: list[int], barrier, results) -> None:
+    with PageCache(small_config(root)) as cache:
+        barrier.wait()
+        got = [bytes(cache.read(u, k * BLOCK, (k + 1) * BLOCK)) for k in blocks]
+        results.put((blocks, got, cache.stats.origin_bytes))
+
+
+def test_processes_filling_blocks_of_one_page_build_it_together(tmp_path):
+    """Two processes adding different blocks to one page at once: every read is byte-identical, each
+    block is fetched by one of them only, and the page ends whole."""
+    origin = tmp_path / "o"
+    data = write(origin / "a", PAGE)
+    u = url(origin / "a")
+    ctx = mp.get_context("spawn")
+    barrier, results = ctx.Barrier(2), ctx.Queue()
+    halves = [list(range(0, PAGE // BLOCK, 2)), list(range(1, PAGE // BLOCK, 2)) + [0, 2]]
+    procs = [ctx.Process(target=_fill_blocks, args=(str(tmp_path / "c"), u, h, barrier, results)) for h in halves]
+    for p in procs:
+        p.start()
+    got = [results.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(60)
+    for blocks, chunks, _ in got:
+        assert chunks == [data[k * BLOCK : (k + 1) * BLOCK] for k in blocks]
+    assert sum(fetched for *_, fetched in got) == PAGE  # blocks 0 and 2 were read twice, fetched once
+    with PageCache(small_config(tmp_path / "c")) as cache:
+        assert bytes(cache.read(u, 0, PAGE)) == data and cache.stats.origin_bytes == 0
+
+
 def test_second_read_is_served_from_pages_without_the_origin(tmp_path, objects):
     u, data = objects["odd"]
     with PageCache(small_config(tmp_path / "c")) as cache:
