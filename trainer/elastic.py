@@ -24,6 +24,11 @@ the samples of the smallest one in whole batches, so up to ``shards * batch`` sa
 the shards' imbalance are left out (the same ones every epoch, as ``DistributedSampler(drop_last=True)``
 leaves rows out); each process plans only the shards it reads (about 1/W of the manifest).
 
+**Origin prefetch** (``prefetch_batches`` > 0 and a ``page_cache``): before each batch, the decode
+units of this process's next ``prefetch_batches`` batches are handed to a :class:`~.prefetch.
+OriginPrefetcher`, which fetches their chunks into the node page cache (``trainer.prefetch``), so a
+cold epoch needs no prewarm; a unit whose bytes it could not fetch fails its samples only.
+
 No Dagster import: every DataLoader worker imports this module.
 """
 
@@ -32,7 +37,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,6 +87,10 @@ class ElasticStream(IterableDataset):
     continuous: bool = False
     options: dict[str, Any] = field(default_factory=dict)
     position: LoaderPosition = field(default_factory=LoaderPosition)
+    # Origin prefetch (the module doc): batches looked ahead, and the node page cache it fills (a
+    # PageCache; options' open_file must read through it). 0 or no cache: none.
+    prefetch_batches: int = 0
+    page_cache: Any = None
 
     def __post_init__(self):
         super().__init__()
@@ -103,6 +112,8 @@ class ElasticStream(IterableDataset):
         self._readers_pid = os.getpid()
         self._passes = 0
         self._shared: dict[str, Any] = {}  # a GOP worker's decode thread pool and decoder, shared by its shards
+        self._prefetcher: Any = None  # this process's OriginPrefetcher (made on first use: threads do not fork)
+        self._unit_index: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
         first = self.shard(0)
         self.shard_batches = first.batches_per_epoch  # the same in every shard
         self.rows = first.rows * self.n_shards  # samples per epoch, all ranks together
@@ -188,6 +199,7 @@ class ElasticStream(IterableDataset):
         if self._readers_pid != os.getpid():  # a forked worker must not share the parent's open files
             self._readers.clear()
             self._shared.clear()
+            self._prefetcher = None
             self._readers_pid = os.getpid()
         worker, workers, start = self._pass_start()
         if self.n_shards % (self.world * workers) and worker == 0 and self.rank == 0:
@@ -202,16 +214,28 @@ class ElasticStream(IterableDataset):
         g = start + self.rank + self.world * worker
         last = None if self.continuous else (start // self.batches_per_epoch + 1) * self.batches_per_epoch
         lanes: dict[tuple[int, int], _LaneReader] = {}
+        prefetch = self._prefetch()
+        ahead = g  # the next batch whose units are handed to the prefetch
         while last is None or g < last:
             e, v, k = self.locate(g)
             ds = self.shard(v)
+            if prefetch is not None:
+                while ahead <= g + step * self.prefetch_batches and (last is None or ahead < last):
+                    self._fetch_ahead(prefetch, ahead)
+                    ahead += step
             if isinstance(ds, GopDataset):
                 self._share(ds)
                 key = (e, v)
                 if key not in lanes:
                     for old in [x for x in lanes if x[0] < e]:
                         del lanes[old]
-                    lanes[key] = _LaneReader(ds, ds.lanes_of(e)[0], k, visits=self._visits(g, step, v))
+                    lanes[key] = _LaneReader(
+                        ds,
+                        ds.lanes_of(e)[0],
+                        k,
+                        visits=self._visits(g, step, v),
+                        fetch_error=None if prefetch is None else self._fetch_error(prefetch, e, v),
+                    )
                 batch = lanes[key].batch(k)
                 self._shared.setdefault("pool", ds._pool)
                 self._shared.setdefault("backend", ds._backend)
@@ -220,6 +244,50 @@ class ElasticStream(IterableDataset):
                 rows = ds.order_cache(e)[k * self.batch_size : (k + 1) * self.batch_size]
                 yield ds.collate([ds.sample(int(r), self._readers) for r in rows])
             g += step
+
+    def _prefetch(self):
+        """This process's origin prefetcher, or None (off, or the random-access loader's)."""
+        if self.prefetch_batches <= 0 or self.page_cache is None or self.loader != "gop":
+            return None
+        if self._prefetcher is None:
+            from dyna_resources.storage.cache_fs import CachedFileSystem
+            from dyna_resources.storage.prewarm import ReadSet
+
+            from .prefetch import OriginPrefetcher
+
+            cameras = tuple(self.spec.cameras) if self.spec.cameras is not None else None
+            self._prefetcher = OriginPrefetcher(
+                self.page_cache,
+                self.options.get("open_file") or CachedFileSystem(self.page_cache).open,
+                ReadSet(cameras=cameras, video_stream=self.spec.stream),
+            )
+        return self._prefetcher
+
+    @staticmethod
+    def _fetch_error(prefetch, e: int, v: int) -> Callable[[int], str | None]:
+        return lambda u: prefetch.error((e, v, u))
+
+    def _fetch_ahead(self, prefetch, g: int) -> None:
+        """Hand the decode units of global batch ``g`` to the prefetch (each unit once)."""
+        e, v, k = self.locate(g)
+        ds = self.shard(v)
+        assert isinstance(ds, GopDataset)
+        order = ds.lanes_of(e)[0]
+        index = self._unit_index.get((e, v))
+        if index is None:
+            for old in [x for x in self._unit_index if x[0] < e]:
+                del self._unit_index[old]
+            by_unit = np.argsort(order.unit, kind="stable")
+            n_units = int(order.unit.max()) + 1 if len(order.unit) else 0
+            index = self._unit_index[(e, v)] = (by_unit, np.searchsorted(order.unit[by_unit], np.arange(n_units + 1)))
+        by_unit, bounds = index
+        units = order.unit[k * self.batch_size : (k + 1) * self.batch_size]
+        for u in dict.fromkeys(units.tolist()):  # in the order the batch first needs them
+            if prefetch.unit((e, v, u)) is not None:
+                continue
+            members = order.samples[np.sort(by_unit[bounds[u] : bounds[u + 1]])]
+            url, starts, ends = ds.unit_reads(members)
+            prefetch.add((e, v, u), url, starts, ends)
 
     def _share(self, ds: GopDataset) -> None:
         """One LRU of open episodes, one decode thread pool and one decoder for every shard this process reads."""
@@ -237,6 +305,9 @@ class ElasticStream(IterableDataset):
         return (mine % self.batches_per_epoch) // self.n_shards
 
     def close(self) -> None:
+        if self._prefetcher is not None:
+            self._prefetcher.close()
+            self._prefetcher = None
         for ds in self._shards.values():
             ds.close()
         for r, *_ in (e if isinstance(e, tuple) else (e,) for e in self._readers.values()):

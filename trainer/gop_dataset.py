@@ -24,7 +24,7 @@ No Dagster import: every DataLoader worker imports this module.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -34,6 +34,8 @@ import torch
 from dyna_resources.episodes.errors import EpisodeError, WindowError
 from dyna_resources.episodes.gop_decode import CameraFrames, DecoderBackend, decode_at, swscale_rgb
 from dyna_resources.episodes.mcap_reader import EpisodeReader
+from dyna_resources.storage.origins import ObjectChangedError
+from dyna_resources.storage.stores import StoreUnavailableError
 
 from .dataset import EDGE_PAD_NS, ManifestDataset, SampleTimes, _fsspec_open, _ns, open_episode
 from .sampling import LaneOrder, lane_orders, unit_of, usable_samples
@@ -76,23 +78,24 @@ class GopDataset(ManifestDataset):
         return self.rows // self.batch_size
 
     def lanes_of(self, epoch: int) -> list[LaneOrder]:
+        # Two epochs kept: the prefetch looks into the next one while this one is read.
         # (lane_orders' keyword call is alike in shape only to generate_fleet's in sim/fleet.py and
         # transcode_batch's in ingest/partitions.py)
-        if self._lane_memo is None or self._lane_memo[0] != epoch:
-            self._lane_memo = (
-                epoch,
-                lane_orders(
-                    self.plan,
-                    self._units,
-                    self.rows,
-                    lanes=self.lanes,
-                    mix_units=self.mix_units,
-                    seed=self.seed,
-                    epoch=epoch,
-                    rank=self.rank,
-                ),
+        memo = dict(self._lane_memo or ())
+        if epoch not in memo:
+            memo[epoch] = lane_orders(
+                self.plan,
+                self._units,
+                self.rows,
+                lanes=self.lanes,
+                mix_units=self.mix_units,
+                seed=self.seed,
+                epoch=epoch,
+                rank=self.rank,
             )
-        return self._lane_memo[1]
+            memo = {e: memo[e] for e in sorted(memo)[-2:]}
+        self._lane_memo = tuple(memo.items())
+        return memo[epoch]
 
     def batch_samples(self, epoch: int, j: int) -> np.ndarray:
         """The sample indices of batch ``j`` of ``epoch`` (what any worker count delivers there)."""
@@ -150,6 +153,21 @@ class GopDataset(ManifestDataset):
         for r in self._readers.values():
             r.close()
         self._readers.clear()
+
+    def unit_reads(self, samples: np.ndarray) -> tuple[str, np.ndarray, np.ndarray]:
+        """(episode URL, window starts, window ends): the spans of one unit's samples (of one episode) its
+        decode reads, padded as ``decode_unit`` pads its chunk reads: what the origin prefetch fetches."""
+        spec, plan = self.spec, self.plan
+        offsets = np.concatenate(
+            [spec.all_frame_offsets_ns(), spec.proprio_offsets_ns(), spec.action_offsets_ns()]
+        ).astype(np.int64)
+        pad = _ns(0.1) + _ns(spec.tolerance_s)
+        anchors = plan.anchor_ns[samples].astype(np.int64)
+        return (
+            self._uri_names[int(plan.code[samples[0]])],
+            anchors + int(offsets.min()) - pad,
+            anchors + int(offsets.max()) + pad,
+        )
 
     def decode_unit(self, samples: np.ndarray) -> _Unit:
         """Every frame and stream value the samples (of one episode) read, decoded once."""
@@ -264,16 +282,25 @@ class _Unit:
     decoded: int = 0
     bytes_read: int = 0
     position: dict = field(default_factory=dict)  # sample index -> k
+    error: EpisodeError | None = None  # every sample of the unit fails with it (its bytes could not be read)
 
 
 class _LaneReader:
     """One lane of one epoch in a worker: decodes each unit when its first sample is due, drops it
     after its last (a resume mid-lane decodes only what is still to come)."""
 
-    def __init__(self, ds: GopDataset, order: LaneOrder, first_batch: int, visits: np.ndarray | None = None):
+    def __init__(
+        self,
+        ds: GopDataset,
+        order: LaneOrder,
+        first_batch: int,
+        visits: np.ndarray | None = None,
+        fetch_error: Callable[[int], str | None] | None = None,
+    ):
         """``visits``: the lane's batches this reader will serve (default: every one from ``first_batch``);
-        a unit is decoded for, and dropped after, the samples of those batches only."""
-        self.ds, self.order = ds, order
+        a unit is decoded for, and dropped after, the samples of those batches only. ``fetch_error(unit)``:
+        why the origin prefetch could not fetch the unit's bytes (None: it could, or there is none)."""
+        self.ds, self.order, self.fetch_error = ds, order, fetch_error
         bs = ds.batch_size
         served = np.zeros(len(order.unit), bool)
         if visits is None:
@@ -295,6 +322,20 @@ class _LaneReader:
         positions = np.sort(positions[self.served[positions]])
         return self.order.samples[positions]
 
+    def _decode(self, u: int, members: np.ndarray) -> _Unit:
+        """The unit decoded; or, when its bytes cannot be had from the origin (the prefetch failed after its
+        retries, or a read-through failed), a unit whose every sample fails naming the object."""
+        why = self.fetch_error(u) if self.fetch_error is not None else None
+        if why is None:
+            try:
+                return self.ds.decode_unit(members)
+            except (StoreUnavailableError, ObjectChangedError) as e:
+                why = str(e)
+        uri = self.ds._uri_names[int(self.ds.plan.code[members[0]])]
+        failed = _Unit(members, [], {}, None, *(np.empty((0, 0), np.int64),) * 3, 0, 0, uri)
+        failed.error = WindowError(uri, f"its bytes could not be read from the origin: {why}")
+        return failed
+
     def batch(self, i: int) -> dict:
         ds = self.ds
         lo, hi = i * ds.batch_size, (i + 1) * ds.batch_size
@@ -304,11 +345,13 @@ class _LaneReader:
             unit = self.live.get(u)
             if unit is None:
                 members = self._members(u)
-                unit = self.live[u] = ds.decode_unit(members)
+                unit = self.live[u] = self._decode(u, members)
                 unit.position = {int(m): k for k, m in enumerate(members.tolist())}
                 decoded += unit.decoded
                 bytes_read += unit.bytes_read
             try:
+                if unit.error is not None:
+                    raise unit.error
                 out.append(ds.unit_sample(unit, unit.position[s]))
             except EpisodeError:
                 if ds.bad_samples == "raise":

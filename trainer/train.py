@@ -79,6 +79,9 @@ class LoaderConfig:
     decode_threads: int = 0  # gop: threads decoding a unit's cameras (0: one per camera, at most 4)
     decoder: str = "auto"  # gop: "cpu", "cuda" (NVDEC) or "auto" (cuda when the trainer has a GPU that answers)
     bad_samples: str = "raise"  # gop: a sample whose frame or stream fails: "raise" (naming it) or "skip" (counted)
+    # gop, with a node page cache: the decode units of this many batches ahead have their chunks fetched from
+    # the origin into the cache while the current ones decode (trainer/prefetch.py); 0: read through only
+    prefetch_batches: int = 16
 
     def __post_init__(self):
         if self.kind not in get_args(LoaderKind):
@@ -230,7 +233,7 @@ def run(cfg: TrainConfig) -> TrainSummary:
         sys.setswitchinterval(0.0005)  # the prefetch thread hands batches over without a 5 ms GIL wait
 
     manifest = open_manifest(local_copy(cfg.manifest, run_dir / "node-cache"))
-    open_file = None
+    open_file, cache = None, None
     if cfg.cache_dir:
         from dyna_resources.storage.cache_fs import CachedFileSystem
         from dyna_resources.storage.origins import Origins
@@ -259,6 +262,8 @@ def run(cfg: TrainConfig) -> TrainSummary:
         shards=lc.shards,
         continuous=True,
         options=options,
+        prefetch_batches=lc.prefetch_batches,
+        page_cache=cache,
     )
     log.info(
         "loader %s: %d samples per epoch (all ranks), %d batches of %d over %d shards",

@@ -285,9 +285,11 @@ class PageCache:
         with contextlib.suppress(Exception):
             self._flush_touches()
         with self._state_lock:
-            if self._pool is not None and self._pid == os.getpid():
-                self._pool.shutdown(wait=True)
+            pool = self._pool if self._pid == os.getpid() else None
             self._pool = None
+        if pool is not None:  # outside the lock: its threads' fills take it
+            pool.shutdown(wait=True)
+        with self._state_lock:
             self._close_handles()
 
     def __enter__(self) -> Self:
