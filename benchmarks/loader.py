@@ -33,7 +33,11 @@ JPEG loader resizes through the same swscale call. Reported per loader: samples/
 per frame delivered, bytes read from disk per sample (/proc/self/io read_bytes) and the worker's
 peak memory (ru_maxrss). Then the demo model trains on the dense set with the GOP-aware loader
 (``TrainConfig`` defaults: 1 DataLoader worker, batch 8), on the archive stream and on t128, and its
-first-epoch data-wait fraction is reported (both cores: the trainer and its worker).
+first-epoch data-wait fraction is reported (both cores: the trainer and its worker). Last, the same
+model trains one whole first epoch of t128 read cold from the loopback object server
+(``benchmarks/object_server.py``: S3 API, 20 ms to first byte, 100 MB/s a connection) through an empty
+node page cache, with the origin prefetch and no prewarm: its data wait, and the bytes the server sent
+over the bytes the epoch needs (the exact chunk ranges a prewarm plan of the manifest lists).
 
 ``--quick``: 6 episodes of 20 s; ``--tiny``: 2 episodes of 6 s at 64x48 with 1 s GOPs (CI).
 ``--mix-sweep``: only (a) at ``mix_units`` 1, 3 and 8: randomness (units and episodes per batch, units
@@ -536,6 +540,76 @@ def train_wait(tmp: Path, manifest: pa.Table, steps: int, stream: str | None = N
     return out
 
 
+# ---- cold from the origin: the object server, no prewarm -------------------------------------------
+BUCKET = "bench"
+
+
+def origin_wait(tmp: Path, manifest: pa.Table, stream: str, latency_s: float = 0.02, bandwidth_Bps: float = 100e6):
+    """The demo model's first epoch read cold from the loopback object server (S3 API, ``latency_s`` to first
+    byte, ``bandwidth_Bps`` per connection) through an empty node page cache with the origin prefetch and no
+    prewarm; and the bytes served against the bytes the epoch needs (a prewarm plan's exact ranges)."""
+    from benchmarks.object_server import ObjectServer
+    from dyna_resources.catalog.manifest import write_manifest
+    from dyna_resources.storage.cache_fs import CachedFileSystem
+    from dyna_resources.storage.origins import Origins
+    from dyna_resources.storage.page_cache import CacheConfig, PageCache
+    from dyna_resources.storage.prewarm import ReadSet, plan_manifest
+    from dyna_resources.storage.stores import Store
+    from trainer.dataset import SampleSpec
+    from trainer.elastic import ElasticStream
+    from trainer.train import LoaderConfig, TrainConfig, run
+
+    served = tmp / "origin"
+    (served / BUCKET).mkdir(parents=True)
+    uris = []
+    for u in manifest.column("uri").to_pylist():
+        src = Path(u.removeprefix("file://"))
+        dst = served / BUCKET / src.parent.name / src.name
+        if not dst.exists():
+            dst.parent.mkdir(exist_ok=True)
+            os.link(src, dst)  # the server refuses symlinks that lead out of its root
+        uris.append(f"s3://{BUCKET}/{src.parent.name}/{src.name}")
+    remote = manifest.set_column(manifest.column_names.index("uri"), "uri", pa.array(uris))
+    files = write_manifest(remote, tmp / "manifests", "loader-bench-origin")
+    spec = SampleSpec(anchors="every", anchor_every_s=0.1, stream=stream)
+    steps = ElasticStream(remote, spec, batch_size=8).batches_per_epoch  # one whole first epoch
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
+    with ObjectServer(served, latency_s=latency_s, bandwidth_Bps=bandwidth_Bps) as server:
+        os.environ["DYNA_S3_ENDPOINT_URL"] = server.endpoint_url
+        store = Store.from_url(f"s3://{BUCKET}", endpoint_url=server.endpoint_url)
+        for u in dict.fromkeys(uris):  # the server computes each ETag once, on first use: not timed
+            store.info(u.removeprefix(f"s3://{BUCKET}/"))
+        server.reset_counters()
+        cfg = TrainConfig(
+            manifest=files.arrow,
+            run_dir=str(tmp / "run-origin"),
+            steps=steps,
+            checkpoint_every=10**6,
+            log_every=10**6,
+            cache_dir=str(tmp / "node-cache"),
+            loader=LoaderConfig(kind="gop"),
+            sample=spec,
+        )
+        summary = run(cfg)
+        counts = server.counters.snapshot()
+        with PageCache(CacheConfig(root=str(tmp / "plan-cache")), Origins.from_env()) as cache:
+            plan = plan_manifest(remote, CachedFileSystem(cache), ReadSet(video_stream=stream))
+    return {
+        "data_wait_first_epoch": summary.data_wait_first_epoch,
+        "samples_per_s": summary.samples_per_s,
+        "steps": summary.steps,
+        "first_epoch_steps": summary.first_epoch_steps,
+        "first_batch_wait_s": summary.step_wait_s[0] if summary.step_wait_s else None,
+        "origin_bytes": counts["bytes_served"],
+        "origin_gets": counts["operations"].get("GetObject", 0),
+        "needed_bytes": plan.bytes,
+        "origin_bytes_over_needed": counts["bytes_served"] / plan.bytes if plan.bytes else None,
+        "latency_s": latency_s,
+        "bandwidth_MBps": bandwidth_Bps / 1e6,
+    }
+
+
 # ---- main -----------------------------------------------------------------------------------------
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks loader", description=__doc__.split("\n")[0])
@@ -651,6 +725,8 @@ def main(argv: list[str]) -> int:
     drop_page_cache(*folders)
     with tempfile.TemporaryDirectory(dir=base) as tmp:
         results["training_t128"] = train_wait(Path(tmp), stream_manifest, steps, TRAINING_STREAM)
+    with tempfile.TemporaryDirectory(dir=base) as tmp:
+        results["training_t128_origin"] = origin_wait(Path(tmp), stream_manifest, TRAINING_STREAM)
     dense = results["sets"]["dense"]
     lr = dense.get("lerobot", {}).get("samples_per_s")
     adjacent = results["sets"]["adjacent"]
@@ -673,9 +749,8 @@ def main(argv: list[str]) -> int:
         adjacent_decodes_over_floor_t128=adjacent["gop_t128"]["decodes_per_frame"] / floor_t,
         training_stream_gop_cpu_speedup_vs_lerobot=cpu_speedup("gop_t128"),
         training_stream_random_cpu_speedup_vs_lerobot=cpu_speedup("random_t128"),
-        # issue 38 item 3 (prefetch from the origin, no prewarm) is not built: no cold run from the object server yet
-        data_wait_first_epoch_from_origin=None,
-        origin_bytes_over_needed=None,
+        data_wait_first_epoch_from_origin=results["training_t128_origin"]["data_wait_first_epoch"],
+        origin_bytes_over_needed=results["training_t128_origin"]["origin_bytes_over_needed"],
     )
     results.update(
         gop_aware_samples_per_s=dense["gop"]["samples_per_s"],
@@ -777,7 +852,14 @@ def _table(r: dict) -> None:
             else ""
         )
     )
-    print("cold from the object server with no prewarm: not measured (issue 38 item 3, origin prefetch, is not built)")
+    o = r["training_t128_origin"]
+    print(
+        f"cold from the object server ({o['latency_s'] * 1e3:.0f} ms, {o['bandwidth_MBps']:.0f} MB/s a connection), "
+        f"no prewarm, t128, demo model, one whole first epoch ({o['steps']} steps): data wait "
+        f"{o['data_wait_first_epoch']:.1%}, {o['samples_per_s']:.1f} samples/s, first batch waited "
+        f"{o['first_batch_wait_s']:.2f} s; origin bytes {o['origin_bytes'] / 2**20:.1f} MiB in {o['origin_gets']} GETs "
+        f"= {o['origin_bytes_over_needed']:.3f}x the {o['needed_bytes'] / 2**20:.1f} MiB the epoch needs"
+    )
     if r.get("lerobot_error"):
         print(f"lerobot: {r['lerobot_error']}")
     elif r.get("lerobot_venv") is None:
