@@ -32,12 +32,14 @@ resizes in the conversion); LeRobot returns full-size float frames (its loader h
 JPEG loader resizes through the same swscale call. Reported per loader: samples/s, frames decoded
 per frame delivered, bytes read from disk per sample (/proc/self/io read_bytes) and the worker's
 peak memory (ru_maxrss). Then the demo model trains on the dense set with the GOP-aware loader
-(``TrainConfig`` defaults: 1 DataLoader worker, batch 8), on the archive stream and on t128, and its
+(``TrainConfig`` defaults: 1 DataLoader worker, batch 8), on the archive stream (``--steps``) and on t128
+(one whole first epoch), and its
 first-epoch data-wait fraction is reported (both cores: the trainer and its worker). Last, the same
 model trains one whole first epoch of t128 read cold from the loopback object server
 (``benchmarks/object_server.py``: S3 API, 20 ms to first byte, 100 MB/s a connection) through an empty
 node page cache, with the origin prefetch and no prewarm: its data wait, and the bytes the server sent
-over the bytes the epoch needs (the exact chunk ranges a prewarm plan of the manifest lists).
+over the bytes the epoch needs (the exact chunk ranges a prewarm plan of the manifest lists); side by
+side with the same epoch read-through (no prefetch) from the server and read from local disk.
 
 ``--quick``: 6 episodes of 20 s; ``--tiny``: 2 episodes of 6 s at 64x48 with 1 s GOPs (CI).
 ``--mix-sweep``: only (a) at ``mix_units`` 1, 3 and 8: randomness (units and episodes per batch, units
@@ -544,10 +546,29 @@ def train_wait(tmp: Path, manifest: pa.Table, steps: int, stream: str | None = N
 BUCKET = "bench"
 
 
-def origin_wait(tmp: Path, manifest: pa.Table, stream: str, latency_s: float = 0.02, bandwidth_Bps: float = 100e6):
+def epoch_steps(manifest: pa.Table, stream: str | None) -> int:
+    """Steps of the demo model's first epoch (batch 8, one rank) on the dense set."""
+    from trainer.dataset import SampleSpec
+    from trainer.elastic import ElasticStream
+
+    return ElasticStream(
+        manifest, SampleSpec(anchors="every", anchor_every_s=0.1, stream=stream), batch_size=8
+    ).batches_per_epoch
+
+
+def origin_wait(
+    tmp: Path,
+    manifest: pa.Table,
+    stream: str,
+    *,
+    prefetch_batches: int = 16,
+    latency_s: float = 0.02,
+    bandwidth_Bps: float = 100e6,
+):
     """The demo model's first epoch read cold from the loopback object server (S3 API, ``latency_s`` to first
-    byte, ``bandwidth_Bps`` per connection) through an empty node page cache with the origin prefetch and no
-    prewarm; and the bytes served against the bytes the epoch needs (a prewarm plan's exact ranges)."""
+    byte, ``bandwidth_Bps`` per connection) through an empty node page cache with the origin prefetch
+    (``prefetch_batches`` ahead; 0: read-through only) and no prewarm; and the bytes served against the
+    bytes the epoch needs (a prewarm plan's exact ranges)."""
     from benchmarks.object_server import ObjectServer
     from dyna_resources.catalog.manifest import write_manifest
     from dyna_resources.storage.cache_fs import CachedFileSystem
@@ -556,7 +577,6 @@ def origin_wait(tmp: Path, manifest: pa.Table, stream: str, latency_s: float = 0
     from dyna_resources.storage.prewarm import ReadSet, plan_manifest
     from dyna_resources.storage.stores import Store
     from trainer.dataset import SampleSpec
-    from trainer.elastic import ElasticStream
     from trainer.train import LoaderConfig, TrainConfig, run
 
     served = tmp / "origin"
@@ -572,7 +592,7 @@ def origin_wait(tmp: Path, manifest: pa.Table, stream: str, latency_s: float = 0
     remote = manifest.set_column(manifest.column_names.index("uri"), "uri", pa.array(uris))
     files = write_manifest(remote, tmp / "manifests", "loader-bench-origin")
     spec = SampleSpec(anchors="every", anchor_every_s=0.1, stream=stream)
-    steps = ElasticStream(remote, spec, batch_size=8).batches_per_epoch  # one whole first epoch
+    steps = epoch_steps(remote, stream)  # one whole first epoch
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
     with ObjectServer(served, latency_s=latency_s, bandwidth_Bps=bandwidth_Bps) as server:
@@ -588,7 +608,7 @@ def origin_wait(tmp: Path, manifest: pa.Table, stream: str, latency_s: float = 0
             checkpoint_every=10**6,
             log_every=10**6,
             cache_dir=str(tmp / "node-cache"),
-            loader=LoaderConfig(kind="gop"),
+            loader=LoaderConfig(kind="gop", prefetch_batches=prefetch_batches),
             sample=spec,
         )
         summary = run(cfg)
@@ -605,6 +625,7 @@ def origin_wait(tmp: Path, manifest: pa.Table, stream: str, latency_s: float = 0
         "origin_gets": counts["operations"].get("GetObject", 0),
         "needed_bytes": plan.bytes,
         "origin_bytes_over_needed": counts["bytes_served"] / plan.bytes if plan.bytes else None,
+        "prefetch_batches": prefetch_batches,
         "latency_s": latency_s,
         "bandwidth_MBps": bandwidth_Bps / 1e6,
     }
@@ -724,9 +745,14 @@ def main(argv: list[str]) -> int:
         results["training"] = train_wait(Path(tmp), manifest, steps)
     drop_page_cache(*folders)
     with tempfile.TemporaryDirectory(dir=base) as tmp:
-        results["training_t128"] = train_wait(Path(tmp), stream_manifest, steps, TRAINING_STREAM)
-    with tempfile.TemporaryDirectory(dir=base) as tmp:
-        results["training_t128_origin"] = origin_wait(Path(tmp), stream_manifest, TRAINING_STREAM)
+        # one whole first epoch, as the runs from the object server below read (side by side)
+        results["training_t128"] = train_wait(
+            Path(tmp), stream_manifest, epoch_steps(stream_manifest, TRAINING_STREAM), TRAINING_STREAM
+        )
+    for key, ahead in (("training_t128_origin", 16), ("training_t128_origin_readthrough", 0)):
+        drop_page_cache(*folders)
+        with tempfile.TemporaryDirectory(dir=base) as tmp:
+            results[key] = origin_wait(Path(tmp), stream_manifest, TRAINING_STREAM, prefetch_batches=ahead)
     dense = results["sets"]["dense"]
     lr = dense.get("lerobot", {}).get("samples_per_s")
     adjacent = results["sets"]["adjacent"]
@@ -750,6 +776,9 @@ def main(argv: list[str]) -> int:
         training_stream_gop_cpu_speedup_vs_lerobot=cpu_speedup("gop_t128"),
         training_stream_random_cpu_speedup_vs_lerobot=cpu_speedup("random_t128"),
         data_wait_first_epoch_from_origin=results["training_t128_origin"]["data_wait_first_epoch"],
+        data_wait_first_epoch_from_origin_readthrough=results["training_t128_origin_readthrough"][
+            "data_wait_first_epoch"
+        ],
         origin_bytes_over_needed=results["training_t128_origin"]["origin_bytes_over_needed"],
     )
     results.update(
@@ -852,14 +881,15 @@ def _table(r: dict) -> None:
             else ""
         )
     )
-    o = r["training_t128_origin"]
-    print(
-        f"cold from the object server ({o['latency_s'] * 1e3:.0f} ms, {o['bandwidth_MBps']:.0f} MB/s a connection), "
-        f"no prewarm, t128, demo model, one whole first epoch ({o['steps']} steps): data wait "
-        f"{o['data_wait_first_epoch']:.1%}, {o['samples_per_s']:.1f} samples/s, first batch waited "
-        f"{o['first_batch_wait_s']:.2f} s; origin bytes {o['origin_bytes'] / 2**20:.1f} MiB in {o['origin_gets']} GETs "
-        f"= {o['origin_bytes_over_needed']:.3f}x the {o['needed_bytes'] / 2**20:.1f} MiB the epoch needs"
-    )
+    for key, how in (("training_t128_origin", "origin prefetch"), ("training_t128_origin_readthrough", "read-through")):
+        o = r[key]
+        print(
+            f"cold from the object server ({o['latency_s'] * 1e3:.0f} ms, {o['bandwidth_MBps']:.0f} MB/s a "
+            f"connection), no prewarm, {how}, t128, demo model, one whole first epoch ({o['steps']} steps): "
+            f"data wait {o['data_wait_first_epoch']:.1%}, {o['samples_per_s']:.1f} samples/s, first batch waited "
+            f"{o['first_batch_wait_s']:.2f} s; origin bytes {o['origin_bytes'] / 2**20:.1f} MiB in {o['origin_gets']} "
+            f"GETs = {o['origin_bytes_over_needed']:.3f}x the {o['needed_bytes'] / 2**20:.1f} MiB the epoch needs"
+        )
     if r.get("lerobot_error"):
         print(f"lerobot: {r['lerobot_error']}")
     elif r.get("lerobot_venv") is None:
