@@ -536,10 +536,14 @@ def train_wait(tmp: Path, manifest: pa.Table, steps: int, stream: str | None = N
     }
     # The first batch also waits for the DataLoader worker to start (a process, imports, its first unit):
     # once per run, whatever the epoch's length; shown apart so a short run's figure can be read.
-    waits, compute = summary.step_wait_s[1:], summary.step_compute_s[1:]
     out["first_batch_wait_s"] = summary.step_wait_s[0] if summary.step_wait_s else None
-    out["data_wait_after_first_batch"] = sum(waits) / (sum(waits) + sum(compute)) if waits else None
+    out["data_wait_after_first_batch"] = _after_first(summary)
     return out
+
+
+def _after_first(summary) -> float | None:
+    waits, compute = summary.step_wait_s[1:], summary.step_compute_s[1:]
+    return sum(waits) / (sum(waits) + sum(compute)) if waits else None
 
 
 # ---- cold from the origin: the object server, no prewarm -------------------------------------------
@@ -621,6 +625,7 @@ def origin_wait(
         "steps": summary.steps,
         "first_epoch_steps": summary.first_epoch_steps,
         "first_batch_wait_s": summary.step_wait_s[0] if summary.step_wait_s else None,
+        "data_wait_after_first_batch": _after_first(summary),
         "origin_bytes": counts["bytes_served"],
         "origin_gets": counts["operations"].get("GetObject", 0),
         "needed_bytes": plan.bytes,
@@ -887,7 +892,8 @@ def _table(r: dict) -> None:
             f"cold from the object server ({o['latency_s'] * 1e3:.0f} ms, {o['bandwidth_MBps']:.0f} MB/s a "
             f"connection), no prewarm, {how}, t128, demo model, one whole first epoch ({o['steps']} steps): "
             f"data wait {o['data_wait_first_epoch']:.1%}, {o['samples_per_s']:.1f} samples/s, first batch waited "
-            f"{o['first_batch_wait_s']:.2f} s; origin bytes {o['origin_bytes'] / 2**20:.1f} MiB in {o['origin_gets']} "
+            f"{o['first_batch_wait_s']:.2f} s, later batches {o['data_wait_after_first_batch']:.1%}; "
+            f"origin bytes {o['origin_bytes'] / 2**20:.1f} MiB in {o['origin_gets']} "
             f"GETs = {o['origin_bytes_over_needed']:.3f}x the {o['needed_bytes'] / 2**20:.1f} MiB the epoch needs"
         )
     if r.get("lerobot_error"):
