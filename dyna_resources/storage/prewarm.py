@@ -91,11 +91,11 @@ class Plan:
 class PrewarmReport:
     files: int
     segments: int
-    ranges_bytes: int  # the exact bytes the plan's reads touch (pages round them up)
-    pages: int
-    bytes: int  # bytes of those pages
+    ranges_bytes: int  # the exact bytes the plan's reads touch
+    pages: int  # pieces warmed: the ranges cut at page boundaries
+    bytes: int  # bytes of those pieces (the ranges' bytes; fetched or already warm)
     fetched_pages: int
-    fetched_bytes: int
+    fetched_bytes: int  # bytes from the origin: the 16 KiB blocks the pieces lacked
     warm_pages: int  # already in the cache before this prewarm
     warm_bytes: int
     plan_s: float
@@ -118,7 +118,7 @@ class PrewarmReport:
             "segments": self.segments,
             "working_set_GB": gigabytes(self.ranges_bytes),
             "pages": self.pages,
-            "pages_GB": gigabytes(self.bytes),
+            "warmed_GB": gigabytes(self.bytes),
             "fetched_pages": self.fetched_pages,
             "fetched_GB": gigabytes(self.fetched_bytes),
             "already_warm_pages": self.warm_pages,
@@ -247,21 +247,23 @@ def prewarm(
             fut = pool.submit(warm_page, w)
             futures[fut] = w
             fut.add_done_callback(finished.put)
-        left = len(futures)
+        left, done_bytes = len(futures), 0
         while left:
             # the next page done, or a report due: one is logged even while a page is slow (a queue of the
             # done futures, not wait() on all of them, which costs a pass over every pending page each time)
             try:
                 fut = finished.get(timeout=report.wait_s())
             except queue.Empty:
-                report.pages(0, int(totals[1] + totals[3]), int(totals[1]), final=False)
+                report.pages(0, done_bytes, int(totals[1]), final=False)
                 continue
             left -= 1
             try:
                 totals += fut.result()
+                _, a, b = futures[fut]
+                done_bytes += b - a
             except (FileNotFoundError, StoreUnavailableError, OSError, RuntimeError) as e:
                 errors.setdefault(futures[fut][0].url, redact(str(e)))
-            report.pages(1, int(totals[1] + totals[3]), int(totals[1]), final=not left)
+            report.pages(1, done_bytes, int(totals[1]), final=not left)
     if not work:
         report.pages(0, 0, 0, final=True)
     cache.flush()
@@ -271,7 +273,7 @@ def prewarm(
         segments=plan.segments,
         ranges_bytes=plan.bytes,
         pages=len(work),
-        bytes=int(totals[1] + totals[3]),
+        bytes=done_bytes if work else 0,
         fetched_pages=int(totals[0]),
         fetched_bytes=int(totals[1]),
         warm_pages=int(totals[2]),

@@ -50,7 +50,7 @@ def test_missing_mcap_fails_the_complete_check_not_the_run(tmp_path):
         (m,) = result.asset_materializations_for_node("cache_sets")
         assert "gone.mcap" in str(m.metadata["errors"].value) and m.metadata["files"].value == 0
         # sizes in GB, as floats the Plots tab graphs; no raw byte counts
-        for key in ("working_set_GB", "pages_GB", "fetched_GB", "dataset_cached_GB", "seconds", "fetched_MBps"):
+        for key in ("working_set_GB", "warmed_GB", "fetched_GB", "dataset_cached_GB", "seconds", "fetched_MBps"):
             assert isinstance(m.metadata[key], FloatMetadataValue), key
         assert not any("bytes" in k for k in m.metadata)
 
