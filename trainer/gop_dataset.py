@@ -24,6 +24,7 @@ No Dagster import: every DataLoader worker imports this module.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -41,6 +42,8 @@ from .dataset import EDGE_PAD_NS, ManifestDataset, SampleTimes, _fsspec_open, _n
 from .sampling import LaneOrder, lane_orders, unit_of, usable_samples
 
 BAD_SAMPLES = ("raise", "skip")
+READ_ATTEMPTS = 3  # decodes of a unit whose read-through met the store down (as the origin prefetch's pieces)
+READ_RETRY_WAIT_S = 0.5  # doubled after each
 
 
 @dataclass
@@ -78,12 +81,13 @@ class GopDataset(ManifestDataset):
         return self.rows // self.batch_size
 
     def lanes_of(self, epoch: int) -> list[LaneOrder]:
-        # Two epochs kept: the prefetch looks into the next one while this one is read.
+        # The epochs used last are kept (3): the prefetch looks into the next ones while one is read.
         # (lane_orders' keyword call is alike in shape only to generate_fleet's in sim/fleet.py and
         # transcode_batch's in ingest/partitions.py)
         memo = dict(self._lane_memo or ())
-        if epoch not in memo:
-            memo[epoch] = lane_orders(
+        lanes = memo.pop(epoch, None)
+        if lanes is None:
+            lanes = lane_orders(
                 self.plan,
                 self._units,
                 self.rows,
@@ -93,9 +97,9 @@ class GopDataset(ManifestDataset):
                 epoch=epoch,
                 rank=self.rank,
             )
-            memo = {e: memo[e] for e in sorted(memo)[-2:]}
-        self._lane_memo = tuple(memo.items())
-        return memo[epoch]
+        memo[epoch] = lanes  # the most recent last
+        self._lane_memo = tuple(memo.items())[-3:]
+        return lanes
 
     def batch_samples(self, epoch: int, j: int) -> np.ndarray:
         """The sample indices of batch ``j`` of ``epoch`` (what any worker count delivers there)."""
@@ -326,11 +330,16 @@ class _LaneReader:
         """The unit decoded; or, when its bytes cannot be had from the origin (the prefetch failed after its
         retries, or a read-through failed), a unit whose every sample fails naming the object."""
         why = self.fetch_error(u) if self.fetch_error is not None else None
-        if why is None:
+        for attempt in range(READ_ATTEMPTS if why is None else 0):
             try:
                 return self.ds.decode_unit(members)
-            except (StoreUnavailableError, ObjectChangedError) as e:
+            except StoreUnavailableError as e:  # a read-through met the store down: tried again, then failed
                 why = str(e)
+                if attempt + 1 < READ_ATTEMPTS:
+                    time.sleep(READ_RETRY_WAIT_S * 2**attempt)
+            except ObjectChangedError as e:  # another version now: no retry helps
+                why = str(e)
+                break
         uri = self.ds._uri_names[int(self.ds.plan.code[members[0]])]
         failed = _Unit(members, [], {}, None, *(np.empty((0, 0), np.int64),) * 3, 0, 0, uri)
         failed.error = WindowError(uri, f"its bytes could not be read from the origin: {why}")

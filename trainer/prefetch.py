@@ -13,7 +13,8 @@ processes): a second rank or worker on the node finds them warm.
 A piece that fails (the store does not answer, a timeout) is tried again after a back-off, ``attempts``
 times in all; then its unit is marked failed with the reason, naming the object, and the loader fails
 that unit's samples only (``GopDataset.bad_samples``). An object rewritten since the plan (another
-version) or gone is not retried.
+version) is not retried; one gone from the origin is left to the decode, whose read raises
+``MissingDataError`` naming it (the trainer stops on that, as without the prefetch).
 
 Why not fsspec's readahead caches: they read ahead sequentially within one open file; the next unit's
 chunks are elsewhere in the file, or in another file, and known only from the sample order.
@@ -54,6 +55,7 @@ class UnitFetch:
     bytes_wanted: int = 0
     bytes_fetched: int = 0
     error: str | None = None
+    gone: bool = False  # the object is not at the origin: the decode's own read says so (MissingDataError)
     done: threading.Event = field(default_factory=threading.Event)
 
 
@@ -135,8 +137,9 @@ class OriginPrefetcher:
             reader = self._reader(unit.url)
             info = self.cache.info(unit.url)
             ranges = episode_ranges(reader, starts.tolist(), ends.tolist(), self.read_set)
-        except FileNotFoundError as e:
-            self._fail(unit, f"object not found at the origin ({e})")
+        except FileNotFoundError:
+            unit.gone = True
+            unit.done.set()
             return
         except ObjectChangedError as e:
             self._fail(unit, str(e))
@@ -169,7 +172,10 @@ class OriginPrefetcher:
                     self.stats.bytes_fetched += fetched
                 why = None
                 break
-            except (FileNotFoundError, ObjectChangedError) as e:  # another version, or gone: no retry helps
+            except FileNotFoundError:  # gone: the decode's read names it (the trainer stops on a gone object)
+                unit.gone = True
+                break
+            except ObjectChangedError as e:  # another version: no retry helps
                 why = f"{type(e).__name__}: {e}"
                 break
             except (StoreUnavailableError, OSError, TimeoutError) as e:

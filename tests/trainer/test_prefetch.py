@@ -159,3 +159,23 @@ def test_a_range_that_fails_once_is_retried_and_no_sample_is_lost(remote, mcap_f
     same(got, local)
     assert failing.failed == 1 and sum(int(b["skipped"]) for b in got) == 0
     assert retries <= 1  # the prefetch retried it, or the decode read it after the one failure
+
+
+def test_a_manifest_of_a_few_batches_prefetches_across_epochs(mcap_fleet, tmp_path):
+    """A look-ahead longer than an epoch reaches into later ones while the first is read (continuous)."""
+    _, manifest = mcap_fleet
+    short = manifest.slice(0, 2)  # 2 shards of 10 batches: a shard's lane is made after the look-ahead passed it
+    local = stream(short, shards=2, continuous=True)
+    per_epoch = local.batches_per_epoch
+    it = iter(local)
+    want = [next(it) for _ in range(3 * per_epoch)]
+    local.close()
+    with cold(tmp_path, Origins()) as cache:
+        fs = CachedFileSystem(cache)
+        ds = stream(
+            short, shards=2, continuous=True, options={"open_file": fs.open}, prefetch_batches=48, page_cache=cache
+        )
+        it = iter(ds)
+        got = [next(it) for _ in range(3 * per_epoch)]
+        ds.close()
+    same(got, want)
