@@ -1,0 +1,125 @@
+"""The episode model for sources read whole into memory (a ROS 2 bag's episode): cameras whose frames are
+compressed images (JPEG, PNG) or raw RGB arrays, with the interface the transcoder and the gates use on
+the legacy HDF5's cameras (``raw_format.CameraStream``).
+
+Plain Python, no Dagster import.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import av
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from ..episodes.codec import jpeg_to_yuv, to_yuv
+from ..episodes.errors import CorruptFrameError
+from ..episodes.raw_format import EpisodeMeta, SampleStream, decode_jpeg
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@dataclass
+class MemoryCamera:
+    """``frames``: JPEG bytes (``encoding="jpeg"``), or PNG bytes and RGB arrays (``"rgb"``: decoded on use)."""
+
+    name: str
+    timestamps_ns: np.ndarray
+    encoding: str  # "jpeg" | "rgb"
+    frames: Sequence[bytes | np.ndarray]
+    _path: str = ""
+    topic: str = ""
+
+    def __len__(self) -> int:
+        return len(self.timestamps_ns)
+
+    @property
+    def _stream(self) -> str:
+        return self.topic or f"images/{self.name}"
+
+    def frame_bytes(self, i: int) -> bytes:
+        if self.encoding != "jpeg":
+            raise ValueError(f"camera {self.name} holds raw frames, not JPEG")
+        data = self.frames[i]
+        assert isinstance(data, bytes)
+        return data
+
+    def iter_jpeg(self, batch: int = 32) -> Iterator[bytes]:
+        for i in range(len(self)):
+            yield self.frame_bytes(i)
+
+    def frame(self, i: int) -> np.ndarray:
+        data = self.frames[i]
+        if isinstance(data, np.ndarray):
+            return data
+        if self.encoding == "jpeg":
+            return decode_jpeg(data, self._path, self.name, i)
+        return self._png(data, i)
+
+    def iter_frames(self, batch: int = 32) -> Iterator[np.ndarray]:
+        for i in range(len(self)):
+            yield self.frame(i)
+
+    def iter_yuv(self, batch: int = 32) -> Iterator[av.VideoFrame]:
+        for i in range(len(self)):
+            try:
+                data = self.frames[i]
+                if self.encoding == "jpeg":
+                    assert isinstance(data, bytes)
+                    yield jpeg_to_yuv(data)
+                else:
+                    yield to_yuv(self.frame(i))
+            except ValueError as e:
+                raise CorruptFrameError(self._path, self._stream, i, str(e)) from None
+
+    def _png(self, data: bytes, i: int) -> np.ndarray:
+        try:
+            with Image.open(io.BytesIO(data)) as im:
+                im.load()  # a truncated PNG fails here, not later
+                return np.asarray(im.convert("RGB"))
+        except (UnidentifiedImageError, OSError, ValueError) as e:
+            raise CorruptFrameError(self._path, self._stream, i, f"PNG decode failed: {e}") from None
+
+
+@dataclass
+class MemoryEpisode:
+    """An episode read from a source other than the legacy HDF5: what ``RawEpisode`` offers the transcoder
+    and the gates, plus the source it came from."""
+
+    path: str
+    meta: EpisodeMeta
+    streams: dict[str, SampleStream]
+    cameras: dict[str, MemoryCamera]
+    source_format: str
+    report: dict = field(default_factory=dict)  # what the reader found (topics ignored, timestamps used...)
+
+    def __enter__(self) -> MemoryEpisode:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        pass
+
+    @property
+    def start_ns(self) -> int:
+        firsts = [int(s.timestamps_ns[0]) for s in self.streams.values() if len(s)]
+        firsts += [int(c.timestamps_ns[0]) for c in self.cameras.values() if len(c)]
+        return min(firsts)
+
+    @property
+    def end_ns(self) -> int:
+        lasts = [int(s.timestamps_ns[-1]) for s in self.streams.values() if len(s)]
+        lasts += [int(c.timestamps_ns[-1]) for c in self.cameras.values() if len(c)]
+        return max(lasts)
+
+    @property
+    def duration_s(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e9
+
+
+__all__ = ["MemoryCamera", "MemoryEpisode", "PNG_MAGIC"]

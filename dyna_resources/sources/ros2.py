@@ -1,0 +1,293 @@
+"""ROS 2 bags (rosbag2, MCAP or SQLite 3 storage) as episodes, by a topic map (``topic_map``).
+
+CDR is decoded by ``rosbags`` (chosen by measurement over ``mcap-ros2-support``: about 1.4x less CPU for a
+full pass, numpy arrays instead of lists, the same API for SQLite 3 bags, which mcap-ros2-support cannot
+read, and custom message types registered from the definitions the bag itself carries, in both storages).
+
+Messages: ``sensor_msgs/msg/CompressedImage`` (JPEG, PNG: told by their bytes, not the ``format``
+string), ``sensor_msgs/msg/Image`` (rgb8, bgr8, mono8), ``sensor_msgs/msg/JointState``,
+``std_msgs/msg/Float64MultiArray`` and any message type the bag defines, by its numeric fields. Times
+are header stamps (or log times, by the map); each topic's must increase strictly, or the episode meets
+the timestamp gate. A bag is one episode, or is cut into several by the map's split rule: a pause longer
+than ``gap_s`` between two mapped messages, or a marker topic whose every message starts an episode.
+
+Every failure names the bag and, where one is at fault, the topic: an unreadable or truncated bag, a
+mapped topic of a type this cannot read or absent from the bag, a message whose CDR does not decode (its
+index on its topic), a bag topic the map does not name (with ``unmapped: refuse``).
+
+Every frame of an episode is held in memory, compressed, as the bag holds it (a 30 s episode of three
+640x480 JPEG cameras: ~80 MB).
+
+Plain Python, no Dagster import.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from ..episodes.errors import EpisodeError, MissingStreamError, RawFormatError
+from ..episodes.raw_format import REQUIRED_STREAMS, SAMPLE_STREAMS, EpisodeMeta, SampleStream, _check_monotonic
+from .detect import BAG_METADATA
+from .memory import PNG_MAGIC, MemoryCamera, MemoryEpisode
+from .topic_map import DEFAULT, TopicMap, TopicRole
+
+COMPRESSED_IMAGE = "sensor_msgs/msg/CompressedImage"
+IMAGE = "sensor_msgs/msg/Image"
+JOINT_STATE = "sensor_msgs/msg/JointState"
+RAW_ENCODINGS = ("rgb8", "bgr8", "mono8")
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+@dataclass
+class _Series:
+    """One mapped topic's messages as read: times, and frames or rows."""
+
+    role: TopicRole
+    msgtype: str
+    times: list[int] = field(default_factory=list)
+    frames: list[bytes | np.ndarray] = field(default_factory=list)
+    rows: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    labels: dict[str, list[str]] = field(default_factory=dict)
+
+
+def bag_metadata(path: Path) -> dict:
+    """``metadata.yaml``'s ``rosbag2_bagfile_information``."""
+    try:
+        doc = yaml.safe_load((path / BAG_METADATA).read_text()) or {}
+    except (OSError, yaml.YAMLError, UnicodeDecodeError) as e:
+        raise RawFormatError(str(path), f"{BAG_METADATA} does not parse: {e}") from None
+    info = doc.get("rosbag2_bagfile_information") if isinstance(doc, dict) else None
+    if not isinstance(info, dict):
+        raise RawFormatError(str(path), f"{BAG_METADATA} has no rosbag2_bagfile_information")
+    return info
+
+
+def read_bag(path: str | Path, topics: TopicMap = DEFAULT) -> list[MemoryEpisode]:
+    """The episodes of the bag directory ``path`` (one, unless the map's split rule cuts it)."""
+    path = Path(path)
+    info = bag_metadata(path)
+    series, ignored, markers = _read(path, topics)
+    base = _episode_id(path, info)
+    meta = {**topics.meta, **{k: str(v) for k, v in (info.get("custom_data") or {}).items() if k in _META}}
+    cuts = _cuts(series, topics, markers)
+    episodes = []
+    for k, (lo, hi) in enumerate(cuts):
+        eid = base if len(cuts) == 1 else f"{base}-{k:03d}"
+        episodes.append(_episode(path, eid, meta, series, lo, hi, topics, ignored))
+    return episodes
+
+
+_META = ("robot_id", "robot_model", "robot_sw_version", "task", "site", "operator", "started_at")
+
+
+def _episode_id(path: Path, info: dict) -> str:
+    custom = info.get("custom_data") or {}
+    eid = str(custom.get("episode_id") or path.name)
+    return _UNSAFE.sub("_", eid)[:128]
+
+
+def _read(path: Path, topics: TopicMap) -> tuple[dict[str, _Series], list[str], list[int]]:
+    from rosbags.highlevel import AnyReader
+    from rosbags.typesys import Stores, get_typestore
+
+    try:
+        reader = AnyReader([path], default_typestore=get_typestore(Stores.ROS2_HUMBLE))
+        reader.open()
+    except Exception as e:  # rosbags raises its own errors, and OSError, for a damaged or cut bag
+        raise RawFormatError(str(path), f"not a readable ROS 2 bag: {type(e).__name__}: {e}") from None
+    try:
+        by_topic = {c.topic: c for c in reader.connections}
+        ignored = sorted(t for t in by_topic if t not in topics.topics and t != topics.split.topic)
+        if ignored and topics.unmapped == "refuse":
+            raise RawFormatError(
+                str(path), f"topic(s) the topic map does not name: {', '.join(ignored)}", stream=ignored[0]
+            )
+        missing = [
+            t for t, r in topics.topics.items() if t not in by_topic and (r.camera or r.stream in REQUIRED_STREAMS)
+        ]
+        if missing:
+            raise MissingStreamError(str(path), f"mapped topic {missing[0]} is not in the bag", stream=missing[0])
+        series: dict[str, _Series] = {}
+        for topic, role in topics.topics.items():
+            conn = by_topic.get(topic)
+            if conn is None:
+                continue
+            _check_type(path, role, conn.msgtype)
+            series[topic] = _Series(role, conn.msgtype)
+        wanted = [by_topic[t] for t in series]
+        marker = by_topic.get(topics.split.topic) if topics.split.rule == "marker" else None
+        if topics.split.rule == "marker" and marker is None:
+            raise MissingStreamError(str(path), f"split marker topic {topics.split.topic} is not in the bag")
+        markers: list[int] = []
+        counts: dict[str, int] = {}
+        try:
+            for conn, log_ns, raw in reader.messages(connections=wanted + ([marker] if marker else [])):
+                i = counts[conn.topic] = counts.get(conn.topic, -1) + 1
+                try:
+                    msg = reader.deserialize(raw, conn.msgtype)
+                except Exception as e:
+                    raise RawFormatError(
+                        str(path),
+                        f"message {i} ({conn.msgtype}) does not decode: {type(e).__name__}: {e}",
+                        stream=conn.topic,
+                    ) from None
+                stamp = _stamp(msg, log_ns) if topics.timestamps == "header" else log_ns
+                if marker is not None and conn.topic == marker.topic:
+                    markers.append(stamp)
+                    continue
+                _add(path, series[conn.topic], msg, stamp, i)
+        except EpisodeError:
+            raise
+        except Exception as e:  # a chunk or page the storage cannot read (a cut MCAP, a damaged database)
+            raise RawFormatError(str(path), f"bag storage unreadable: {type(e).__name__}: {e}") from None
+        return series, ignored, markers
+    finally:
+        reader.close()
+
+
+def _check_type(path: Path, role: TopicRole, msgtype: str) -> None:
+    if role.camera and msgtype not in (COMPRESSED_IMAGE, IMAGE):
+        raise RawFormatError(
+            str(path),
+            f"mapped as camera {role.camera!r} but its type is {msgtype} (expected {COMPRESSED_IMAGE} or {IMAGE})",
+            stream=role.topic,
+        )
+
+
+def _stamp(msg, log_ns: int) -> int:
+    header = getattr(msg, "header", None)
+    if header is None:
+        return int(log_ns)
+    return int(header.stamp.sec) * 1_000_000_000 + int(header.stamp.nanosec)
+
+
+def _add(path: Path, s: _Series, msg, stamp: int, i: int) -> None:
+    role = s.role
+    s.times.append(stamp)
+    if role.camera:
+        s.frames.append(_frame(path, s, msg, i))
+        return
+    if role.fields:
+        values = [_field(path, role, msg, f, i) for f in role.fields]
+        fields = {next(iter(SAMPLE_STREAMS[role.stream or ""][1])): np.concatenate(values)}
+    elif s.msgtype == JOINT_STATE:
+        fields = {k: np.asarray(getattr(msg, k), np.float64) for k in ("position", "velocity", "effort")}
+        fields = {k: v for k, v in fields.items() if len(v)}
+        if not s.labels and len(msg.name):
+            s.labels = {k: [str(n) for n in msg.name] for k in fields}
+    elif hasattr(msg, "data"):
+        fields = {next(iter(SAMPLE_STREAMS[role.stream or ""][1])): np.asarray(msg.data, np.float64).ravel()}
+    else:
+        raise RawFormatError(
+            str(path), f"{s.msgtype} has no data array: name its numeric fields in the topic map", stream=role.topic
+        )
+    for k, v in fields.items():
+        rows = s.rows.setdefault(k, [])
+        if rows and len(v) != len(rows[0]):
+            raise RawFormatError(
+                str(path), f"message {i}: {k} has {len(v)} values, earlier messages {len(rows[0])}", stream=role.topic
+            )
+        rows.append(v)
+
+
+def _field(path: Path, role: TopicRole, msg, name: str, i: int) -> np.ndarray:
+    value = msg
+    for part in name.split("."):
+        if not hasattr(value, part):
+            raise RawFormatError(str(path), f"message {i} has no field {name!r}", stream=role.topic)
+        value = getattr(value, part)
+    try:
+        return np.asarray(value, np.float64).ravel()
+    except (TypeError, ValueError):
+        raise RawFormatError(str(path), f"field {name!r} is not numeric", stream=role.topic) from None
+
+
+def _frame(path: Path, s: _Series, msg, i: int) -> bytes | np.ndarray:
+    if s.msgtype == COMPRESSED_IMAGE:
+        data = bytes(msg.data)  # a copy: rosbags hands out a view of the message buffer
+        if not (data[:2] == b"\xff\xd8" or data[:8] == PNG_MAGIC):
+            raise RawFormatError(
+                str(path), f"frame {i} is neither JPEG nor PNG (format {msg.format!r})", stream=s.role.topic
+            )
+        return data
+    enc = str(msg.encoding)
+    if enc not in RAW_ENCODINGS:
+        raise RawFormatError(
+            str(path),
+            f"frame {i}: image encoding {enc!r} is not one of {', '.join(RAW_ENCODINGS)}",
+            stream=s.role.topic,
+        )
+    h, w, step = int(msg.height), int(msg.width), int(msg.step)
+    ch = 1 if enc == "mono8" else 3
+    buf = np.asarray(msg.data, np.uint8)
+    if step < w * ch or len(buf) < h * step:
+        raise RawFormatError(str(path), f"frame {i}: {len(buf)} bytes for {w}x{h} {enc}", stream=s.role.topic)
+    img = buf[: h * step].reshape(h, step)[:, : w * ch].reshape(h, w, ch)
+    if enc == "bgr8":
+        img = img[:, :, ::-1]
+    elif enc == "mono8":
+        img = np.repeat(img, 3, axis=2)
+    return np.ascontiguousarray(img)
+
+
+def _cuts(series: dict[str, _Series], topics: TopicMap, markers: list[int]) -> list[tuple[int, int]]:
+    """[lo, hi) time ranges of the episodes."""
+    times = np.sort(np.concatenate([np.asarray(s.times, np.int64) for s in series.values()] or [np.zeros(0, np.int64)]))
+    if not len(times):
+        return [(0, 1)]
+    end = int(times[-1]) + 1
+    if topics.split.rule == "gap":
+        gaps = np.flatnonzero(np.diff(times) > int(topics.split.gap_s * 1e9)) + 1
+        starts = [int(times[0]), *(int(times[g]) for g in gaps)]
+    elif topics.split.rule == "marker":
+        starts = sorted(set(markers)) or [int(times[0])]
+        starts = [min(int(times[0]), starts[0]), *starts[1:]] if starts[0] > times[0] else starts
+    else:
+        starts = [int(times[0])]
+    return [(a, b) for a, b in zip(starts, [*starts[1:], end], strict=True) if b > a]
+
+
+def _episode(
+    path: Path, eid: str, meta: dict, series: dict[str, _Series], lo: int, hi: int, topics: TopicMap, ignored: list[str]
+) -> MemoryEpisode:
+    streams: dict[str, SampleStream] = {}
+    cameras: dict[str, MemoryCamera] = {}
+    for topic, s in series.items():
+        t = np.asarray(s.times, np.int64)
+        keep = np.flatnonzero((t >= lo) & (t < hi))
+        name = s.role.camera or s.role.stream or ""
+        _check_monotonic(str(path), topic, t[keep])
+        if s.role.camera:
+            frames = [s.frames[i] for i in keep.tolist()]
+            encoding = "jpeg" if all(isinstance(f, bytes) and f[:2] == b"\xff\xd8" for f in frames) else "rgb"
+            cameras[name] = MemoryCamera(name, t[keep], encoding, frames, str(path), topic)
+        else:
+            arrays: dict = {k: np.stack(v)[keep] for k, v in s.rows.items() if v}
+            streams[name] = SampleStream(name, t[keep], arrays, dict(s.labels))
+    for name in REQUIRED_STREAMS:
+        if name not in streams or not len(streams[name]):
+            raise MissingStreamError(str(path), f"no {name} in episode {eid} (map a topic to it)", stream=name)
+    if not cameras:
+        raise MissingStreamError(str(path), f"no camera in episode {eid} (map a topic to one)", stream="images")
+    first = min(int(c.timestamps_ns[0]) for c in cameras.values() if len(c)) if any(map(len, cameras.values())) else lo
+    started = meta.get("started_at") or dt.datetime.fromtimestamp(first / 1e9, dt.timezone.utc).isoformat().replace(
+        "+00:00", "Z"
+    )
+    texts = {k: v for k, v in meta.items() if k in _META and k != "started_at"}
+    episode_meta = EpisodeMeta(episode_id=eid, started_at=started, **texts)
+    report = {
+        "topics": sorted(series),
+        "ignored_topics": ignored,
+        "timestamps": topics.timestamps,
+        "split": topics.split.rule,
+    }
+    return MemoryEpisode(str(path), episode_meta, streams, cameras, "ros2", report)
+
+
+__all__ = ["bag_metadata", "read_bag"]

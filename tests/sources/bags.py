@@ -1,0 +1,156 @@
+"""ROS 2 bags written by the real library (rosbags' rosbag2 writer and its standard message store), in
+MCAP or SQLite 3 storage: cameras as CompressedImage JPEG (or raw Image), JointState, and a custom action
+type whose definition the bag carries."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from rosbags.rosbag2 import StoragePlugin, Writer
+from rosbags.typesys import Stores, get_types_from_msg, get_typestore
+
+from dyna_resources.episodes.raw_format import encode_jpeg
+
+ACTION_TYPE = "dyna_test_msgs/msg/ArmCommand"
+ACTION_MSG = """std_msgs/Header header
+float64[6] joints
+float64 gripper
+"""
+T0 = 1_796_000_000_000_000_000  # 2026-11-30, ns
+JOINTS = [f"joint_{i}" for i in range(6)]
+
+
+@dataclass
+class BagSpec:
+    duration_s: float = 2.0
+    fps: float = 10.0
+    joint_hz: float = 50.0
+    cameras: tuple[str, ...] = ("wrist", "scene_left")
+    raw_camera: str | None = None  # this camera as sensor_msgs/Image rgb8 instead of CompressedImage
+    width: int = 64
+    height: int = 48
+    storage: str = "mcap"
+    stamp_offset_ns: int = -3_000_000  # header stamp = log time + this
+    pauses: tuple[float, ...] = ()  # seconds into the bag where 5 s of silence is inserted (split by gap)
+    markers: tuple[float, ...] = ()  # times (s) of /episode/start messages
+    garble: tuple[str, int] | None = None  # (topic, message index) written as garbage bytes
+    extra_topics: tuple[str, ...] = ()  # std_msgs/String topics the map may not name
+    backwards_at: int | None = None  # /joint_states message index stamped 25 ms early: before the one ahead
+    custom_data: dict = field(default_factory=dict)
+
+
+def typestore():
+    ts = get_typestore(Stores.ROS2_HUMBLE)
+    ts.register(get_types_from_msg(ACTION_MSG, ACTION_TYPE))
+    return ts
+
+
+def frame(i: int, cam: int, w: int, h: int) -> np.ndarray:
+    yy, xx = np.mgrid[0:h, 0:w]
+    return np.stack([(xx * 3 + i * 5) % 256, (yy * 4 + cam * 40) % 256, (xx + yy + i) % 256], -1).astype(np.uint8)
+
+
+def write_bag(path: Path, spec: BagSpec | None = None) -> dict:
+    """Write the bag directory ``path``; returns what was written (times and values) to compare against."""
+    spec = spec or BagSpec()
+    ts = typestore()
+    m = ts.types
+    header_t, time_t = m["std_msgs/msg/Header"], m["builtin_interfaces/msg/Time"]
+    cimg, img, js, action, text = (
+        m["sensor_msgs/msg/CompressedImage"],
+        m["sensor_msgs/msg/Image"],
+        m["sensor_msgs/msg/JointState"],
+        m[ACTION_TYPE],
+        m["std_msgs/msg/String"],
+    )
+
+    def shift(t_s: float) -> int:  # seconds into the recording -> log time, after the inserted pauses
+        return T0 + int(round((t_s + 5.0 * sum(p <= t_s for p in spec.pauses)) * 1e9))
+
+    def hdr(t: int):
+        t += spec.stamp_offset_ns
+        return header_t(stamp=time_t(sec=t // 10**9, nanosec=t % 10**9), frame_id="base")
+
+    events: list[tuple[int, str, int]] = []
+    for c, _ in enumerate(spec.cameras):
+        events += [(shift(i / spec.fps) + c * 1000, f"cam{c}", i) for i in range(int(spec.duration_s * spec.fps))]
+    n_joint = int(spec.duration_s * spec.joint_hz)
+    events += [(shift(i / spec.joint_hz) + 10, "js", i) for i in range(n_joint)]
+    events += [(shift(i / spec.joint_hz) + 20, "act", i) for i in range(n_joint)]
+    events += [(shift(t) + 30, "marker", k) for k, t in enumerate(spec.markers)]
+    events += [(shift(0.5) + 40, f"extra{k}", 0) for k in range(len(spec.extra_topics))]
+    events.sort()
+    rng = np.random.default_rng(7)
+    written: dict = {
+        "joint_t": [],
+        "position": [],
+        "action_t": [],
+        "action": [],
+        "frames": {c: [] for c in spec.cameras},
+    }
+    plugin = StoragePlugin.MCAP if spec.storage == "mcap" else StoragePlugin.SQLITE3
+    with Writer(path, version=9, storage_plugin=plugin) as w:
+        conns = {}
+        for c, cam in enumerate(spec.cameras):
+            raw = cam == spec.raw_camera
+            topic = f"/camera/{cam}/image" + ("" if raw else "/compressed")
+            conns[f"cam{c}"] = w.add_connection(topic, (img if raw else cimg).__msgtype__, typestore=ts)
+        conns["js"] = w.add_connection("/joint_states", js.__msgtype__, typestore=ts)
+        conns["act"] = w.add_connection("/action", ACTION_TYPE, typestore=ts)
+        if spec.markers:
+            conns["marker"] = w.add_connection("/episode/start", text.__msgtype__, typestore=ts)
+        for k, topic in enumerate(spec.extra_topics):
+            conns[f"extra{k}"] = w.add_connection(topic, text.__msgtype__, typestore=ts)
+        seen: dict[str, int] = {}
+        for t, kind, i in events:
+            conn = conns[kind]
+            index = seen[conn.topic] = seen.get(conn.topic, -1) + 1
+            if kind.startswith("cam"):
+                c = int(kind[3:])
+                cam = spec.cameras[c]
+                pixels = frame(i, c, spec.width, spec.height)
+                written["frames"][cam].append((t + spec.stamp_offset_ns, pixels))
+                if cam == spec.raw_camera:
+                    msg = img(
+                        header=hdr(t), height=spec.height, width=spec.width, encoding="rgb8", is_bigendian=0,
+                        step=spec.width * 3, data=pixels.reshape(-1),
+                    )  # fmt: skip
+                else:
+                    data = np.frombuffer(encode_jpeg(pixels, 95), np.uint8)
+                    msg = cimg(header=hdr(t), format="jpeg", data=data)
+            elif kind == "js":
+                pos = rng.standard_normal(6)
+                stamp = t - (25_000_000 if spec.backwards_at is not None and i == spec.backwards_at else 0)
+                msg = js(header=hdr(stamp), name=JOINTS, position=pos, velocity=pos * 0.1, effort=np.zeros(0))
+                written["joint_t"].append(stamp + spec.stamp_offset_ns)
+                written["position"].append(pos)
+            elif kind == "act":
+                joints = rng.standard_normal(6)
+                msg = action(header=hdr(t), joints=joints, gripper=float(i % 2))
+                written["action_t"].append(t + spec.stamp_offset_ns)
+                written["action"].append(np.concatenate([joints, [float(i % 2)]]))
+            else:
+                msg = text(data=f"{kind} {i}")
+            blob = ts.serialize_cdr(msg, conn.msgtype)
+            if spec.garble == (conn.topic, index):
+                blob = b"\x00\x01\x00\x00" + b"\xff" * 3  # a CDR header and three bytes: cut short
+            w.write(conn, t, blob)
+    if spec.custom_data:
+        import yaml
+
+        meta = path / "metadata.yaml"
+        doc = yaml.safe_load(meta.read_text())
+        doc["rosbag2_bagfile_information"]["custom_data"] = spec.custom_data
+        meta.write_text(yaml.safe_dump(doc))
+    return written
+
+
+def topic_map_yaml(spec: BagSpec, **extra) -> dict:
+    topics = {
+        (f"/camera/{c}/image" + ("" if c == spec.raw_camera else "/compressed")): {"camera": c} for c in spec.cameras
+    }
+    topics["/joint_states"] = {"stream": "joint_states"}
+    topics["/action"] = {"stream": "action", "fields": ["joints", "gripper"]}
+    return {"topics": topics, **extra}
