@@ -15,20 +15,27 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from foxglove_schemas_protobuf.CompressedVideo_pb2 import CompressedVideo
 from mcap_protobuf.schema import build_file_descriptor_set
 
 from .. import versions
+from ..sources.content import content_bytes, content_sha256
 from . import blocks
 from .codec import VideoSettings, encode_gop
 from .errors import RawFormatError
 from .mcap_writer import GroupedChunkWriter
-from .raw_format import CameraStream, RawEpisode, SampleStream, file_sha256
+from .raw_format import CameraStream, RawEpisode, SampleStream
 from .read_profile import TOPIC_GROUPS, ReadProfile, streams_column
 from .topics import EPISODE_METADATA, STATS_METADATA, VIDEO_SCHEMA, camera_topic, stream_topic
 from .training_streams import TrainingStreamSpec, add_training_streams
+
+if TYPE_CHECKING:
+    from ..sources.memory import MemoryCamera, MemoryEpisode
+
+    Camera = CameraStream | MemoryCamera  # a legacy HDF5 camera, or a source's read into memory
 
 LIBRARY = f"dyna-pipeline/{versions.PIPELINE_VERSION}"
 
@@ -144,18 +151,25 @@ class _Timer:
 
 
 def transcode_episode(
-    src: str | Path, dst: str | Path, settings: TranscodeSettings | None = None, *, source_sha256: str | None = None
+    src: str | Path,
+    dst: str | Path,
+    settings: TranscodeSettings | None = None,
+    *,
+    source_sha256: str | None = None,
+    episode: MemoryEpisode | None = None,
 ) -> TranscodeReport:
-    """Transcode one legacy episode to ``dst`` atomically; raise a typed EpisodeError on bad input.
+    """Transcode one episode to ``dst`` atomically; raise a typed EpisodeError on bad input.
 
-    ``source_sha256`` spares hashing the source again when the caller already did.
+    ``src``: a legacy HDF5 episode, or the landed item (a ROS 2 bag directory) ``episode`` was read from
+    (``sources.open.open_episodes``). ``source_sha256`` spares hashing the source again when the caller
+    already did.
     """
     settings = settings or TranscodeSettings()
     src, dst = Path(src), Path(dst)
     t_start = time.perf_counter()
-    with RawEpisode(src) as raw:
+    with episode if episode is not None else RawEpisode(src) as raw:
         settings = settings.for_site(raw.meta.site)
-        source_sha = source_sha256 or file_sha256(src)
+        source_sha = source_sha256 or content_sha256(src)
         dst.parent.mkdir(parents=True, exist_ok=True)
         tmp = dst.parent / f".{dst.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
         try:
@@ -170,12 +184,12 @@ def transcode_episode(
             tmp.unlink(missing_ok=True)
             raise
     report.source, report.output = str(src), str(dst)
-    report.bytes_in, report.bytes_out = src.stat().st_size, dst.stat().st_size
+    report.bytes_in, report.bytes_out = content_bytes(src), dst.stat().st_size
     report.total_s = time.perf_counter() - t_start
     return report
 
 
-def _write_episode(raw: RawEpisode, f, settings: TranscodeSettings, source_sha: str) -> TranscodeReport:
+def _write_episode(raw: RawEpisode | MemoryEpisode, f, settings: TranscodeSettings, source_sha: str) -> TranscodeReport:
     cameras = [raw.cameras[c] for c in sorted(raw.cameras)]
     streams = [raw.streams[s] for s in raw.streams]
     t0 = raw.start_ns
@@ -230,6 +244,7 @@ def _write_episode(raw: RawEpisode, f, settings: TranscodeSettings, source_sha: 
             **stamp,
             "source_sha256": source_sha,
             "source_name": Path(raw.path).name,
+            "source_format": getattr(raw, "source_format", "hdf5"),
             "start_ns": str(t0),
             "end_ns": str(raw.end_ns),
             "transcode_settings": json.dumps(settings.as_dict(), sort_keys=True),
@@ -300,7 +315,7 @@ class _VideoWindows:
     """Encodes each camera one GOP window at a time (a fresh encoder per GOP)."""
 
     def __init__(
-        self, path: str, cameras: list[CameraStream], settings: TranscodeSettings, rate: float, channels: dict[str, int]
+        self, path: str, cameras: list[Camera], settings: TranscodeSettings, rate: float, channels: dict[str, int]
     ):
         self.path, self.cameras, self.settings, self.rate, self.channels = path, cameras, settings, rate, channels
         self.decode_t, self.encode_t = _Timer(), _Timer()
@@ -328,7 +343,7 @@ class _VideoWindows:
                 out += self._encode(cam, lo, hi)
         return out
 
-    def _encode(self, cam: CameraStream, lo: int, hi: int) -> list[tuple[int, int, bytes]]:
+    def _encode(self, cam: Camera, lo: int, hi: int) -> list[tuple[int, int, bytes]]:
         frames = []
         for i in range(lo, hi):
             frame = next(self.frames[cam.name])
@@ -426,7 +441,7 @@ def _luma_sample(frame) -> np.ndarray:
     return y[::stride, : frame.width : stride].astype(np.int16)
 
 
-def _frames(cam: CameraStream, timer: _Timer):
+def _frames(cam: Camera, timer: _Timer):
     it = cam.iter_yuv()
     while True:
         with timer:
