@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 from .episodes.codec import VideoSettings
 from .episodes.errors import EpisodeError
+from .sources.topic_map import TopicMapError
 
 
 def _generate(args) -> int:
@@ -51,14 +53,31 @@ def _generate(args) -> int:
 
 
 def _transcode(args) -> int:
+    from .episodes.raw_format import RawEpisode
     from .episodes.transcode import TranscodeSettings, transcode_episode
+    from .sources import topic_map
+    from .sources.content import content_sha256
+    from .sources.memory import MemoryEpisode
+    from .sources.open import open_episodes
+    from .sources.ros2 import read_bag
 
     settings = TranscodeSettings(video=VideoSettings(gop_frames=args.gop_frames, crf=args.crf, preset=args.preset))
-    r = transcode_episode(args.src, args.dst, settings)
-    print(
-        f"{r.episode_id}: {r.bytes_in / 1e6:.2f} MB -> {r.bytes_out / 1e6:.2f} MB "
-        f"({r.bytes_out / r.bytes_in:.3f}) in {r.total_s:.1f} s; chunks {r.chunks}"
-    )
+    if args.topics:  # a topic map of one's own, from the file named
+        fmt, episodes = (
+            "ros2",
+            list[RawEpisode | MemoryEpisode](read_bag(args.src, topic_map.load_file(Path(args.topics)))),
+        )
+    else:
+        fmt, episodes = open_episodes(args.src, os.environ.get("DYNA_HOME"))
+    sha = content_sha256(args.src)
+    dst = Path(args.dst)
+    for ep in episodes:
+        out = dst / f"{ep.meta.episode_id}.mcap" if len(episodes) > 1 else dst
+        r = transcode_episode(args.src, out, settings, source_sha256=sha, episode=ep)
+        print(
+            f"{r.episode_id} ({fmt}): {r.bytes_in / 1e6:.2f} MB -> {r.bytes_out / 1e6:.2f} MB "
+            f"({r.bytes_out / r.bytes_in:.3f}) in {r.total_s:.1f} s; chunks {r.chunks} -> {out}"
+        )
     return 0
 
 
@@ -231,9 +250,12 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--faults", default="", help="name=count,... e.g. truncated=1,corrupt_jpeg=1")
     g.add_argument("--workers", type=int, default=1)
     g.set_defaults(fn=_generate)
-    t = sub.add_parser("transcode", help="legacy HDF5 episode -> MCAP")
+    t = sub.add_parser(
+        "transcode", help="a legacy HDF5 episode or a ROS 2 bag directory -> MCAP (a bag cut in several: DST/<id>.mcap)"
+    )
     t.add_argument("src")
     t.add_argument("dst")
+    t.add_argument("--topics", help="a ROS 2 topic map (default: $DYNA_HOME/ros2_topics.yaml, else the embedded one)")
     t.add_argument("--gop-frames", type=int, default=VideoSettings.gop_frames)
     t.add_argument("--crf", type=float, default=VideoSettings.crf)
     t.add_argument("--preset", default=VideoSettings.preset)
@@ -288,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         return args.fn(args)
-    except EpisodeError as e:
+    except (EpisodeError, TopicMapError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
 

@@ -156,13 +156,13 @@ def transcode_episode(
     settings: TranscodeSettings | None = None,
     *,
     source_sha256: str | None = None,
-    episode: MemoryEpisode | None = None,
+    episode: RawEpisode | MemoryEpisode | None = None,
 ) -> TranscodeReport:
     """Transcode one episode to ``dst`` atomically; raise a typed EpisodeError on bad input.
 
     ``src``: a legacy HDF5 episode, or the landed item (a ROS 2 bag directory) ``episode`` was read from
-    (``sources.open.open_episodes``). ``source_sha256`` spares hashing the source again when the caller
-    already did.
+    (``sources.open.open_episodes``; the episode is closed when done). ``source_sha256`` spares hashing
+    the source again when the caller already did.
     """
     settings = settings or TranscodeSettings()
     src, dst = Path(src), Path(dst)

@@ -168,11 +168,15 @@ def load(home: Path | None) -> TopicMap:
     path = None if home is None else Path(home) / FILE_NAME
     if path is None or not path.is_file():
         return DEFAULT
+    return load_file(path)
+
+
+def load_file(path: Path) -> TopicMap:
     try:
         doc = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
+    except (OSError, yaml.YAMLError) as e:
         raise TopicMapError(f"{path}: not YAML: {e}") from None
     return parse(doc, str(path))
 
 
-__all__ = ["DEFAULT", "FILE_NAME", "Split", "TopicMap", "TopicMapError", "TopicRole", "load", "parse"]
+__all__ = ["DEFAULT", "FILE_NAME", "Split", "TopicMap", "TopicMapError", "TopicRole", "load", "load_file", "parse"]

@@ -75,3 +75,20 @@ def test_a_bag_transcodes_to_an_episode_that_passes_the_outside_checks(tmp_path,
         topics = {ch.topic for _, ch, _ in make_reader(f).iter_messages()}
     assert sum(is_camera_topic(t) for t in topics) == 2
     assert CompressedVideo  # the cameras are foxglove.CompressedVideo (schema checked by EpisodeReader)
+
+
+def test_dyna_transcode_takes_a_bag_and_a_topic_map(tmp_path, capsys):
+    import yaml
+
+    from dyna_resources.cli import main
+
+    spec = BagSpec(duration_s=4.0, pauses=(2.0,))
+    write_bag(tmp_path / "bag", spec)
+    topics = tmp_path / "topics.yaml"
+    topics.write_text(yaml.safe_dump(topic_map_yaml(spec, split={"rule": "gap", "gap_s": 1.0})))
+    assert main(["transcode", str(tmp_path / "bag"), str(tmp_path / "out"), "--topics", str(topics)]) == 0
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["bag-000.mcap", "bag-001.mcap"]
+    assert "bag-001 (ros2)" in capsys.readouterr().out
+    topics.write_text("topics: {/a: {stream: torque}}\n")
+    assert main(["transcode", str(tmp_path / "bag"), str(tmp_path / "x.mcap"), "--topics", str(topics)]) == 1
+    assert f"{topics}: topics./a.stream" in capsys.readouterr().err
