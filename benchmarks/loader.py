@@ -49,6 +49,7 @@ in flight) against speed and peak memory.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -507,22 +508,28 @@ def _cameras(c: dict) -> list[str]:
 
 
 # ---- training: the demo model's data wait ---------------------------------------------------------
-def train_wait(tmp: Path, manifest: pa.Table, steps: int, stream: str | None = None) -> dict:
-    from dyna_resources.catalog.manifest import write_manifest
+def demo_config(manifest_arrow: str, run_dir: Path, steps: int, stream: str | None, **loader):
+    """The demo model's training config on the dense set (``loader``: ``LoaderConfig`` fields)."""
     from trainer.dataset import SampleSpec
-    from trainer.train import LoaderConfig, TrainConfig, run
+    from trainer.train import LoaderConfig, TrainConfig
 
-    files = write_manifest(manifest, tmp / "manifests", "loader-bench")
-    cfg = TrainConfig(
-        manifest=files.arrow,
-        run_dir=str(tmp / "run"),
+    return TrainConfig(
+        manifest=manifest_arrow,
+        run_dir=str(run_dir),
         steps=steps,
         checkpoint_every=10**6,
         log_every=10**6,
-        loader=LoaderConfig(kind="gop"),
+        loader=LoaderConfig(kind="gop", **loader),
         sample=SampleSpec(anchors="every", anchor_every_s=0.1, stream=stream),
-    )  # the demo's, dense
-    summary = run(cfg)
+    )
+
+
+def train_wait(tmp: Path, manifest: pa.Table, steps: int, stream: str | None = None) -> dict:
+    from dyna_resources.catalog.manifest import write_manifest
+    from trainer.train import run
+
+    files = write_manifest(manifest, tmp / "manifests", "loader-bench")
+    summary = run(demo_config(files.arrow, tmp / "run", steps, stream))
     out = {
         k: getattr(summary, k)
         for k in (
@@ -551,13 +558,11 @@ BUCKET = "bench"
 
 
 def epoch_steps(manifest: pa.Table, stream: str | None) -> int:
-    """Steps of the demo model's first epoch (batch 8, one rank) on the dense set."""
-    from trainer.dataset import SampleSpec
+    """Steps of the demo model's first epoch (one rank) on the dense set."""
     from trainer.elastic import ElasticStream
 
-    return ElasticStream(
-        manifest, SampleSpec(anchors="every", anchor_every_s=0.1, stream=stream), batch_size=8
-    ).batches_per_epoch
+    cfg = demo_config("", Path(), 0, stream)
+    return ElasticStream(manifest, cfg.sample, batch_size=cfg.batch_size).batches_per_epoch
 
 
 def origin_wait(
@@ -580,8 +585,7 @@ def origin_wait(
     from dyna_resources.storage.page_cache import CacheConfig, PageCache
     from dyna_resources.storage.prewarm import ReadSet, plan_manifest
     from dyna_resources.storage.stores import Store
-    from trainer.dataset import SampleSpec
-    from trainer.train import LoaderConfig, TrainConfig, run
+    from trainer.train import run
 
     served = tmp / "origin"
     (served / BUCKET).mkdir(parents=True)
@@ -595,7 +599,6 @@ def origin_wait(
         uris.append(f"s3://{BUCKET}/{src.parent.name}/{src.name}")
     remote = manifest.set_column(manifest.column_names.index("uri"), "uri", pa.array(uris))
     files = write_manifest(remote, tmp / "manifests", "loader-bench-origin")
-    spec = SampleSpec(anchors="every", anchor_every_s=0.1, stream=stream)
     steps = epoch_steps(remote, stream)  # one whole first epoch
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
@@ -605,17 +608,8 @@ def origin_wait(
         for u in dict.fromkeys(uris):  # the server computes each ETag once, on first use: not timed
             store.info(u.removeprefix(f"s3://{BUCKET}/"))
         server.reset_counters()
-        cfg = TrainConfig(
-            manifest=files.arrow,
-            run_dir=str(tmp / "run-origin"),
-            steps=steps,
-            checkpoint_every=10**6,
-            log_every=10**6,
-            cache_dir=str(tmp / "node-cache"),
-            loader=LoaderConfig(kind="gop", prefetch_batches=prefetch_batches),
-            sample=spec,
-        )
-        summary = run(cfg)
+        cfg = demo_config(files.arrow, tmp / "run-origin", steps, stream, prefetch_batches=prefetch_batches)
+        summary = run(dataclasses.replace(cfg, cache_dir=str(tmp / "node-cache")))
         counts = server.counters.snapshot()
         with PageCache(CacheConfig(root=str(tmp / "plan-cache")), Origins.from_env()) as cache:
             plan = plan_manifest(remote, CachedFileSystem(cache), ReadSet(video_stream=stream))

@@ -54,6 +54,25 @@ def deployment(res: dict, root, profile: str) -> dict:
     }
 
 
+def land(root, episode_factory, prefix: str, seed: int, duration_s: float, **kw) -> dict:
+    """Two episodes ``ep-<prefix>0``, ``ep-<prefix>1`` in the landing zone of home ``root``; its resources."""
+    landing = root / "landing" / "2026-12-01"
+    landing.mkdir(parents=True)
+    for i in range(2):
+        ep = episode_factory(episode_id=f"ep-{prefix}{i}", seed=seed + i, duration_s=duration_s)
+        shutil.copyfile(ep.path, landing / f"{prefix}{i}.h5")
+    return resources(root, units_on="process", **kw)
+
+
+def ingest(instance, res: dict) -> str:
+    """The landing tick's one partition, ingested (raw_episodes, mcap_episodes); its key."""
+    (key,) = [r.partition_key for r in tick(instance, res).run_requests]
+    assert materialize(
+        assets("raw_episodes", "mcap_episodes"), instance=instance, partition_key=key, resources=res
+    ).success
+    return key
+
+
 def archive_payloads(path) -> dict:
     with EpisodeReader(path) as r:
         return {cam: [au for _, au in r.iter_video(cam)] for cam in r.cameras}
@@ -61,17 +80,10 @@ def archive_payloads(path) -> dict:
 
 def test_one_setting_chooses_the_streams_of_transcode_backfill_prewarm_and_trainer(tmp_path, episode_factory):
     root = tmp_path / "home"
-    landing = root / "landing" / "2026-12-01"
-    landing.mkdir(parents=True)
-    for i in range(2):
-        shutil.copyfile(episode_factory(episode_id=f"ep-r{i}", seed=300 + i, duration_s=3.0).path, landing / f"r{i}.h5")
-    base = resources(root, units_on="process")
+    base = land(root, episode_factory, "r", 300, 3.0)
     archive = deployment(base, root, "archive")
     with DagsterInstance.ephemeral() as instance:
-        (key,) = [r.partition_key for r in tick(instance, archive).run_requests]
-        assert materialize(
-            assets("raw_episodes", "mcap_episodes"), instance=instance, partition_key=key, resources=archive
-        ).success
+        key = ingest(instance, archive)
         registry = archive["ingest"].stores().registry
         rows = {r["episode_id"]: r for r in registry.partition_episodes(key)}
         assert sorted(rows) == ["ep-r0", "ep-r1"] and all(r["training_streams"] is None for r in rows.values())
@@ -138,17 +150,10 @@ def test_a_killed_backfill_worker_retries_the_step_after_a_back_off_and_fails_no
     """A backfill worker killed on every attempt (out of memory, a signal) is the machine's fault, not the
     episode's: the step is retried after the back-off (the ingest's ``infra_retries``), and heals."""
     root = tmp_path / "home"
-    landing = root / "landing" / "2026-12-01"
-    landing.mkdir(parents=True)
-    for i in range(2):
-        shutil.copyfile(episode_factory(episode_id=f"ep-k{i}", seed=340 + i, duration_s=1.5).path, landing / f"k{i}.h5")
-    base = resources(root, units_on="process", infra_retries=1)
+    base = land(root, episode_factory, "k", 340, 1.5, infra_retries=1)
     archive = deployment(base, root, "archive")
     with DagsterInstance.ephemeral() as instance:
-        (key,) = [r.partition_key for r in tick(instance, archive).run_requests]
-        assert materialize(
-            assets("raw_episodes", "mcap_episodes"), instance=instance, partition_key=key, resources=archive
-        ).success
+        key = ingest(instance, archive)
         (root / "read_profiles.yaml").write_text(PROFILES)
         t32 = deployment(base, root, "t32")
         deaths = tmp_path / "deaths"
