@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import yaml
+from dagster import DagsterInstance
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent  # the virtualenv's bin: dagster, dagster-webserver, dagster-daemon
@@ -54,6 +55,12 @@ def write_instance_config(dagster_home: Path, overrides: Mapping[str, Mapping] |
         cfg.setdefault(section, {}).update(values)
     dagster_home.mkdir(parents=True, exist_ok=True)
     (dagster_home / "dagster.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    # The instance's SQLite databases made here, once: the daemon, its code server and a test's own
+    # instance otherwise race to make them on first use, and two alembic stamps in schedules.db leave the
+    # code location unloadable ("Version table 'alembic_version' has more than one head present"; seen
+    # under a loaded full run: the sensors never ticked).
+    with DagsterInstance.from_config(str(dagster_home)):
+        pass
     return cfg
 
 
