@@ -167,8 +167,8 @@ class OriginPrefetcher:
                 break
             try:
                 _, fetched, _, _ = self.cache.warm(unit.url, a, b, info=info)
-                unit.bytes_fetched += fetched
-                with self._lock:
+                with self._lock:  # the unit's pieces finish on several threads
+                    unit.bytes_fetched += fetched
                     self.stats.bytes_fetched += fetched
                 why = None
                 break

@@ -42,6 +42,7 @@ IMAGE = "sensor_msgs/msg/Image"
 JOINT_STATE = "sensor_msgs/msg/JointState"
 RAW_ENCODINGS = ("rgb8", "bgr8", "mono8")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+_META = ("robot_id", "robot_model", "robot_sw_version", "task", "site", "operator", "started_at")  # from custom_data
 
 
 @dataclass
@@ -81,9 +82,6 @@ def read_bag(path: str | Path, topics: TopicMap = DEFAULT) -> list[MemoryEpisode
         eid = base if len(cuts) == 1 else f"{base}-{k:03d}"
         episodes.append(_episode(path, eid, meta, series, lo, hi, topics, ignored))
     return episodes
-
-
-_META = ("robot_id", "robot_model", "robot_sw_version", "task", "site", "operator", "started_at")
 
 
 def _episode_id(path: Path, info: dict) -> str:

@@ -59,8 +59,7 @@ def write_instance_config(dagster_home: Path, overrides: Mapping[str, Mapping] |
     # instance otherwise race to make them on first use, and two alembic stamps in schedules.db leave the
     # code location unloadable ("Version table 'alembic_version' has more than one head present"; seen
     # under a loaded full run: the sensors never ticked).
-    with DagsterInstance.from_config(str(dagster_home)):
-        pass
+    DagsterInstance.from_config(str(dagster_home)).dispose()
     return cfg
 
 
