@@ -31,6 +31,7 @@ from .ingest.object_landing import landing_zone
 from .ingest.ray_units import UnitResources
 from .ingest.tick import EMBEDDED_LANDING, LandingSettings
 from .ladders.config import LadderConfig
+from .sources import topic_map
 from .storage.alluxio import AlluxioConfig, AlluxioFront
 from .storage.origins import Origins
 from .storage.page_cache import CacheConfig, PageCache
@@ -128,8 +129,9 @@ class IngestResource(ConfigurableResource):
         registry = self.home.registry()
         endpoint = self.endpoint_url or None
         landing = landing_zone(self.landing_url, endpoint) if self.landing_url else LandingZone(home.landing)
+        topics = topic_map.load(home.root)
         if not self.mcap_store:
-            return IngestStores(registry, landing, home.mcap, home.quarantine)
+            return IngestStores(registry, landing, home.mcap, home.quarantine, topics=topics)
         scratch = Path(self.scratch_dir) if self.scratch_dir else home.scratch
         return IngestStores(
             registry,
@@ -138,6 +140,7 @@ class IngestResource(ConfigurableResource):
             scratch / "quarantine",
             mcap_store=self.mcap_store,
             endpoint_url=endpoint,
+            topics=topics,
         )
 
     def landing_settings(self) -> LandingSettings:

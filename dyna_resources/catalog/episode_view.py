@@ -46,6 +46,9 @@ class EpisodeView:
     failed_step: str | None = None
     quarantine: dict[str, Any] | None = None  # stage, gate, reason
     gates: list[GateVerdict] = field(default_factory=list)
+    source_format: str | None = None  # 'hdf5' | 'ros2' | 'lerobot'; None: registered before it was recorded
+    source_uri: str | None = None
+    source_sha256: str | None = None
 
     @property
     def stale(self) -> bool:
@@ -75,6 +78,7 @@ class EpisodeView:
         opens = self.open_commands()
         return {
             "episode_id": self.episode_id,
+            "source": self.source_format or "hdf5",
             "status": self.status + (" (stale)" if self.stale else ""),
             "quality": self.quality_verdict or "",
             "failed_gates": ", ".join(self.failed_gates),
@@ -90,6 +94,8 @@ class EpisodeView:
         out = [
             f"{self.episode_id}: {self.status}" + (f"  STALE (this code writes {current})" if self.stale else ""),
             f"  batch {self.batch_key}, source {self.source_path}",
+            f"  source: {self.source_format or 'hdf5'} at {self.source_uri or self.source_path}"
+            f", sha256 {self.source_sha256 or 'unknown'}",
             f"  task {self.task}, robot {self.robot_id} (software {self.robot_sw_version}), {self.duration_s or 0:.1f} s",
             f"  versions: schema {self.schema_version}, pipeline {self.pipeline_version}",
         ]
@@ -157,6 +163,9 @@ def _view(r: dict, gates: list[GateVerdict], held: dict | None) -> EpisodeView:
         failed_step=r.get("failed_step"),
         quarantine={k: held[k] for k in ("stage", "gate", "reason")} if held else None,
         gates=sorted(gates, key=lambda g: (g.stage != "pre", g.gate)),
+        source_format=r.get("source_format"),
+        source_uri=r.get("source_uri"),
+        source_sha256=r.get("source_sha256"),
     )
 
 

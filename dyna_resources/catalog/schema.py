@@ -87,8 +87,13 @@ episodes = Table(
     Column("source_path", String(1024), nullable=False, unique=True),
     Column("batch_key", String(64), nullable=False),
     Column("status", String(16), nullable=False),
-    Column("source_sha256", String(64), nullable=True),
+    Column("source_sha256", String(64), nullable=True),  # of the landed item (a directory's: sources/content.py)
     Column("source_bytes", BigInteger, nullable=False),
+    # lineage: the landed item's format ('hdf5' | 'ros2' | 'lerobot', sources/detect.py; NULL: registered before
+    # it was recorded, all HDF5) and where it is, as a URL (a directory item's folder), '#<episode_id>' after
+    # it when the item holds several episodes (ingest/items.py)
+    Column("source_format", String(16), nullable=True),
+    Column("source_uri", String(2048), nullable=True),
     Column("duration_s", Float, nullable=False),
     Column("robot_id", String(128), nullable=False, default=""),
     Column("robot_model", String(128), nullable=False, default=""),

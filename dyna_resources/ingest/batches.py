@@ -28,6 +28,7 @@ from ..catalog import schema
 from ..catalog.leases import RunEnded, RunLease
 from ..catalog.registry import ACCEPTED, PENDING, QUARANTINED, REJECTED, TRANSCODED, FieldValueError, Outcome, Registry
 from ..episodes.transcode import TranscodeSettings
+from ..sources.topic_map import DEFAULT, TopicMap
 from ..storage.stores import Store, StoreUnavailableError
 from .episode_io import McapSink, RawSource
 from .episode_transcode import Quarantine, TranscodeJob, TranscodeOutcome, transcode_job, worker_died
@@ -40,10 +41,11 @@ from .faults import (
     reason_class,
 )
 from .gates import GateConfig, GateResult
+from .items import item_root
 from .landing import LandingZone
 from .object_landing import ObjectLandingZone
 from .outcomes import OutcomeBuffer
-from .pre_gates import Inspection, inspect_file
+from .pre_gates import Inspection, inspect_item
 from .workers import Stopped, WorkerFailure, run_each
 
 
@@ -59,6 +61,7 @@ class IngestStores:
     quarantine_dir: Path
     mcap_store: str | None = None  # gs://bucket/mcap, s3://bucket/mcap: MCAPs are published there
     endpoint_url: str | None = None  # an S3-compatible MCAP store
+    topics: TopicMap = DEFAULT  # how ROS 2 bags' topics map to cameras and streams ($DYNA_HOME/ros2_topics.yaml)
 
     def check(self) -> None:
         """Critical dependencies: raise before any work if the store or the registry is unreachable."""
@@ -192,10 +195,10 @@ def inventory_batch(
             raise RunEnded(lease.key, batch_key, len(files) - k)
         try:
             with raw.local(f.path, f.bytes) as path:
-                insp = inspect_file(path, f.path, gates)
+                inspections = inspect_item(path, f.path, gates, stores.topics)
         except FileNotFoundError:
             stores.landing.check()  # the whole store gone is critical; one vanished file is not
-            insp = _held(f.path, f.bytes, "file vanished from the landing zone")
+            inspections = [_held(f.path, f.bytes, "file vanished from the landing zone")]
         except StoreUnavailableError:
             raise
         except Exception as e:
@@ -204,33 +207,24 @@ def inventory_batch(
                 pending[f.path] = f"{type(e).__name__}: {e}"
                 log(f"not inspected {f.path}: infrastructure fault, left pending: {pending[f.path]}")
                 continue
-            insp = _held(f.path, f.bytes, f"cannot inspect: {type(e).__name__}: {e}")
-        if insp.quarantine and reason_class(insp.quarantine["gate"], insp.quarantine["reason"]) == INFRASTRUCTURE:
-            pending[f.path] = insp.quarantine["reason"]  # e.g. h5py's "[Errno 5] Input/output error": the disk's
+            inspections = [_held(f.path, f.bytes, f"cannot inspect: {type(e).__name__}: {e}")]
+        fault = next(
+            (
+                i.quarantine["reason"]
+                for i in inspections
+                if i.quarantine and reason_class(i.quarantine["gate"], i.quarantine["reason"]) == INFRASTRUCTURE
+            ),
+            None,
+        )
+        if fault is not None:
+            pending[f.path] = fault  # e.g. h5py's "[Errno 5] Input/output error": the disk's
             log(f"not inspected {f.path}: infrastructure fault, left pending: {pending[f.path]}")
             continue
-        episode, release = _episode_row(outcomes, insp, registered.get(f.path))
-        try:
-            outcomes.add(_pre_outcome(batch_key, f.path, insp, episode, release))
-        except FieldValueError as e:  # a value from the file the registry cannot hold
-            insp = _held(
-                f.path,
-                f.bytes,
-                f"attribute {e.column!r}: {e.problem}",
-                stream=e.column,
-                episode_id=(insp.episode or {}).get("episode_id"),
-            )
-            try:
-                outcomes.add(_pre_outcome(batch_key, f.path, insp, None, True))
-            except FieldValueError as e2:  # not even the quarantine fits: the landing key itself
-                log(f"cannot record {f.path[:200]!r} at all, left out of the registry: {e2}")
-                insp.quarantine = {**(insp.quarantine or {}), "reason": f"not recorded: {e2}"}
-        rep.tally(
-            f.path, (insp.episode or {}).get("episode_id") or (insp.quarantine or {}).get("episode_id"), insp.gates
-        )
-        if insp.quarantine:
-            rep.quarantined.append({"path": f.path, **insp.quarantine})
-            log(f"quarantined {f.path}: {insp.quarantine['gate']}: {insp.quarantine['reason']}")
+        uri = source_uri(stores.landing, f.path)
+        for insp in inspections:
+            if insp.episode is not None:
+                insp.episode["source_uri"] = uri + insp.key[len(f.path) :]  # a member's "#<episode_id>"
+            _record_inspection(batch_key, outcomes, rep, insp, registered.get(f.path), log)
         rep.processed.append(f.path)
     outcomes.flush()
     if on_episode is not None:
@@ -239,6 +233,47 @@ def inventory_batch(
     if pending:
         raise InfrastructureFault(batch_key, pending)
     return rep
+
+
+def _record_inspection(
+    batch_key: str,
+    outcomes: OutcomeBuffer,
+    rep: StageReport,
+    insp: Inspection,
+    registered_at: float | None,
+    log: Callable[[str], None],
+) -> None:
+    """Add one inspected episode's (or held-back item's) outcome to the unit's, and to its report."""
+    episode, release = _episode_row(outcomes, insp, registered_at)
+    try:
+        outcomes.add(_pre_outcome(batch_key, insp.key, insp, episode, release))
+    except FieldValueError as e:  # a value from the file the registry cannot hold
+        insp = _held(
+            insp.key,
+            insp.bytes,
+            f"attribute {e.column!r}: {e.problem}",
+            stream=e.column,
+            episode_id=(insp.episode or {}).get("episode_id"),
+        )
+        try:
+            outcomes.add(_pre_outcome(batch_key, insp.key, insp, None, True))
+        except FieldValueError as e2:  # not even the quarantine fits: the landing key itself
+            log(f"cannot record {insp.key[:200]!r} at all, left out of the registry: {e2}")
+            insp.quarantine = {**(insp.quarantine or {}), "reason": f"not recorded: {e2}"}
+    rep.tally(insp.key, (insp.episode or {}).get("episode_id") or (insp.quarantine or {}).get("episode_id"), insp.gates)
+    if insp.quarantine:
+        rep.quarantined.append({"path": insp.key, **insp.quarantine})
+        log(f"quarantined {insp.key}: {insp.quarantine['gate']}: {insp.quarantine['reason']}")
+
+
+def source_uri(landing: LandingZone | ObjectLandingZone, key: str) -> str:
+    """Where a landed item is, as a URL: the file, or a directory item's folder (with a trailing slash)."""
+    root = item_root(key)
+    if isinstance(landing, LandingZone):
+        uri = landing.local_item(key).resolve().as_uri()
+    else:
+        uri = landing.resolve(root or key)
+    return uri + "/" if root is not None else uri
 
 
 def _held(key: str, size: int, reason: str, *, stream: str | None = None, episode_id: str | None = None) -> Inspection:
@@ -406,6 +441,7 @@ def transcode_batch(
             settings,
             gates,
             lease,
+            stores.topics,
         )
         for r in todo
     ]

@@ -28,6 +28,7 @@ from pathlib import Path
 from ..episodes.raw_format import file_sha256
 from ..storage.publish import PreconditionFailed, move_to_quarantine, publish_file
 from ..storage.stores import Store, local_version
+from .items import item_root
 from .landing import LandingZone
 from .object_landing import ObjectLandingZone
 
@@ -66,19 +67,29 @@ class RawSource:
 
     @contextmanager
     def local(self, key: str, size: int | None = None) -> Iterator[Path]:
-        """A local path to the raw file at ``key`` for the block; ``FileNotFoundError`` if it is gone."""
+        """A local path to the item at ``key`` for the block: the raw file, or a directory item's folder
+        (``items.py``); ``FileNotFoundError`` if it is gone. ``size``: the registered bytes, checked when
+        staging from an object store."""
         zone = self.zone()
+        directory = item_root(key) is not None
         if isinstance(zone, LandingZone):
-            path = zone.resolve(key)
-            if not path.is_file():
+            path = zone.local_item(key)
+            if not (zone.resolve(key).is_file() and (path.is_dir() if directory else path.is_file())):
                 raise FileNotFoundError(f"{key}: vanished from the landing zone")
             yield path
             return
-        staged = zone.stage(key, self.scratch, expect_size=size)
+        if not directory:
+            staged = zone.stage(key, self.scratch, expect_size=size)
+            try:
+                yield staged
+            finally:
+                staged.unlink(missing_ok=True)
+            return
+        folder = zone.stage_item(key, self.scratch, expect_size=size)
         try:
-            yield staged
+            yield folder
         finally:
-            staged.unlink(missing_ok=True)
+            shutil.rmtree(Path(self.scratch) / folder.relative_to(self.scratch).parts[0], ignore_errors=True)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
-"""One episode's transcode, as a worker process runs it (no Dagster here): stage the raw file,
-transcode, post gates, score, publish; and the typed outcome it sends back to the batch engine
-(:mod:`.batches`), which records it."""
+"""One episode's transcode, as a worker process runs it (no Dagster here): stage the landed item,
+open the episode (the legacy HDF5, or one of a bag's or a dataset's: ``sources.open``), transcode, post
+gates, score, publish; and the typed outcome it sends back to the batch engine (:mod:`.batches`), which
+records it."""
 
 from __future__ import annotations
 
@@ -12,13 +13,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..catalog.leases import RunLease
-from ..episodes.errors import EpisodeError
+from ..episodes.errors import EpisodeError, RawFormatError
 from ..episodes.raw_format import RawEpisode
 from ..episodes.transcode import TranscodeReport, TranscodeSettings, transcode_episode
+from ..sources.detect import detect
+from ..sources.memory import MemoryEpisode
+from ..sources.open import open_format
+from ..sources.topic_map import DEFAULT, TopicMap
 from ..storage.stores import StoreUnavailableError
 from .episode_io import McapSink, PreconditionFailed, Published, RawSource
 from .faults import INFRASTRUCTURE, exception_class
 from .gates import GateConfig, GateResult
+from .items import split_member
 from .post_gates import post_gates
 from .quality import score_episode
 from .workers import WorkerFailure
@@ -72,14 +78,15 @@ class TranscodeJob:
     settings: TranscodeSettings
     gates: GateConfig
     lease: RunLease | None = None
+    topics: TopicMap = DEFAULT  # how a ROS 2 bag's topics are read
 
 
-def quality_row(src: str | Path, cameras: dict, gates: GateConfig) -> dict:
+def quality_row(src: str | Path, cameras: dict, gates: GateConfig, episode: MemoryEpisode | None = None) -> dict:
     """The episode's quality columns. The raw file just transcoded cleanly, so scoring it only
-    re-reads its small streams; if that fails anyway, the episode goes to review with the reason
-    instead of passing unscored."""
+    re-reads its small streams (an episode read into memory, ``episode``, is scored as it is); if that
+    fails anyway, the episode goes to review with the reason instead of passing unscored."""
     try:
-        with RawEpisode(src) as raw:
+        with episode if episode is not None else RawEpisode(src) as raw:
             return score_episode(raw, cameras, gates.quality_config()).as_row()
     except EpisodeError as e:
         reason = {"check": "scoring", "detail": f"quality not scored: {e.reason}"}
@@ -91,8 +98,10 @@ def transcode_job(job: TranscodeJob) -> TranscodeOutcome:
     while the run's lease is alive)."""
     t0, c0 = time.perf_counter(), time.process_time()
     dst = job.sink.work_path(job.episode_id)
+    key, member = split_member(job.key)
     try:
-        with job.raw.local(job.key, job.size) as src:
+        # a member's size is its share of the item's, not the item's: its staging checks no size
+        with job.raw.local(key, None if member else job.size) as src:
             out = _transcode_local(src, dst, job)
     except StoreUnavailableError as e:
         out = TranscodeOutcome(unavailable=(e.url, e.reason))
@@ -134,10 +143,24 @@ def failed(
     return out
 
 
+def _episode(src: Path, job: TranscodeJob) -> MemoryEpisode | None:
+    """The job's episode when its item is not the legacy HDF5 (``None``: the transcoder opens that itself).
+    :raises EpisodeError: the item no longer holds it."""
+    fmt = detect(src)
+    if fmt == "hdf5":
+        return None
+    episodes = open_format(src, fmt, job.topics)
+    found = [ep for ep in episodes if ep.meta.episode_id == job.episode_id]
+    if not found:
+        raise RawFormatError(str(src), f"holds no episode {job.episode_id!r} any more")
+    return found[0]
+
+
 def _transcode_local(src: Path, dst: Path, job: TranscodeJob) -> TranscodeOutcome:
     sink, episode_id = job.sink, job.episode_id
     try:
-        report = transcode_episode(src, dst, job.settings, source_sha256=job.sha256)
+        episode = _episode(src, job)
+        report = transcode_episode(src, dst, job.settings, source_sha256=job.sha256, episode=episode)
     except EpisodeError as e:
         return failed(e, e.reason, "transcode")
     except Exception as e:
@@ -145,7 +168,7 @@ def _transcode_local(src: Path, dst: Path, job: TranscodeJob) -> TranscodeOutcom
     as_dict = report.as_dict()
     try:
         results = post_gates(dst, as_dict, job.gates)
-        quality = quality_row(src, as_dict["cameras"], job.gates)
+        quality = quality_row(src, as_dict["cameras"], job.gates, episode)
     except Exception as e:
         return failed(
             e, f"checking the MCAP failed: {type(e).__name__}: {e}", "post", lambda: sink.hold(episode_id, dst)

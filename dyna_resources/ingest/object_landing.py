@@ -12,6 +12,12 @@ reads pinned to the object version seen first (GCS ``generation``, S3 ``If-Match
 an object rewritten mid-copy fails the copy instead of mixing two versions; a temp name in the
 scratch folder is renamed onto the result only once every byte arrived.
 
+A directory landing whole (a ROS 2 bag, a LeRobot dataset: ``items.py``) is one item keyed by its
+marker object, sized by every object under its prefix (one more listing of that prefix) and staged whole
+by ``stage``. Uploads do not arrive in order, so a bag's item is whole (``complete``) only once every
+storage file its ``metadata.yaml`` names is there; until then, and for a dataset without its
+``info.json.complete``, it settles like a file on a local zone (the tick waits for its size to stand still).
+
 ``landing_zone(url_or_path)`` picks the local zone for paths and ``file://``, this one otherwise.
 """
 
@@ -28,7 +34,8 @@ from typing import BinaryIO
 from ..catalog.registry import LandedFile
 from ..storage.publish import PreconditionFailed
 from ..storage.stores import ObjectInfo, Store, StoreKeyError, StoreUnavailableError, check_key
-from .landing import RAW_SUFFIXES, LandingZone
+from .items import BAG_MARKER, bag_files_missing, is_landed_key, item_root
+from .landing import COMPLETION_MARKER, RAW_SUFFIXES, LandingZone
 
 log = logging.getLogger(__name__)
 
@@ -82,12 +89,58 @@ class ObjectLandingZone:
         """Size and version token of a landed object (``FileNotFoundError`` if it is gone)."""
         return self.store.info(key)
 
-    # A listed object is whole: uploads become visible at once when they complete.
-    settles = False
+    # A listed object is whole (uploads become visible at once when they complete): ``complete`` says so at
+    # once. A directory item may still be uploading: it settles.
+    settles = True
+
+    def complete(self, key: str) -> bool:
+        """Whether the item is whole: any single object; a bag whose ``metadata.yaml`` names only objects
+        that are there; an item with ``<key>.complete`` beside it."""
+        root = item_root(key)
+        if root is None:
+            return True
+        if self._exists(key + COMPLETION_MARKER):
+            return True
+        if not key.endswith("/" + BAG_MARKER):
+            return False
+        try:
+            with self.store._guard(key), self.store.open(key, "rb") as f:
+                text = f.read(1 << 20).decode("utf-8", "replace")
+        except FileNotFoundError:
+            return False
+        present = {name[len(self._base) + len(root) + 1 :] for name, _, _ in self._prefix(root + "/")}
+        return not bag_files_missing(text, present)
+
+    def _exists(self, key: str) -> bool:
+        try:
+            self.store.info(key)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def _prefix(self, prefix: str) -> Iterator[tuple[str, int, int]]:
+        """(name, size, mtime_ns) of every object below ``prefix`` (a key prefix), hidden ones left out."""
+        token = None
+        while True:
+            names, token = self._page(None, token, self.page_size, prefix=self._base + prefix)
+            for name, size, mtime_ns in names:
+                if not any(part.startswith(".") for part in name[len(self._base) + len(prefix) :].split("/")):
+                    yield name, size, mtime_ns
+            if token is None:
+                return
+
+    def _item(self, key: str) -> LandedFile:
+        """A directory item as a listing reports it: its objects' bytes and latest update time."""
+        size = mtime_ns = 0
+        for _, n, t in self._prefix(f"{item_root(key)}/"):
+            size, mtime_ns = size + n, max(mtime_ns, t)
+        return LandedFile(key, size, mtime_ns)
 
     def stat(self, key: str) -> LandedFile | None:
         """The object at ``key`` as a listing would return it (size, and its update time: a new
-        generation or version changes it), or ``None`` if it is gone."""
+        generation or version changes it), or ``None`` if it is gone. A directory item: all its objects."""
+        if item_root(key) is not None:
+            return self._item(key) if self._exists(key) else None
         fs, name = self.store.filesystem, self._base + key
         try:
             with self.store._guard(key):
@@ -127,14 +180,14 @@ class ObjectLandingZone:
                 # startOffset is inclusive (and an emulator may ignore it): the cursor is filtered here too
                 if key is None or (after is not None and key <= after) or not self._wanted(key):
                     continue
-                out.append(LandedFile(key, size, mtime_ns))
+                out.append(LandedFile(key, size, mtime_ns) if item_root(key) is None else self._item(key))
                 if limit is not None and len(out) >= limit:
                     return out
             if token is None:
                 return out
 
     def _wanted(self, key: str) -> bool:
-        if not key.endswith(self.suffixes) or any(part.startswith(".") for part in key.split("/")):
+        if not is_landed_key(key, self.suffixes) or any(part.startswith(".") for part in key.split("/")):
             return False
         try:
             check_key(key)
@@ -143,10 +196,14 @@ class ObjectLandingZone:
             return False
         return True
 
-    def _page(self, start: str | None, token: str | None, want: int) -> tuple[list[tuple[str, int, int]], str | None]:
+    def _page(
+        self, start: str | None, token: str | None, want: int, *, prefix: str | None = None
+    ) -> tuple[list[tuple[str, int, int]], str | None]:
         """One list request: (name, size, mtime_ns) of up to ``want`` objects from ``start`` on, and
-        the token of the next page (``None``: the last page)."""
+        the token of the next page (``None``: the last page). ``prefix``: an object-name prefix (default:
+        the zone's)."""
         fs = self.store.filesystem
+        prefix = self._base if prefix is None else prefix
         try:
             with self.store._guard(None):
                 if self.store.protocol == "gs":
@@ -157,14 +214,14 @@ class ObjectLandingZone:
                         "b/{}/o",
                         self.bucket,
                         json_out=True,
-                        prefix=self._base or None,
+                        prefix=prefix or None,
                         startOffset=start,
                         maxResults=want,
                         pageToken=token,
                     )
                     names = [(i["name"], int(i["size"]), _rfc3339_ns(i.get("updated"))) for i in page.get("items", [])]
                     return names, page.get("nextPageToken")
-                kw = {"Bucket": self.bucket, "Prefix": self._base, "MaxKeys": want}
+                kw = {"Bucket": self.bucket, "Prefix": prefix, "MaxKeys": want}
                 if token:
                     kw["ContinuationToken"] = token
                 elif start:
@@ -205,6 +262,28 @@ class ObjectLandingZone:
         finally:
             tmp.unlink(missing_ok=True)
         return dest
+
+    def stage_item(self, key: str, scratch_dir: str | os.PathLike, *, expect_size: int | None = None) -> Path:
+        """Copy a directory item (``key``: its marker) to a folder of its own below ``scratch_dir``, named as
+        the item's directory is (a bag's name can be its episode id), and return that folder. Each object
+        is staged pinned to its version (:meth:`stage`); ``expect_size``: the item's registered bytes.
+
+        :raises FileNotFoundError: the marker is gone.
+        :raises PreconditionFailed: the item is not the expected size, or changed during the copy.
+        """
+        root = item_root(key)
+        assert root is not None, key
+        objects = list(self._prefix(root + "/"))
+        if not any(name == self._base + key for name, _, _ in objects):
+            raise FileNotFoundError(f"{key}: gone from {self.root}")
+        total = sum(size for _, size, _ in objects)
+        if expect_size is not None and total != expect_size:
+            raise PreconditionFailed(key, f"{total} bytes under {root}/, {expect_size} were registered")
+        # a folder per call: two workers staging one bag (two of its episodes) never share files
+        dest = Path(scratch_dir) / f"item-{uuid.uuid4().hex}"
+        for name, _, _ in objects:
+            self.stage(name[len(self._base) :], dest)
+        return dest.joinpath(*root.split("/"))
 
     def _stat(self, key: str) -> tuple[int, dict]:
         """Size, and the request arguments that pin reads to this version of the object."""

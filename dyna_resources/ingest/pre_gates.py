@@ -1,8 +1,13 @@
-"""Pre-transform gates: inspect one landed raw file and judge it before any transcoding.
+"""Pre-transform gates: inspect one landed item and judge its episodes before any transcoding.
 
 Cheap by design (the transcode is the expensive step): the reader's own validation
 (layout, required streams, monotonic timestamps), timestamps for frame drops, a few
 frames per camera decoded at 1/8 scale for dead cameras, and the source hash.
+
+An item is read by its format (``sources.detect``, by content): the legacy HDF5 is one episode, a ROS 2
+bag or a LeRobot dataset one or several (``sources.open``), each inspected under its own source path
+(``items.member_path`` when the item holds several). An item that cannot be read at all, or that is no
+format the platform ingests, is one inspection held back naming the item and why.
 """
 
 from __future__ import annotations
@@ -16,9 +21,16 @@ import simplejpeg
 
 from ..episodes.errors import CorruptFrameError, EpisodeError, MissingStreamError, TimestampError
 from ..episodes.raw_format import RawEpisode, file_sha256
+from ..sources.content import content_bytes, content_sha256
+from ..sources.detect import detect
+from ..sources.memory import MemoryEpisode
+from ..sources.open import open_format
+from ..sources.topic_map import DEFAULT, TopicMap
 from .gates import GateConfig, GateResult
+from .items import member_path
 from .measures import drop_fraction, flat_frames, non_finite
 
+Episode = RawEpisode | MemoryEpisode
 SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 # Which gate an error raised while opening a file belongs to.
@@ -49,7 +61,33 @@ class Inspection:
         )
 
 
+def inspect_item(path: Path, key: str, gates: GateConfig, topics: TopicMap = DEFAULT) -> list[Inspection]:
+    """The inspections of the item at ``path`` (landed as ``key``): one an episode it holds, or one
+    holding the whole item back when it cannot be read."""
+    size = content_bytes(path)
+    try:
+        fmt = detect(path)
+        if fmt == "hdf5":
+            return [inspect_file(path, key, gates)]
+        episodes = open_format(path, fmt, topics)
+    except EpisodeError as e:
+        insp = Inspection(key=key, bytes=size)
+        _fail_unreadable(insp, gates, next(g for cls, g in _GATE_OF_ERROR if isinstance(e, cls)), e)
+        return [insp]
+    sha = content_sha256(path)
+    # the item's bytes shared by the episodes' frames: what a worker's transcode of each weighs
+    frames = [max(1, sum(len(c) for c in ep.cameras.values())) for ep in episodes]
+    shares = [size * n // sum(frames) for n in frames]
+    shares[-1] += size - sum(shares)
+    out = []
+    for ep, share in zip(episodes, shares, strict=True):
+        source = key if len(episodes) == 1 else member_path(key, ep.meta.episode_id)
+        out.append(_inspect(ep, Inspection(key=source, bytes=share), gates, sha))
+    return out
+
+
 def inspect_file(path: Path, key: str, gates: GateConfig) -> Inspection:
+    """The inspection of a legacy HDF5 episode."""
     insp = Inspection(key=key, bytes=path.stat().st_size)
     try:
         raw = RawEpisode(path)
@@ -57,6 +95,11 @@ def inspect_file(path: Path, key: str, gates: GateConfig) -> Inspection:
         gate = next(g for cls, g in _GATE_OF_ERROR if isinstance(e, cls))
         _fail_unreadable(insp, gates, gate, e)
         return insp
+    return _inspect(raw, insp, gates, lambda: file_sha256(path))
+
+
+def _inspect(raw: Episode, insp: Inspection, gates: GateConfig, sha256) -> Inspection:
+    """Run the gates on an open episode (closed when done); ``sha256``: its source's hash, or what makes it."""
     with raw:
         meta = raw.meta
         if not SAFE_ID.match(meta.episode_id):
@@ -92,7 +135,8 @@ def inspect_file(path: Path, key: str, gates: GateConfig) -> Inspection:
             )
         if gates["min_frames"].enabled:
             least = int(gates.param("min_frames", "min_frames"))
-            short = {c: len(cam) for c, cam in sorted(raw.cameras.items()) if len(cam) < least}
+            counts = {c: len(cam) for c, cam in raw.cameras.items()}
+            short = {c: n for c, n in sorted(counts.items()) if n < least}
             results.append(
                 GateResult(
                     "min_frames",
@@ -147,7 +191,8 @@ def inspect_file(path: Path, key: str, gates: GateConfig) -> Inspection:
         insp.episode = {
             "episode_id": meta.episode_id,
             "source_bytes": insp.bytes,
-            "source_sha256": file_sha256(path),
+            "source_sha256": sha256 if isinstance(sha256, str) else sha256(),
+            "source_format": getattr(raw, "source_format", "hdf5"),
             "duration_s": raw.duration_s,
             "robot_id": meta.robot_id,
             "robot_model": meta.robot_model,
@@ -192,7 +237,7 @@ def _fail_unreadable(
         insp.quarantine = {"gate": "transcode", "reason": reason, "stream": stream, "stage": "transcode"}
 
 
-def _largest_step(raw: RawEpisode) -> str:
+def _largest_step(raw: Episode) -> str:
     """Where the span comes from: the largest step between two timestamps of one stream."""
     series = [(name, s.timestamps_ns) for name, s in raw.streams.items()]
     series += [(f"images/{c}", cam.timestamps_ns) for c, cam in raw.cameras.items()]
@@ -206,7 +251,7 @@ def _largest_step(raw: RawEpisode) -> str:
 _ROWS = 1 << 16  # rows read per HDF5 call: a long stream is never loaded whole
 
 
-def _non_finite_fields(raw: RawEpisode) -> list[str]:
+def _non_finite_fields(raw: Episode) -> list[str]:
     """One line per numeric field holding NaN or infinite values, with counts and the first row."""
     out = []
     for s in raw.streams.values():
@@ -226,7 +271,7 @@ def _non_finite_fields(raw: RawEpisode) -> list[str]:
     return out
 
 
-def _dead_cameras(raw: RawEpisode, samples: int, flat_std: float) -> dict[str, list[int]]:
+def _dead_cameras(raw: Episode, samples: int, flat_std: float) -> dict[str, list[int]]:
     """Cameras with two or more flat frames among ``samples`` evenly spaced ones."""
     out = {}
     for name, cam in raw.cameras.items():

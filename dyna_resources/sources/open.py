@@ -1,5 +1,6 @@
 """Open a landed item as its episodes, whatever its format (``detect``): the legacy HDF5 is one
-``RawEpisode``; a ROS 2 bag one ``MemoryEpisode`` or several (the topic map's split rule).
+``RawEpisode``; a ROS 2 bag one ``MemoryEpisode`` or several (the topic map's split rule); a LeRobot
+dataset one an episode of it.
 
 Plain Python, no Dagster import.
 """
@@ -8,12 +9,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..episodes.errors import RawFormatError
 from ..episodes.raw_format import RawEpisode
 from . import topic_map
 from .detect import SourceFormat, detect
 from .memory import MemoryEpisode
 from .ros2 import read_bag
+from .topic_map import DEFAULT, TopicMap
+
+
+def open_format(path: str | Path, fmt: SourceFormat, topics: TopicMap = DEFAULT) -> list[MemoryEpisode]:
+    """The episodes of an item of a format other than the legacy HDF5 (which ``RawEpisode`` opens).
+
+    :raises EpisodeError: the item cannot be read (naming it, and the stream at fault).
+    """
+    if fmt == "ros2":
+        return list(read_bag(path, topics))
+    if fmt == "lerobot":
+        from .lerobot import read_lerobot_dataset
+
+        return list(read_lerobot_dataset(path))
+    raise ValueError(f"open_format: {fmt!r} is opened by RawEpisode")
 
 
 def open_episodes(
@@ -26,11 +41,7 @@ def open_episodes(
     fmt = detect(path)
     if fmt == "hdf5":
         return fmt, [RawEpisode(path)]
-    if fmt == "ros2":
-        return fmt, list(read_bag(path, topic_map.load(Path(home) if home is not None else None)))
-    raise RawFormatError(
-        str(path), "a LeRobot dataset: not an ingest source yet (episodes.lerobot.import_lerobot converts one to HDF5)"
-    )
+    return fmt, list(open_format(path, fmt, topic_map.load(Path(home) if home is not None else None)))
 
 
-__all__ = ["open_episodes"]
+__all__ = ["open_episodes", "open_format"]

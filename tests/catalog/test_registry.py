@@ -270,6 +270,8 @@ def test_episode_row_round_trips_every_column(registry):
         ladder_version="heuristic-1.0123456789",
         failed_step="grasp",
         ladder_error="no procedure",
+        source_format="ros2",
+        source_uri="gs://fleet/raw/2026-11-02/run-4/#ep-000001",
     )
     registry.record_outcome(
         source_path=f.path, batch_key=key, stage="pre", gates=[gate("readable")], episode=episode, now=T0 + 5

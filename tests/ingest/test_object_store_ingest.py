@@ -305,3 +305,52 @@ def test_training_streams_are_backfilled_in_the_bucket_and_never_over_someone_el
     assert e1["training_streams"] is None and mcaps.cat("ep-bf1.mcap") == b"someone else's newer MCAP"
     assert [p for p in (tmp_path / "s").rglob("*") if p.is_file()] == []  # nothing left on the node
     assert sorted(mcaps.ls("")) == ["ep-bf0.mcap", "ep-bf1.mcap"]  # no temporary objects
+
+
+def test_a_bag_uploaded_to_a_bucket_lands_whole_once_every_file_it_names_is_there(bucket, tmp_path):
+    import dataclasses
+
+    import yaml
+
+    from dyna_resources.sources.topic_map import parse
+    from tests.sources.bags import BagSpec, topic_map_yaml, write_bag
+
+    spec = BagSpec(duration_s=4.5, pauses=(1.5, 3.0))  # split by its pauses: 3 episodes
+    write_bag(tmp_path / "bag-os", spec)
+    raw = bucket.store(bucket.landing)
+    # an uploader sending metadata.yaml first: the bag is not whole until its storage file is there
+    raw.put_file(tmp_path / "bag-os" / "metadata.yaml", "2026-12-07/bag-os/metadata.yaml")
+    registry = Registry.sqlite(tmp_path / "registry.sqlite")
+    zone = landing_zone(bucket.landing, bucket.endpoint)
+    settling = dataclasses.replace(ALL_IN_ONE, settle_s=3600.0)
+    first = landing_tick(LandingCursor(), zone, registry, settling, now=1000.0)
+    assert (first.listed, first.new_files, first.settling) == (1, 0, 1)
+    (storage,) = (tmp_path / "bag-os").glob("*.mcap")
+    raw.put_file(storage, f"2026-12-07/bag-os/{storage.name}")
+    second = landing_tick(first.cursor, zone, registry, settling, now=1001.0)
+    assert (second.new_files, len(second.sealed)) == (1, 1)
+    (landed,) = registry.batch_files([u.key for u in registry.partition_units(second.sealed[0].key)])
+    assert landed.path == "2026-12-07/bag-os/metadata.yaml"
+    assert landed.bytes == sum(p.stat().st_size for p in (tmp_path / "bag-os").iterdir())
+
+    topics = parse(yaml.safe_load(yaml.safe_dump(topic_map_yaml(spec, split={"rule": "gap", "gap_s": 2.0}))), "t")
+    stores = IngestStores(
+        registry,
+        zone,
+        tmp_path / "scratch" / "mcap",
+        tmp_path / "scratch" / "quarantine",
+        mcap_store=bucket.mcap,
+        endpoint_url=bucket.endpoint,
+        topics=topics,
+    )
+    _ingest(stores, second.sealed[0].key)
+    eps = {e["episode_id"]: e for e in registry.episodes()}
+    assert sorted(eps) == [f"bag-os-{k:03d}" for k in range(3)]
+    for eid, e in eps.items():
+        assert e["status"] == TRANSCODED and e["source_format"] == "ros2"
+        assert e["source_uri"] == raw.url("2026-12-07/bag-os") + f"/#{eid}"
+        with fsspec.open(e["mcap_uri"], "rb", **_options(bucket)) as f, EpisodeReader(f) as r:
+            assert r.metadata()["source_format"] == "ros2"
+            assert r.metadata()["source_sha256"] == e["source_sha256"]
+    left = [p for p in (tmp_path / "scratch").rglob("*") if p.is_file()]
+    assert left == [], left  # every staged copy of the bag removed
