@@ -1,0 +1,177 @@
+"""Sample recordings in the other source formats, made from legacy HDF5 episodes: a ROS 2 bag (rosbags'
+own rosbag2 writer, MCAP or SQLite 3 storage) and a LeRobot dataset (``episodes.lerobot.write_lerobot``).
+The same frames and samples in every format: what ``make demo`` lands beside its HDF5 drops, and what the
+ingest benchmark compares the sources on.
+
+A bag holds the episode as a robot's recorder would write it: every camera a
+``sensor_msgs/msg/CompressedImage`` topic carrying the episode's own JPEG bytes, ``joint_states`` a
+``sensor_msgs/msg/JointState`` topic, every other stream a ``std_msgs/msg/Float64MultiArray`` topic, header
+stamps the episode's timestamps, the episode's metadata in ``metadata.yaml``'s ``custom_data``.
+:func:`topic_map` is the map that reads such bags back.
+
+Plain Python, no Dagster import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from ..episodes.lerobot import CAMERA_PREFIX, LeRobotEpisode, write_lerobot
+from ..episodes.raw_format import RawEpisode, decode_jpeg
+from .topic_map import FILE_NAME
+
+# the episode model's streams as bag topics (a camera: /camera/<name>/image/compressed)
+STREAM_TOPICS = {
+    "joint_states": "/joint_states",
+    "action": "/action",
+    "ee_pose": "/ee_pose",
+    "gripper": "/gripper",
+    "wrench": "/wrench",
+    "imu": "/imu",
+}
+
+
+def camera_topic(name: str) -> str:
+    return f"/camera/{name}/image/compressed"
+
+
+def topic_map(cameras: Sequence[str]) -> dict:
+    """The topic map (``ros2_topics.yaml``'s document) that reads the bags :func:`write_bag` writes."""
+    topics: dict[str, dict] = {camera_topic(c): {"camera": c} for c in cameras}
+    topics.update({topic: {"stream": name} for name, topic in STREAM_TOPICS.items()})
+    return {"timestamps": "header", "unmapped": "ignore", "topics": topics}
+
+
+def write_topic_map(home: str | Path, cameras: Sequence[str]) -> Path:
+    path = Path(home) / FILE_NAME
+    path.write_text(yaml.safe_dump(topic_map(cameras), sort_keys=False))
+    return path
+
+
+def write_bag(raw_path: str | Path, bag_dir: str | Path, *, storage: str = "mcap") -> Path:
+    """Write the legacy episode at ``raw_path`` as the ROS 2 bag directory ``bag_dir`` (which must not exist)."""
+    from rosbags.rosbag2 import StoragePlugin, Writer
+    from rosbags.typesys import Stores, get_typestore
+
+    ts = get_typestore(Stores.ROS2_HUMBLE)
+    m = ts.types
+    header_t, time_t = m["std_msgs/msg/Header"], m["builtin_interfaces/msg/Time"]
+    cimg, js, array = (
+        m["sensor_msgs/msg/CompressedImage"],
+        m["sensor_msgs/msg/JointState"],
+        m["std_msgs/msg/Float64MultiArray"],
+    )
+    layout = m["std_msgs/msg/MultiArrayLayout"](dim=[], data_offset=0)
+
+    def header(t: int):
+        return header_t(stamp=time_t(sec=t // 1_000_000_000, nanosec=t % 1_000_000_000), frame_id="base")
+
+    bag_dir = Path(bag_dir)
+    plugin = StoragePlugin.MCAP if storage == "mcap" else StoragePlugin.SQLITE3
+    with RawEpisode(raw_path) as raw, Writer(bag_dir, version=9, storage_plugin=plugin) as w:
+        events: list[tuple[int, int, str, int]] = []  # (time, order, what, index): the recorder's order
+        conns = {}
+        for k, (name, cam) in enumerate(sorted(raw.cameras.items())):
+            conns[name] = w.add_connection(camera_topic(name), cimg.__msgtype__, typestore=ts)
+            events += [(int(t), k, name, i) for i, t in enumerate(cam.timestamps_ns)]
+        for k, (name, s) in enumerate(raw.streams.items()):
+            msgtype = js.__msgtype__ if name == "joint_states" else array.__msgtype__
+            conns[name] = w.add_connection(STREAM_TOPICS[name], msgtype, typestore=ts)
+            events += [(int(t), 100 + k, name, i) for i, t in enumerate(s.timestamps_ns)]
+        events.sort()
+        jpegs = {name: cam.iter_jpeg() for name, cam in raw.cameras.items()}
+        fields = {n: {f: np.asarray(col[:], np.float64) for f, col in s.fields.items()} for n, s in raw.streams.items()}
+        for t, _, name, i in events:
+            conn = conns[name]
+            if name in raw.cameras:
+                data = np.frombuffer(next(jpegs[name]), np.uint8)
+                msg = cimg(header=header(t), format="jpeg", data=data)
+            elif name == "joint_states":
+                f = fields[name]
+                labels = raw.streams[name].labels.get("position") or [
+                    f"joint_{j}" for j in range(f["position"].shape[1])
+                ]
+                empty = np.zeros(0)
+                msg = js(
+                    header=header(t),
+                    name=list(labels),
+                    position=f["position"][i],
+                    velocity=f["velocity"][i] if "velocity" in f else empty,
+                    effort=f["effort"][i] if "effort" in f else empty,
+                )
+            else:
+                (values,) = fields[name].values()
+                msg = array(layout=layout, data=values[i])
+            w.write(conn, t, ts.serialize_cdr(msg, conn.msgtype))
+        meta = raw.meta
+    doc = yaml.safe_load((bag_dir / "metadata.yaml").read_text())
+    doc["rosbag2_bagfile_information"]["custom_data"] = {
+        k: str(v) for k, v in meta.as_dict().items() if v not in (None, "") and k not in ("success", "sim")
+    }
+    (bag_dir / "metadata.yaml").write_text(yaml.safe_dump(doc))
+    return bag_dir
+
+
+class _JpegFrames(Sequence):
+    """A camera's frames as RGB, decoded when asked for: a dataset is written without holding an episode's
+    decoded frames in memory."""
+
+    def __init__(self, raw: RawEpisode, name: str):
+        self.cam, self.name = raw.cameras[name], name
+
+    def __len__(self) -> int:
+        return len(self.cam)
+
+    def __getitem__(self, i):  # an int index only: what the writer asks
+        return decode_jpeg(self.cam.frame_bytes(int(i)), "", self.name, int(i))
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        for i in range(len(self)):
+            yield self[i]
+
+
+def _nearest(src: np.ndarray, at: np.ndarray) -> np.ndarray:
+    j = np.clip(np.searchsorted(src, at), 1, max(1, len(src) - 1))
+    return np.where(np.abs(src[j - 1] - at) <= np.abs(src[np.minimum(j, len(src) - 1)] - at), j - 1, j)
+
+
+def write_dataset(raw_paths: Sequence[str | Path], root: str | Path, *, version: str = "v3.0", **writer) -> Path:
+    """Write legacy episodes (all with the same cameras at one rate) as one LeRobot dataset at ``root``:
+    a row per frame of the first camera, joint positions and actions nearest in time, the task. ``writer``:
+    :func:`write_lerobot`'s options (``crf``, ``gop``)."""
+    opened = [RawEpisode(p) for p in raw_paths]
+    try:
+
+        def episodes() -> Iterator[LeRobotEpisode]:
+            for k, raw in enumerate(opened):
+                names = sorted(raw.cameras)
+                clock = raw.cameras[names[0]].timestamps_ns
+                js, act = raw.streams["joint_states"], raw.streams["action"]
+                states = np.asarray(js.fields["position"][:])[_nearest(js.timestamps_ns, clock)]
+                actions = np.asarray(act.fields["command"][:])[_nearest(act.timestamps_ns, clock)]
+                yield LeRobotEpisode(
+                    index=k,
+                    task=raw.meta.task,
+                    fps=round(1e9 / float(np.median(np.diff(clock)))),
+                    timestamps=(clock - clock[0]) / 1e9,
+                    states=states.astype(np.float32),
+                    actions=actions.astype(np.float32),
+                    frames={CAMERA_PREFIX + n: _JpegFrames(raw, n) for n in names},
+                    state_names=js.labels.get("position"),
+                    action_names=act.labels.get("command"),
+                    extra={"robot_type": raw.meta.robot_model},
+                )
+
+        first = opened[0].cameras[sorted(opened[0].cameras)[0]].timestamps_ns
+        fps = round(1e9 / float(np.median(np.diff(first))))
+        return write_lerobot(episodes(), root, fps=fps, version=version, **writer)
+    finally:
+        for raw in opened:
+            raw.close()
+
+
+__all__ = ["STREAM_TOPICS", "camera_topic", "topic_map", "write_bag", "write_dataset", "write_topic_map"]
