@@ -86,10 +86,20 @@ PASSTHROUGH = [
     "pipeline_version",
     "schema_version",
     "training_streams",  # what a read profile's runs check before training (trainer/launch.py)
+    "source_format",  # hdf5 | ros2 | lerobot: what each episode was recorded as (lineage)
 ]
 # Of those, the few-valued text columns leave DuckDB as ENUMs, i.e. Arrow dictionary arrays:
 # one byte per row instead of a string, in the manifest and in every rank's mapped pages.
-DICTIONARY = ["task", "robot_id", "robot_model", "site", "pipeline_version", "schema_version", "training_streams"]
+DICTIONARY = [
+    "task",
+    "robot_id",
+    "robot_model",
+    "site",
+    "pipeline_version",
+    "schema_version",
+    "training_streams",
+    "source_format",
+]
 
 
 class _SpecLoader(yaml.SafeLoader):

@@ -46,7 +46,7 @@ import logging
 import os
 import shutil
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -131,12 +131,15 @@ class LeRobotEpisode:
 
 
 # -- reading ----------------------------------------------------------------------------------
-def read_lerobot(root: str | Path, *, rgb: bool = True) -> Iterator[LeRobotEpisode]:
+def read_lerobot(root: str | Path, *, rgb: bool = True, decode: Callable | None = None) -> Iterator[LeRobotEpisode]:
     """Episodes of a LeRobot v2.x or v3.0 dataset in index order.
 
     Frames are decoded to RGB (H, W, 3) uint8, or with ``rgb=False`` left as the decoder's
-    ``av.VideoFrame`` (its own YUV planes, for re-encoding without a colour round trip).
+    ``av.VideoFrame`` (its own YUV planes, for re-encoding without a colour round trip). ``decode``:
+    what makes a camera's frames, called as :func:`_decode` is (``sources.lerobot`` passes one that
+    decodes only when the frames are read).
     """
+    decode = decode or _decode
     root = Path(root)
     info = _json(root / "meta/info.json")
     version = str(info.get("codebase_version", ""))
@@ -144,9 +147,9 @@ def read_lerobot(root: str | Path, *, rgb: bool = True) -> Iterator[LeRobotEpiso
         if key not in info:
             raise LeRobotFormatError(str(root / "meta/info.json"), f"no '{key}' field")
     if version.startswith("v2."):
-        yield from _read_v2(root, info, rgb)
+        yield from _read_v2(root, info, rgb, decode)
     elif version == V3:
-        yield from _read_v3(root, info, rgb)
+        yield from _read_v3(root, info, rgb, decode)
     else:
         raise LeRobotFormatError(
             str(root / "meta/info.json"), f"unsupported codebase_version {version!r} (expected v2.x or v3.0)"
@@ -215,7 +218,7 @@ def _matrix(col: pa.ChunkedArray) -> np.ndarray:
     return arr.to_numpy(zero_copy_only=False).reshape(len(arr), 1)
 
 
-def _read_v2(root: Path, info: dict, rgb: bool) -> Iterator[LeRobotEpisode]:
+def _read_v2(root: Path, info: dict, rgb: bool, decode: Callable) -> Iterator[LeRobotEpisode]:
     episodes_path = root / "meta/episodes.jsonl"
     try:
         lines = episodes_path.read_text().splitlines()
@@ -229,11 +232,11 @@ def _read_v2(root: Path, info: dict, rgb: bool) -> Iterator[LeRobotEpisode]:
         frames = {}
         for key in _video_keys(info):
             video = root / info["video_path"].format(episode_chunk=i // chunks, video_key=key, episode_index=i)
-            frames[key] = _decode(video, key, rgb=rgb)
+            frames[key] = decode(video, key, rgb=rgb)
         yield _episode(info, i, (ep.get("tasks") or [""])[0], _parquet(data), data, frames)
 
 
-def _read_v3(root: Path, info: dict, rgb: bool) -> Iterator[LeRobotEpisode]:
+def _read_v3(root: Path, info: dict, rgb: bool, decode: Callable) -> Iterator[LeRobotEpisode]:
     files = sorted((root / "meta/episodes").glob("chunk-*/file-*.parquet"))
     if not files:
         raise LeRobotFormatError(str(root / "meta/episodes"), "no chunk-*/file-*.parquet episode metadata")
@@ -252,7 +255,7 @@ def _read_v3(root: Path, info: dict, rgb: bool) -> Iterator[LeRobotEpisode]:
             video = root / info["video_path"].format(
                 video_key=key, chunk_index=ep[f"videos/{key}/chunk_index"], file_index=ep[f"videos/{key}/file_index"]
             )
-            frames[key] = _decode(
+            frames[key] = decode(
                 video,
                 key,
                 ep[f"videos/{key}/from_timestamp"],

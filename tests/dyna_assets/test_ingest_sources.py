@@ -127,3 +127,38 @@ def test_bags_land_whole_split_into_episodes_and_hostile_ones_are_named(tmp_path
         assert materialize(ASSETS, instance=instance, partition_key=late.partition_key, resources=res).success
         (row,) = registry.partition_episodes(late.partition_key)
         assert (row["episode_id"], row["status"], row["source_format"]) == ("zz-recording", "transcoded", "ros2")
+
+
+def test_lerobot_datasets_land_whole_and_each_episode_is_ingested_natively(tmp_path, episode_factory):
+    from dyna_resources.sources import samples
+
+    home = tmp_path / "home"
+    landing = home / "landing" / "2026-12-07"
+    landing.mkdir(parents=True)
+    gens = [episode_factory(episode_id=f"ep-lr{i}", seed=450 + i, duration_s=2.0) for i in range(3)]
+    samples.write_dataset([g.path for g in gens[:2]], landing / "ds-v3", version="v3.0")
+    samples.write_dataset([gens[2].path], landing / "ds-v21", version="v2.1")
+    res = resources(home, target_bytes=1 << 40, partition_bytes=1 << 40)
+    registry = res["ingest"].stores().registry
+    with DagsterInstance.ephemeral() as instance:
+        (req,) = tick(instance, res).run_requests
+        units = [u.key for u in registry.partition_units(req.partition_key)]
+        assert sorted(f.path for f in registry.batch_files(units)) == [
+            "2026-12-07/ds-v21/meta/info.json",
+            "2026-12-07/ds-v3/meta/info.json",
+        ]
+        assert materialize(ASSETS, instance=instance, partition_key=req.partition_key, resources=res).success
+    eps = {e["episode_id"]: e for e in registry.partition_episodes(req.partition_key)}
+    assert sorted(eps) == ["ds-v21-000000", "ds-v3-000000", "ds-v3-000001"]
+    assert eps["ds-v3-000001"]["source_path"] == "2026-12-07/ds-v3/meta/info.json#ds-v3-000001"
+    assert eps["ds-v21-000000"]["source_path"] == "2026-12-07/ds-v21/meta/info.json"  # one episode: the item
+    for eid, e in eps.items():
+        assert (e["status"], e["source_format"], e["site"]) == ("transcoded", "lerobot", "lerobot"), eid
+        with open(e["mcap_path"], "rb") as f:
+            n = sum(1 for _ in make_reader(f, validate_crcs=True).iter_messages())
+        with open(e["mcap_path"], "rb") as f:
+            assert sum(1 for _ in NonSeekingReader(f, validate_crcs=True).iter_messages()) == n > 0
+        with EpisodeReader(e["mcap_path"]) as r:
+            assert r.metadata()["source_format"] == "lerobot" and len(r.cameras) == 3
+    with EpisodeReader(eps["ds-v3-000001"]["mcap_path"]) as r:
+        assert r.read_streams(None, r.start_ns, r.end_ns + 1)["joint_states"].fields["position"].shape[1] == 7
