@@ -323,8 +323,19 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--batches", type=int, default=0, help="aim for this many ingest batches")
     ap.add_argument("--duration", default="", help="episode seconds, LO,HI or one value")
     ap.add_argument("--seed", type=int, default=23)
+    ap.add_argument(
+        "--source",
+        choices=["hdf5", "ros2", "lerobot", "all"],
+        default="hdf5",
+        help="hdf5 (default): the fleet through Dagster, as below; ros2, lerobot, all: the engines' pipeline on "
+        "the same episodes as each source format, side by side (benchmarks/_ingest_sources.py)",
+    )
     args = ap.parse_args(argv)
     size = size_of(args)
+    if args.source != "hdf5":
+        from . import _ingest_sources
+
+        return _ingest_sources.main(size, args.source, args.seed, args.workdir or None)
     # full: 20-40 s. The fleet's episodes average ~84 s (1M hours in ~43M episodes, the scale target);
     # what a run pays per episode (its process, file opens, registry rows, the post gates' keyframes)
     # weighs ~3x more here than in the corpus, and ~14x more at the 4-8 s used up to pipeline 1.5's

@@ -20,6 +20,7 @@ from dagster import DagsterInstance, materialize
 from dyna_resources import versions
 from dyna_resources.catalog.datasets import DatasetRef, DatasetRegistry, UnknownDatasetError
 from dyna_resources.catalog.manifest import ManifestFiles
+from dyna_resources.episodes.raw_format import RawEpisode
 from dyna_resources.episodes.sim import generate_fleet
 from dyna_resources.episodes.sim.fleet import arrival_folder
 from dyna_resources.home import DynaHome
@@ -91,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
             workers=os.cpu_count() or 1,
             mark_complete=True,
         )
-    landed = sum(p.stat().st_size for p in home.landing.rglob("*.h5"))
+        land_other_sources(home, width=args.width, height=args.height, seed=args.seed)
+    landed = sum(p.stat().st_size for p in home.landing.rglob("*") if p.is_file())
     assert defs.resources is not None  # build_definitions always binds the deployment's resources
     ingest = IngestResource(
         home=defs.resources["home"], target_batch_bytes=max(1, landed // args.batches), max_wait_s=0
@@ -219,6 +221,26 @@ def ensure_instance_config(dagster_home: Path) -> None:
         shutil.copyfile(template, dagster_home / "dagster.yaml")
 
 
+def land_other_sources(home: DynaHome, *, width: int, height: int, seed: int) -> None:
+    """Beside the HDF5 drops: one ROS 2 bag (MCAP storage) and one LeRobot v3.0 dataset of two episodes,
+    made from sample episodes of their own, and the topic map that reads the bag."""
+    from dyna_resources.sources import samples
+
+    scratch = home.root / "scratch" / "sample-sources"
+    shutil.rmtree(scratch, ignore_errors=True)
+    made = generate_fleet(scratch, 3, seed=seed + 1000, width=width, height=height, duration_s=(6.0, 8.0))
+    drop = home.landing / arrival_folder()
+    drop.mkdir(parents=True, exist_ok=True)
+    bag = samples.write_bag(made[0].path, drop / f"bag-{made[0].path.stem}")
+    if not (home.root / "ros2_topics.yaml").exists():
+        with RawEpisode(made[0].path) as raw:
+            samples.write_topic_map(home.root, sorted(raw.cameras))
+    dataset = samples.write_dataset([g.path for g in made[1:]], drop / "lerobot-demo")
+    (dataset / "meta" / "info.json.complete").touch()  # as an uploader: the dataset is whole, land it at once
+    shutil.rmtree(scratch, ignore_errors=True)
+    print(f"landing a ROS 2 bag ({bag.name}) and a LeRobot v3.0 dataset ({dataset.name}, 2 episodes) beside them")
+
+
 def print_manifest(home: DynaHome, spec: Path, m: ManifestFiles) -> None:
     from trainer.manifest_loader import local_copy, open_manifest, rank_slice
 
@@ -233,6 +255,12 @@ def print_manifest(home: DynaHome, spec: Path, m: ManifestFiles) -> None:
     print(f"  node copy {node_copy} (checksum verified); 4 ranks mmap it and take {slices} rows, zero-copy")
     by_task = sorted(m.stats.get("by_task", {}).items(), key=lambda kv: -kv[1])  # the sidecar sorts by name
     print(f"  by task: {dict(by_task[:20])}")
+    if "source_format" in table.column_names:  # one manifest, whatever each episode was recorded as
+        formats = table.select(["episode_id", "source_format"]).to_pylist()
+        by_format: dict[str, set] = {}
+        for row in formats:
+            by_format.setdefault(row["source_format"] or "hdf5", set()).add(row["episode_id"])
+        print(f"  episodes by source format: { ({k: len(v) for k, v in sorted(by_format.items())}) }")
     print("=" * 86)
 
 

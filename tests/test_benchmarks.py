@@ -120,3 +120,18 @@ def test_loader_mix_sweep_runs_tiny(tmp_path):
     last = json.loads(proc.stdout.strip().splitlines()[-1])
     assert last["size"] == "tiny" and set(last["mix_sweep"]) == {"1", "3", "8"}
     assert last["mix_sweep"]["1"]["units_per_batch"] <= last["mix_sweep"]["8"]["units_per_batch"]
+
+
+def test_ingest_by_source_runs_tiny_and_carries_every_source_figure(tmp_path):
+    """`python -m benchmarks ingest --source all --tiny`: the sources side by side, every figure the issue names."""
+    cmd = [sys.executable, "-m", "benchmarks", "ingest", "--source", "all", "--tiny"]
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=TIMEOUT_S, check=False
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["size"] == "tiny" and result["detail"]["sources"]["lerobot"]["episodes"] == 2
+    for key in ("overhead_ratio_hdf5", "overhead_ratio_ros2", "overhead_ratio_lerobot"):
+        assert result[key] > 1.0, key  # the pipeline does the codec's work and more
+    assert result["lerobot_native_speedup_vs_hdf5_route"] > 0
+    assert "passthrough_speedup_ros2" in result  # null: not built (said in the table)
