@@ -22,9 +22,9 @@ from pathlib import Path
 import av
 import numpy as np
 
-from ..episodes.codec import decoded_to_rgb
+from ..episodes.codec import FULL_RANGE, decoded_to_rgb
 from ..episodes.errors import CorruptFrameError
-from ..episodes.lerobot import CAMERA_PREFIX, LEROBOT_SITE, LeRobotFormatError, read_lerobot
+from ..episodes.lerobot import CAMERA_PREFIX, LEROBOT_SITE, LeRobotFormatError, _full_range_yuv420, read_lerobot
 from ..episodes.raw_format import EpisodeMeta, SampleStream
 from .memory import MemoryEpisode
 
@@ -121,7 +121,18 @@ class VideoCamera:
             yield decoded_to_rgb(f)
 
     def iter_yuv(self, batch: int = 32) -> Iterator[av.VideoFrame]:
-        yield from self.video  # the decoder's own 4:2:0 planes: encode_gop takes them as they are
+        """The decoder's own 4:2:0 planes in full range, as a JPEG's reach the encoder: limited range is
+        expanded by import_lerobot's exact lookup (swscale's conversion costs ~5 dB, 47 against 52)."""
+        for frame in self.video:
+            if frame.format.name not in ("yuv420p", "yuvj420p") or frame.width % 2 or frame.height % 2:
+                yield frame  # other layouts: encode_gop's to_yuv converts them
+                continue
+            y, u, v = _full_range_yuv420(frame)
+            h, w = frame.height, frame.width
+            planes = np.concatenate([y.reshape(-1), u.reshape(-1), v.reshape(-1)]).reshape(h * 3 // 2, w)
+            out = av.VideoFrame.from_ndarray(planes, format="yuvj420p")
+            out.color_range = FULL_RANGE
+            yield out
 
 
 def read_lerobot_dataset(root: str | Path, *, name: str | None = None) -> list[MemoryEpisode]:
