@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .ingest import codec_floor, cpu_all, gop_windows
+from ._floor import codec_floor, cpu_all, gop_windows
 
 SOURCES = ("hdf5", "ros2", "lerobot")
 TARGET_OVERHEAD = 1.2
