@@ -46,15 +46,12 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ._cli import add_size_flags, size_of
-from ._floor import codec_floor, cpu_all, gop_windows  # noqa: F401  (gop_windows: used by callers)
-
-if TYPE_CHECKING:
-    pass
+from ._floor import codec_floor, cpu_all
 
 PUBLISHED_EPISODE_HOURS_PER_WEEK_1000_CORES = 440_000
 TARGET_OVERHEAD_RATIO = 1.2  # on Ray (issue 17)
