@@ -46,7 +46,7 @@ import logging
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -131,29 +131,62 @@ class LeRobotEpisode:
 
 
 # -- reading ----------------------------------------------------------------------------------
-def read_lerobot(root: str | Path, *, rgb: bool = True, decode: Callable | None = None) -> Iterator[LeRobotEpisode]:
+def read_lerobot(root: str | Path, *, rgb: bool = True) -> Iterator[LeRobotEpisode]:
     """Episodes of a LeRobot v2.x or v3.0 dataset in index order.
 
     Frames are decoded to RGB (H, W, 3) uint8, or with ``rgb=False`` left as the decoder's
-    ``av.VideoFrame`` (its own YUV planes, for re-encoding without a colour round trip). ``decode``:
-    what makes a camera's frames, called as :func:`_decode` is (``sources.lerobot`` passes one that
-    decodes only when the frames are read).
+    ``av.VideoFrame`` (its own YUV planes, for re-encoding without a colour round trip).
     """
-    decode = decode or _decode
     root = Path(root)
+    info = _info(root)
+    for files in _episode_files(root, info):
+        frames = {
+            key: _decode(v.path, key, v.start, v.end, fps=float(info["fps"]), rgb=rgb)
+            for key, v in files.videos.items()
+        }
+        yield _episode(info, files.index, files.task, files.rows, files.data, frames)
+
+
+@dataclass(frozen=True)
+class _Video:
+    """Where a camera's frames of one episode are: the MP4 ``path``, the whole of it (v2.x) or the
+    frames of its ``[start, end)`` seconds (v3.0: episodes back to back in one file)."""
+
+    path: Path
+    start: float | None = None
+    end: float | None = None
+
+
+@dataclass(frozen=True)
+class _EpisodeFiles:
+    """One episode as the dataset's files hold it, before any frame is decoded."""
+
+    index: int
+    task: str
+    data: Path  # the Parquet file holding its rows
+    rows: pa.Table  # its rows (v3.0: those of the shared file with its episode_index)
+    videos: dict[str, _Video]  # camera key -> where its frames are
+
+
+def _info(root: Path) -> dict:
+    """``meta/info.json``, with the fields every version has and a version this reads."""
     info = _json(root / "meta/info.json")
-    version = str(info.get("codebase_version", ""))
     for key in ("fps", "features", "data_path"):
         if key not in info:
             raise LeRobotFormatError(str(root / "meta/info.json"), f"no '{key}' field")
-    if version.startswith("v2."):
-        yield from _read_v2(root, info, rgb, decode)
-    elif version == V3:
-        yield from _read_v3(root, info, rgb, decode)
-    else:
+    version = str(info.get("codebase_version", ""))
+    if not (version.startswith("v2.") or version == V3):
         raise LeRobotFormatError(
             str(root / "meta/info.json"), f"unsupported codebase_version {version!r} (expected v2.x or v3.0)"
         )
+    return info
+
+
+def _episode_files(root: Path, info: dict) -> Iterator[_EpisodeFiles]:
+    """The episodes of a dataset whose ``info`` (:func:`_info`) was read, in index order."""
+    if str(info["codebase_version"]).startswith("v2."):
+        return _files_v2(root, info)
+    return _files_v3(root, info)
 
 
 def _json(path: Path) -> dict:
@@ -218,29 +251,54 @@ def _matrix(col: pa.ChunkedArray) -> np.ndarray:
     return arr.to_numpy(zero_copy_only=False).reshape(len(arr), 1)
 
 
-def _read_v2(root: Path, info: dict, rgb: bool, decode: Callable) -> Iterator[LeRobotEpisode]:
+def _files_v2(root: Path, info: dict) -> Iterator[_EpisodeFiles]:
     episodes_path = root / "meta/episodes.jsonl"
     try:
         lines = episodes_path.read_text().splitlines()
     except FileNotFoundError:
         raise LeRobotFormatError(str(episodes_path), "missing") from None
+    episodes = []
+    for n, line in enumerate(lines, start=1):
+        if line.strip():
+            try:
+                episodes.append(json.loads(line))
+            except ValueError as e:
+                raise LeRobotFormatError(str(episodes_path), f"line {n}: not JSON: {e}") from None
+            if not isinstance(episodes[-1], dict) or "episode_index" not in episodes[-1]:
+                raise LeRobotFormatError(str(episodes_path), f"line {n}: no 'episode_index'", stream="episode_index")
     chunks = int(info.get("chunks_size", CHUNKS_SIZE))
-    for line in filter(str.strip, lines):
-        ep = json.loads(line)
+    for ep in sorted(episodes, key=lambda e: int(e["episode_index"])):
         i = int(ep["episode_index"])
         data = root / info["data_path"].format(episode_chunk=i // chunks, episode_index=i)
-        frames = {}
-        for key in _video_keys(info):
-            video = root / info["video_path"].format(episode_chunk=i // chunks, video_key=key, episode_index=i)
-            frames[key] = decode(video, key, rgb=rgb)
-        yield _episode(info, i, (ep.get("tasks") or [""])[0], _parquet(data), data, frames)
+        videos = {
+            key: _Video(
+                root / _video_path(root, info).format(episode_chunk=i // chunks, video_key=key, episode_index=i)
+            )
+            for key in _video_keys(info)
+        }
+        yield _EpisodeFiles(i, (ep.get("tasks") or [""])[0], data, _parquet(data), videos)
 
 
-def _read_v3(root: Path, info: dict, rgb: bool, decode: Callable) -> Iterator[LeRobotEpisode]:
+def _files_v3(root: Path, info: dict) -> Iterator[_EpisodeFiles]:
     files = sorted((root / "meta/episodes").glob("chunk-*/file-*.parquet"))
     if not files:
         raise LeRobotFormatError(str(root / "meta/episodes"), "no chunk-*/file-*.parquet episode metadata")
-    episodes = pa.concat_tables([_parquet(f) for f in files]).sort_by("episode_index").to_pylist()
+    keys = _video_keys(info)
+    columns = ["episode_index", "data/chunk_index", "data/file_index"]
+    columns += [
+        f"videos/{k}/{c}" for k in keys for c in ("chunk_index", "file_index", "from_timestamp", "to_timestamp")
+    ]
+    tables = []
+    for f in files:
+        table = _parquet(f)
+        missing = [c for c in columns if c not in table.column_names]
+        if missing:
+            raise LeRobotFormatError(str(f), f"no '{missing[0]}' column", stream=missing[0])
+        tables.append(table)
+    try:
+        episodes = pa.concat_tables(tables, promote_options="default").sort_by("episode_index").to_pylist()
+    except pa.ArrowException as e:
+        raise LeRobotFormatError(str(root / "meta/episodes"), f"episode metadata files disagree: {e}") from None
     data_cache: dict[Path, pa.Table] = {}
     for ep in episodes:
         i = int(ep["episode_index"])
@@ -248,22 +306,25 @@ def _read_v3(root: Path, info: dict, rgb: bool, decode: Callable) -> Iterator[Le
         if data not in data_cache:
             data_cache.clear()
             data_cache[data] = _parquet(data)
+            if "episode_index" not in data_cache[data].column_names:
+                raise LeRobotFormatError(str(data), "no 'episode_index' column", stream="episode_index")
         table = data_cache[data]
         rows = table.filter(pc.equal(table.column("episode_index"), i))
-        frames = {}
-        for key in _video_keys(info):
-            video = root / info["video_path"].format(
+        videos = {}
+        for key in keys:
+            video = root / _video_path(root, info).format(
                 video_key=key, chunk_index=ep[f"videos/{key}/chunk_index"], file_index=ep[f"videos/{key}/file_index"]
             )
-            frames[key] = decode(
-                video,
-                key,
-                ep[f"videos/{key}/from_timestamp"],
-                ep[f"videos/{key}/to_timestamp"],
-                fps=float(info["fps"]),
-                rgb=rgb,
-            )
-        yield _episode(info, i, (ep.get("tasks") or [""])[0], rows, data, frames)
+            videos[key] = _Video(video, ep[f"videos/{key}/from_timestamp"], ep[f"videos/{key}/to_timestamp"])
+        yield _EpisodeFiles(i, (ep.get("tasks") or [""])[0], data, rows, videos)
+
+
+def _video_path(root: Path, info: dict) -> str:
+    if not isinstance(info.get("video_path"), str):
+        raise LeRobotFormatError(
+            str(root / "meta/info.json"), "video features but no 'video_path'", stream="video_path"
+        )
+    return info["video_path"]
 
 
 def _decode(
@@ -317,35 +378,16 @@ def import_lerobot(
         robot_model = _json(Path(root) / "meta/info.json").get("robot_type") or ""
     landing = Path(landing_dir)
     landing.mkdir(parents=True, exist_ok=True)
-    name = dataset_name or Path(root).resolve().name
-    t0 = start_time or dt.datetime(1970, 1, 2, tzinfo=dt.UTC)
-    start_ns = int(t0.timestamp() * 1e6) * 1000
+    placed = _Landed(dataset_name or Path(root).resolve().name, robot_id, robot_model, site, start_time)
     written = []
     for ep in read_lerobot(root, rgb=False):
-        episode_id = f"{name}-{ep.index:06d}"
-        ts = start_ns + np.round(ep.timestamps * 1e9).astype(np.int64)
-        started = dt.datetime.fromtimestamp(start_ns / 1e9, dt.UTC).isoformat().replace("+00:00", "Z")
-        meta = EpisodeMeta(
-            episode_id=episode_id,
-            robot_id=robot_id,
-            robot_model=robot_model,
-            task=ep.task,
-            site=site,
-            started_at=started,
-        )
+        meta, ts = placed.next(ep)
         cameras = {}
         for key, frames in ep.frames.items():
             assert not isinstance(frames, H264Clip)  # read_lerobot yields decoded frames, never a clip
             cameras[key.removeprefix(CAMERA_PREFIX)] = (ts, (frame_to_jpeg(f, jpeg_quality) for f in frames))
-        streams = {
-            "joint_states": SampleStream(
-                "joint_states", ts, {"position": ep.states}, {"position": ep.state_names} if ep.state_names else {}
-            ),
-            "action": SampleStream(
-                "action", ts, {"command": ep.actions}, {"command": ep.action_names} if ep.action_names else {}
-            ),
-        }
-        path = landing / f"{episode_id}.h5"
+        streams = _streams(ep, ts)
+        path = landing / f"{meta.episode_id}.h5"
         tmp = landing / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
         try:
             write_raw_episode(tmp, meta, cameras, streams)
@@ -353,8 +395,45 @@ def import_lerobot(
         finally:
             tmp.unlink(missing_ok=True)
         written.append(path)
-        start_ns = int(ts[-1]) + 1_000_000_000 if len(ts) else start_ns + 1_000_000_000
     return written
+
+
+class _Landed:
+    """A dataset's episodes as they land, in index order: id ``<name>-<index:06d>``, metadata, and
+    sample times (ns), the episodes one after another from ``start`` (default: the Unix epoch + 1
+    day), one second apart. What :func:`import_lerobot` writes and ``sources.lerobot`` reads: an
+    episode is the same episode, at the same times, by either route."""
+
+    def __init__(self, name: str, robot_id: str, robot_model: str, site: str, start: dt.datetime | None = None):
+        self.name, self.robot_id, self.robot_model, self.site = name, robot_id, robot_model, site
+        self.start_ns = int((start or dt.datetime(1970, 1, 2, tzinfo=dt.UTC)).timestamp() * 1e6) * 1000
+
+    def next(self, ep: LeRobotEpisode) -> tuple[EpisodeMeta, np.ndarray]:
+        """The next episode's metadata and its rows' times."""
+        ts = self.start_ns + np.round(ep.timestamps * 1e9).astype(np.int64)
+        started = dt.datetime.fromtimestamp(self.start_ns / 1e9, dt.UTC).isoformat().replace("+00:00", "Z")
+        meta = EpisodeMeta(
+            episode_id=f"{self.name}-{ep.index:06d}",
+            robot_id=self.robot_id,
+            robot_model=self.robot_model,
+            task=ep.task,
+            site=self.site,
+            started_at=started,
+        )
+        self.start_ns = int(ts[-1]) + 1_000_000_000 if len(ts) else self.start_ns + 1_000_000_000
+        return meta, ts
+
+
+def _streams(ep: LeRobotEpisode, ts: np.ndarray) -> dict[str, SampleStream]:
+    """An episode's rows as the raw episode's streams: joint positions and action commands, at ``ts``."""
+    return {
+        "joint_states": SampleStream(
+            "joint_states", ts, {"position": ep.states}, {"position": ep.state_names} if ep.state_names else {}
+        ),
+        "action": SampleStream(
+            "action", ts, {"command": ep.actions}, {"command": ep.action_names} if ep.action_names else {}
+        ),
+    }
 
 
 def frame_to_jpeg(frame: av.VideoFrame | np.ndarray, quality: int) -> bytes:
