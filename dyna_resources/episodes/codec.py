@@ -86,6 +86,10 @@ def encode_gop(
             assert enc.pix_fmt is not None  # an opened encoder has its pixel format (set in _open_encoder)
             frame = as_format(frame, enc.pix_fmt)
         frame.pts = i
+        # A decoded video frame keeps its stream's time base, and PyAV would rescale pts from it to the
+        # encoder's: every frame of a GOP at pts 0 and x264's CRF (which weighs frames by duration)
+        # spending ~30 % fewer bits. The frame index is in the encoder's time base.
+        frame.time_base = enc.time_base
         # A decoded JPEG is flagged as an I picture and libx264 honours the flag: without this
         # reset every frame would be intra-coded.
         frame.pict_type = av.video.frame.PictureType.NONE

@@ -485,6 +485,7 @@ def encode_h264(frames: Iterable, fps: float, crf: float, gop: int) -> H264Clip:
         assert enc.pix_fmt is not None  # set in _h264_encoder
         frame = as_format(frame, enc.pix_fmt)
         frame.pts = i
+        frame.time_base = enc.time_base  # not a decoded frame's own (see codec.encode_gop)
         # A decoded JPEG or video frame keeps its picture type, which libx264 would honour.
         frame.pict_type = av.video.frame.PictureType.NONE
         units.extend(bytes(p) for p in enc.encode(frame))

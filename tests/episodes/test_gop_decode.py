@@ -124,3 +124,29 @@ def test_backends_fall_back_to_the_cpu_and_agree(episode):
     with EpisodeReader(episode) as r:
         targets = [t for t, _ in video[::7]]
         assert parity_psnr(r, "wrist", targets, CPU, auto) >= 40.0  # on a GPU machine: NVDEC vs libavcodec
+
+
+def test_frames_decoded_from_a_video_encode_as_the_same_planes_made_afresh(tmp_path):
+    """A decoded frame carries its stream's time base (1/15360 for an MP4); the encoder must not rescale
+    its pts from it (every frame at pts 0 would change what the CRF means): its GOP is bit-identical to
+    the GOP of the same planes in new frames."""
+    from dyna_resources.episodes.codec import encode_gop
+
+    rng = np.random.default_rng(5)
+    mp4 = tmp_path / "clip.mp4"
+    with av.open(str(mp4), "w") as out:
+        s = out.add_stream("libx264", rate=30)
+        s.width, s.height, s.pix_fmt = 96, 64, "yuv420p"
+        base = rng.integers(0, 255, (64, 96, 3), dtype=np.uint8)
+        for i in range(12):
+            img = np.roll(base, 3 * i, axis=1)
+            for p in s.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+                out.mux(p)
+        for p in s.encode(None):
+            out.mux(p)
+    with av.open(str(mp4)) as c:
+        decoded = list(c.decode(video=0))
+    assert decoded[0].time_base is not None and decoded[-1].pts > 0
+    fresh = [av.VideoFrame.from_ndarray(f.to_ndarray(), format=f.format.name) for f in decoded]
+    settings = VideoSettings(gop_frames=12, preset="veryfast", pix_fmt="yuv420p")
+    assert encode_gop(decoded, settings) == encode_gop(fresh, settings)
