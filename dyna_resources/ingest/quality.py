@@ -21,10 +21,21 @@ second differences), where a high percentile of the signal grows with the spikes
 above ~1 %; (b) keeps fast but smooth motion (a 70 ms gripper close is 14 samples: its jerk is
 barely resolved at 200 Hz) and noise-free minimum-jerk trajectories, whose median deviation is
 0, from counting. Steps and kinks (grip force switching on, friction reversing) agree with one
-side, so they are not spikes. Velocity and effort use ``lag = SPIKE_LAG`` (pulses up to 4 steps,
-20 ms at 200 Hz, are spikes; wider ones are motion); acceleration and jerk use lag 1 (a velocity
+side, so they are not spikes. Velocity and effort pulses up to ``SPIKE_PULSE_S`` (20 ms: 4 steps
+at 200 Hz, ``lag`` 2) are spikes, wider ones are motion; acceleration and jerk use lag 1 (a velocity
 step is one acceleration sample, an acceleration step one jerk sample). A velocity glitch also
 shows in its derivatives one step either side: that is the same event and counts once.
+
+The scale is in time, read off the joint states' own rate (:func:`spike_scale`). Below 75 Hz (a
+LeRobot dataset's 30 Hz) 20 ms is less than a step: a spike is a single-step pulse, and only
+velocity and effort are checked. There a 70 ms gripper close is two or three steps, and the second
+and third differences of real motion read as spikes: on 16 sample episodes resampled at 30 Hz,
+the 200 Hz rule counted 2.9 % of clean steps (max 7.4 %) and with acceleration and jerk at lag 1
+still 1.2 %; velocity alone with single-step pulses 0.03 % (max 0.4 %). A move of three steps
+misses the extrapolation at its edges by about its own height, so below 75 Hz a spike must miss by
+``UNRESOLVED_MARGIN`` (1.5) times the motion: clean steps then read 0 in all 16, and velocity
+glitches on 0.5 / 2 / 5 / 10 % of the steps read 0.16 / 1.1 / 3.0 / 6.1 % (at 200 Hz 0.50 / 2.05 /
+5.2 / 10.6 %: a coarser clock sees less).
 
 Calibration (``python -m benchmarks quality``): the sample fleet's joint states, 120 episodes
 (fleet seeds 0-2 x 40: the four tasks on both robot models, 8-16 s, 1,600-3,140 steps at 200 Hz),
@@ -76,8 +87,11 @@ from .measures import drop_fraction
 PASS, REVIEW, FAIL = "pass", "review", "fail"
 SCORES = ("smoothness", "sensor_health", "task")
 SATURATING_STREAMS = ("imu", "wrench")  # sensors with a measuring range whose rails mean clipping
-SPIKE_LAG = 2  # control steps: velocity/effort pulses up to 2 * SPIKE_LAG wide are spikes, wider ones motion
+SPIKE_PULSE_S = 0.020  # velocity/effort pulses up to this long are spikes, longer ones motion
+SPIKE_LAG = 2  # control steps at 200 Hz: pulses up to 2 * SPIKE_LAG steps wide are spikes
 MOTION_SPAN = 17  # control steps around a sample over which the spike-free signal's own motion is measured
+DERIVATIVE_PULSE_STEPS = 2  # acceleration and jerk are checked where SPIKE_PULSE_S spans this many steps
+UNRESOLVED_MARGIN = 1.5  # below that rate: a move of 3 steps misses the extrapolation at its edges by its height
 
 # measurement -> (score it belongs to, ok, zero)
 MEASURES: dict[str, tuple[str, float, float]] = {
@@ -214,10 +228,39 @@ def _resolution(x: np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(step), step, 0.0)
 
 
-def spike_cells(x: np.ndarray, z: float, lag: int = SPIKE_LAG, span: int = MOTION_SPAN) -> np.ndarray:
-    """(n, c) bool: samples that miss the trajectory on both sides (see the module docstring)."""
+@dataclass(frozen=True)
+class SpikeScale:
+    """The spike rule in steps of one stream's rate (see the module docstring)."""
+
+    pulse: int  # steps: pulses up to this wide are spikes
+    lag: int  # steps back and ahead the extrapolations start from
+    span: int  # steps over which the spike-free signal's motion is measured
+    derivatives: bool  # whether acceleration and jerk are checked
+    margin: float  # a spike misses by more than this times the spike-free signal's motion
+
+
+def spike_scale(rate_hz: float) -> SpikeScale:
+    """:data:`SPIKE_PULSE_S` in steps at ``rate_hz``: 4 steps, lag 2, span 17 at 200 Hz; at 30 Hz a
+    single step, lag 1, the same span, velocity and effort only, and a margin of 1.5 over the motion."""
+    pulse = max(1, round(SPIKE_PULSE_S * rate_hz))
+    resolved = pulse >= DERIVATIVE_PULSE_STEPS
+    span = max(MOTION_SPAN, 2 * pulse + 1)
+    return SpikeScale(pulse, max(1, pulse // 2), span, resolved, 1.0 if resolved else UNRESOLVED_MARGIN)
+
+
+def spike_cells(
+    x: np.ndarray,
+    z: float,
+    lag: int = SPIKE_LAG,
+    span: int = MOTION_SPAN,
+    pulse: int | None = None,
+    margin: float = 1.0,
+) -> np.ndarray:
+    """(n, c) bool: samples that miss the trajectory on both sides (see the module docstring) by more
+    than ``margin`` times its motion; pulses up to ``pulse`` steps wide (default ``2 * lag``) are spikes."""
     x = np.asarray(x, dtype=np.float64).reshape(len(x), -1)
     n = len(x)
+    pulse = 2 * lag if pulse is None else pulse
     if n < 4 * lag + 1:
         return np.zeros(x.shape, dtype=bool)
     p = np.pad(x, ((2 * lag, 2 * lag), (0, 0)), mode="edge")
@@ -225,9 +268,9 @@ def spike_cells(x: np.ndarray, z: float, lag: int = SPIKE_LAG, span: int = MOTIO
     right = x - 2 * p[3 * lag : 3 * lag + n] + p[4 * lag :]
     miss = np.minimum(np.abs(left), np.abs(right))
     noise = np.maximum(1.4826 * np.median(np.abs(left - np.median(left, axis=0)), axis=0), _resolution(x))
-    motion = _running_range(_running_median(x, 4 * lag + 1), span)  # the median drops pulses <= 2 * lag wide
+    motion = _running_range(_running_median(x, 2 * pulse + 1), span)  # the median drops pulses <= pulse wide
     floor = np.maximum(z * noise, 1e-9 * (1.0 + np.abs(x).max(axis=0)))
-    return miss > np.maximum(motion, floor)
+    return miss > np.maximum(margin * motion, floor)
 
 
 def _near(mask: np.ndarray) -> np.ndarray:
@@ -238,10 +281,14 @@ def _near(mask: np.ndarray) -> np.ndarray:
     return out
 
 
-def spike_rows(joint_states: Mapping[str, np.ndarray], z: float) -> tuple[np.ndarray, dict[str, int]]:
+def spike_rows(
+    joint_states: Mapping[str, np.ndarray], z: float, rate_hz: float = 200.0
+) -> tuple[np.ndarray, dict[str, int]]:
     """Boolean mask of control steps where joint velocity, acceleration, jerk or effort spikes,
-    and the spiky steps per signal. Derivatives are per step (the rates are regular): an
-    acceleration belongs to the later of its two steps, a jerk to the middle of its three."""
+    and the spiky steps per signal, at the stream's ``rate_hz`` (:func:`spike_scale`). Derivatives
+    are per step (the rates are regular): an acceleration belongs to the later of its two steps, a
+    jerk to the middle of its three."""
+    scale = spike_scale(rate_hz)
     pos, vel, eff = (joint_states.get(k) for k in ("position", "velocity", "effort"))
     if vel is None:
         assert pos is not None  # velocity is derived from position: a joint_states stream has one or the other
@@ -250,20 +297,31 @@ def spike_rows(joint_states: Mapping[str, np.ndarray], z: float) -> tuple[np.nda
     n = len(vel)
     # cast: numpy's stubs type any(axis=1) as possibly a scalar; of an (n, c) array it is (n,)
     hits: dict[str, np.ndarray] = {
-        "velocity": cast(np.ndarray, spike_cells(vel, z).any(axis=1)),
+        "velocity": cast(np.ndarray, spike_cells(vel, z, scale.lag, scale.span, scale.pulse, scale.margin).any(axis=1)),
         "acceleration": np.zeros(n, dtype=bool),
         "jerk": np.zeros(n, dtype=bool),
     }
-    if n > 2:
+    if n > 2 and scale.derivatives:
         # a velocity step is one acceleration sample, an acceleration step one jerk sample: lag 1
         hits["acceleration"][1:] = spike_cells(np.diff(vel, axis=0), z, lag=1).any(axis=1)
         hits["jerk"][1:-1] = spike_cells(np.diff(vel, n=2, axis=0), z, lag=1).any(axis=1)
     hits["acceleration"] &= ~_near(hits["velocity"])  # a velocity glitch's own derivatives
     hits["jerk"] &= ~_near(hits["velocity"] | hits["acceleration"])
     if eff is not None:
-        hits["effort"] = cast(np.ndarray, spike_cells(np.asarray(eff).reshape(len(eff), -1), z).any(axis=1))
+        effort = np.asarray(eff).reshape(len(eff), -1)
+        hits["effort"] = cast(
+            np.ndarray, spike_cells(effort, z, scale.lag, scale.span, scale.pulse, scale.margin).any(axis=1)
+        )
     mask = np.logical_or.reduce(list(hits.values()))
     return mask, {k: int(v.sum()) for k, v in hits.items()}
+
+
+def _rate_hz(ts_ns: np.ndarray, default: float = 200.0) -> float:
+    """A regular stream's rate from its median period (``default`` for fewer than two samples)."""
+    if len(ts_ns) < 2:
+        return default
+    period = float(np.median(np.diff(np.asarray(ts_ns, dtype=np.int64))))
+    return 1e9 / period if period > 0 else default
 
 
 def gap_fraction(ts_ns: np.ndarray, periods: float) -> float:
@@ -306,8 +364,9 @@ def _camera_fraction(cameras: Mapping[str, Mapping] | None, key: str) -> dict[st
 
 def measure(raw, cameras: Mapping[str, Mapping] | None, config: QualityConfig) -> dict[str, tuple[float, str]]:
     """Every measurement of :data:`MEASURES`: its value and the detail a reason would give."""
-    js = {k: np.asarray(v) for k, v in raw.streams["joint_states"].fields.items()}
-    mask, counts = spike_rows(js, config.spike_z)
+    stream = raw.streams["joint_states"]
+    js = {k: np.asarray(v) for k, v in stream.fields.items()}
+    mask, counts = spike_rows(js, config.spike_z, _rate_hz(stream.timestamps_ns))
     out = {
         "spike_fraction": (
             float(mask.mean()) if len(mask) else 0.0,

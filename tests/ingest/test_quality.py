@@ -16,11 +16,13 @@ from dyna_resources.ingest.gates import GateConfig, GateConfigError
 from dyna_resources.ingest.quality import (
     QualityConfig,
     QualityConfigError,
+    SpikeScale,
     gap_fraction,
     rail_fraction,
     register_scorer,
     score_episode,
     spike_rows,
+    spike_scale,
 )
 
 FAST = TranscodeSettings(video=VideoSettings(gop_frames=30, preset="ultrafast"))
@@ -130,6 +132,27 @@ def test_noise_free_and_quantized_trajectories_have_no_spikes():
     vel[1000, 3] += 0.2  # mid-move (1.8 rad/s): seen as the acceleration doublet it makes
     mask, counts = spike_rows({"position": pos, "velocity": vel}, 8.0)
     assert np.flatnonzero(mask).tolist() == [40, 1000, 1001] and counts["velocity"] == 1
+
+
+def test_at_a_dataset_rate_fast_motion_is_motion_and_single_step_glitches_are_spikes():
+    """At 30 Hz (a LeRobot dataset) the rule is in time: 20 ms is under a step, so a spike is a
+    single-step pulse and the derivatives are not checked. The same minimum-jerk moves (a 70 ms
+    gripper close is two steps) count nothing; the 200 Hz rule read them as spikes. Single-step
+    velocity glitches are counted, each once."""
+    t = np.arange(360) / 30.0
+    knots = np.array([0.0, 0.3, 1.1, 1.17, 2.0, 2.6, 2.7, 4.0, 5.5, 5.57, 7.0, 9.0, 12.0])
+    values = np.random.default_rng(3).uniform(-1.5, 1.5, size=(len(knots), 6))
+    pos = Quintic(knots, values)(t)
+    assert spike_scale(30.0) == SpikeScale(pulse=1, lag=1, span=17, derivatives=False, margin=1.5)
+    assert spike_scale(200.0) == SpikeScale(pulse=4, lag=2, span=17, derivatives=True, margin=1.0)
+    mask, counts = spike_rows({"position": pos}, 8.0, rate_hz=30.0)
+    assert not mask.any(), counts
+    assert spike_rows({"position": pos}, 8.0)[0].any()  # as if it were 200 Hz
+    vel = np.diff(pos, axis=0, prepend=pos[:1])
+    rows = [50, 120, 200, 300]
+    vel[rows, [0, 2, 4, 5]] += 3 * np.abs(vel).max()
+    mask, counts = spike_rows({"position": pos, "velocity": vel}, 8.0, rate_hz=30.0)
+    assert np.flatnonzero(mask).tolist() == rows and counts == {"velocity": 4, "acceleration": 0, "jerk": 0}
 
 
 def test_an_effort_spike_lowers_smoothness(episode_factory, tmp_path):
