@@ -15,8 +15,12 @@ Codec floors, the bare codec work on the same frames in the transcoder's GOP win
 
 ``lerobot_native_speedup_vs_hdf5_route``: episode-hours per core-hour of the native route over today's way
 through HDF5 (``import_lerobot`` to HDF5, charged, then the HDF5 pipeline), with the mean PSNR of each
-route's MCAP frames against the dataset's decoded frames. ``passthrough_speedup_ros2`` needs bags whose
-video is already H.264 (``foxglove.CompressedVideo``), which the bag reader does not copy yet: null.
+route's MCAP frames against the dataset's decoded frames.
+
+``passthrough_speedup_ros2``: episode-hours per core-hour of bags whose cameras are already H.264
+(``foxglove_msgs/msg/CompressedVideo``, GOPs of the read profile's length, no B-frames: what an on-robot
+encoder set up for it writes, here the same frames encoded by ``codec.encode_gop``) over the same episodes
+as JPEG bags; the H.264 is copied into the MCAP (``h264_copied``: cameras copied / cameras).
 
 The last line of stdout is one JSON object.
 """
@@ -111,6 +115,23 @@ def _psnr(mcap: Path, dataset: Path, episode_id: str) -> float:
     return float(np.mean(out)) if out else float("nan")
 
 
+def _copied(episodes: list[dict]) -> list[int]:
+    """[cameras copied, cameras] over the episodes' MCAPs (their stats metadata)."""
+    from mcap.reader import make_reader
+
+    from dyna_resources.episodes.topics import STATS_METADATA
+
+    copied = total = 0
+    for e in episodes:
+        with open(e["mcap_path"], "rb") as f:
+            for m in make_reader(f).iter_metadata():
+                if m.name == STATS_METADATA:
+                    cams = json.loads(m.metadata["cameras"]).values()
+                    copied += sum(bool(c.get("copied")) for c in cams)
+                    total += len(cams)
+    return [copied, total]
+
+
 def run(size: str, sources: list[str], seed: int = 23, workdir: str | None = None) -> dict:
     from dyna_resources.episodes.lerobot import import_lerobot
     from dyna_resources.episodes.read_profiles import EMBEDDED
@@ -150,6 +171,11 @@ def run(size: str, sources: list[str], seed: int = 23, workdir: str | None = Non
                 with RawEpisode(paths[0]) as raw:
                     samples.write_topic_map(home, sorted(raw.cameras))
                 floor = jpeg_floor
+                h264_home, h264_landing = home_for("ros2-h264")
+                for p in paths:
+                    samples.write_bag(p, h264_landing / f"bag-{p.stem}", video=settings.video)
+                with RawEpisode(paths[0]) as raw:
+                    samples.write_topic_map(h264_home, sorted(raw.cameras))
             else:
                 dataset = samples.write_dataset(paths, landing / "dataset")
                 floor = _video_floor(dataset, settings.for_site("lerobot").video)
@@ -161,6 +187,13 @@ def run(size: str, sources: list[str], seed: int = 23, workdir: str | None = Non
                 "overhead_ratio": r["cpu_s"] / floor if floor else None,
                 "episode_hours_per_core_hour": r["hours"] / (r["cpu_s"] / 3600) if r["cpu_s"] else 0.0,
             }
+            if source == "ros2":
+                c = _pipeline(h264_home, settings, workers)
+                eph = c["hours"] / (c["cpu_s"] / 3600) if c["cpu_s"] else 0.0
+                row["h264_cpu_s"] = c["cpu_s"]
+                row["h264_episode_hours_per_core_hour"] = eph
+                row["h264_copied"] = _copied(c["episodes"])
+                row["passthrough_speedup"] = eph / row["episode_hours_per_core_hour"] if eph else None
             if source == "lerobot":
                 # today's way: the dataset imported to HDF5 (charged), then the HDF5 pipeline
                 via, via_landing = home_for("lerobot-via-hdf5")
@@ -202,7 +235,14 @@ def report(out: dict) -> dict:
             f"(import {lr['hdf5_route_import_cpu_s']:.2f}); PSNR vs the dataset's frames: native "
             f"{lr['psnr_native_db']:.2f} dB, HDF5 route {lr['psnr_hdf5_route_db'] or float('nan'):.2f} dB"
         )
-    print("passthrough of H.264 bag video: not built (the bag reader re-encodes every camera): no figure")
+    ros2 = s.get("ros2", {})
+    if "passthrough_speedup" in ros2:
+        copied, cams = ros2["h264_copied"]
+        print(
+            f"ROS 2 bags with H.264 video, copied ({copied} of {cams} cameras): {ros2['h264_cpu_s']:.2f} CPU s, "
+            f"{ros2['h264_episode_hours_per_core_hour']:.1f} ep-h/core-h, {ros2['passthrough_speedup'] or 0:.1f}x the "
+            f"JPEG bags' (target >= {TARGET_PASSTHROUGH_SPEEDUP:g})"
+        )
     figures = {
         "benchmark": "ingest_sources",
         "size": out["size"],
@@ -211,7 +251,7 @@ def report(out: dict) -> dict:
         "lerobot_native_speedup_vs_hdf5_route": lr.get("native_speedup_vs_hdf5_route"),
         "psnr_lerobot_native_db": lr.get("psnr_native_db"),
         "psnr_lerobot_hdf5_route_db": lr.get("psnr_hdf5_route_db"),
-        "passthrough_speedup_ros2": None,
+        "passthrough_speedup_ros2": ros2.get("passthrough_speedup"),
         "targets": {
             "overhead_ratio": TARGET_OVERHEAD,
             "lerobot_native_speedup": TARGET_LEROBOT_SPEEDUP,

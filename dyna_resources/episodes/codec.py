@@ -282,6 +282,22 @@ class H264Decoder:
             raise ValueError(f"decoder produced {produced} frames, missing indices {sorted(missing)}")
         return frames
 
+    def decode_yuv(self, access_units: Sequence[bytes]) -> list[av.VideoFrame]:
+        """Every picture of ``access_units`` (a run from a keyframe), as the decoder's frames; ValueError
+        when the decoder fails or gives another number of pictures than units."""
+        frames: list[av.VideoFrame] = []
+        try:
+            for i, au in enumerate(access_units):
+                packet = av.Packet(au)
+                packet.pts = i
+                frames.extend(self._ctx.decode(packet))
+            frames.extend(self._ctx.decode(None))
+        except av.FFmpegError as e:
+            raise ValueError(str(e)) from None
+        if len(frames) != len(access_units):
+            raise ValueError(f"{len(access_units)} access units decode to {len(frames)} pictures")
+        return frames
+
 
 class StreamingH264Decoder:
     """Decodes access units one at a time (a GOP read in several steps keeps its decoder between

@@ -4,6 +4,11 @@ The episode is processed one GOP window at a time (all cameras' frames of the wi
 then the proprio blocks that start in it), so memory stays at one window however
 long the episode. The output is written under a temporary name and renamed when
 complete: a failure never leaves a partial MCAP behind.
+
+A camera that arrives as H.264 (``sources.memory.H264Camera``) whose layout already meets the read profile
+(``h264_layout.check_layout``) is copied access unit by access unit, nothing decoded but each GOP's first
+two frames: on those the dark and frozen frames are counted, and scaled to the camera's frames (an
+estimate, where an encoded camera's counts are exact). Any other layout is decoded and re-encoded.
 """
 
 from __future__ import annotations
@@ -24,8 +29,9 @@ from mcap_protobuf.schema import build_file_descriptor_set
 from .. import versions
 from ..sources.content import content_bytes, content_sha256
 from . import blocks
-from .codec import VideoSettings, encode_gop
-from .errors import RawFormatError
+from .codec import H264Decoder, VideoSettings, encode_gop, is_keyframe
+from .errors import CorruptFrameError, RawFormatError
+from .h264_layout import Layout, check_layout
 from .mcap_writer import GroupedChunkWriter
 from .raw_format import CameraStream, RawEpisode, SampleStream
 from .read_profile import TOPIC_GROUPS, ReadProfile, streams_column
@@ -60,6 +66,10 @@ class TranscodeSettings:
     # engine enforces it on each episode's worker process: a file that would hold a transcode slot
     # for hours is quarantined instead. Not part of the output, so not in as_dict().
     max_cpu_s: float = 0.0
+    # copy H.264 cameras whose layout meets the read profile instead of re-encoding them (False: always
+    # re-encode, the way a benchmark measures what copying saves); not in as_dict(): the output's layout
+    # is the same either way
+    copy_h264: bool = True
 
     @property
     def training_streams(self) -> tuple[TrainingStreamSpec, ...]:
@@ -87,6 +97,9 @@ class CameraReport:
     video_bytes: int
     first_ns: int = -1
     last_ns: int = -1
+    # the source's H.264 copied as it was (dark and frozen frames then estimated from each GOP's first two)
+    copied: bool = False
+    reencode_reason: str = ""  # an H.264 source re-encoded: why its layout could not be copied
 
 
 @dataclass
@@ -327,6 +340,14 @@ class _VideoWindows:
         self.last_luma: dict[str, np.ndarray] = {}
         self.keyframes = dict.fromkeys(self.pos, 0)
         self.video_bytes = dict.fromkeys(self.pos, 0)
+        self.layouts: dict[str, Layout] = {
+            c.name: check_layout(c.frames, settings.video.gop_frames)  # type: ignore[union-attr,arg-type]
+            for c in cameras
+            if getattr(c, "encoding", "") == "h264"
+        }
+        self.copied = {n for n, lay in self.layouts.items() if lay.copyable and settings.copy_h264}
+        # a copied camera's frames inspected (each GOP's first two) and pairs of them compared
+        self.samples = {name: [0, 0] for name in self.copied}
 
     def next_ns(self) -> int | None:
         """Time of the earliest frame not encoded yet (None: all done)."""
@@ -340,25 +361,60 @@ class _VideoWindows:
             hi = int(np.searchsorted(cam.timestamps_ns, window_end, side="left"))
             lo, self.pos[cam.name] = self.pos[cam.name], hi
             if hi > lo:
-                out += self._encode(cam, lo, hi)
+                out += self._copy(cam, lo, hi) if cam.name in self.copied else self._encode(cam, lo, hi)
         return out
+
+    def _copy(self, cam: Camera, lo: int, hi: int) -> list[tuple[int, int, bytes]]:
+        """The source's access units ``[lo, hi)`` as they are; each GOP's first two frames decoded and inspected."""
+        units: list[bytes] = cam.frames  # type: ignore[union-attr,assignment]  # an H264Camera's access units
+        for k in range(lo, hi):
+            if is_keyframe(units[k]):
+                self._inspect_gop_start(cam, units, k)
+        return self._messages(cam, lo, hi, units[lo:hi])
+
+    def _inspect_gop_start(self, cam: Camera, units: list[bytes], k: int) -> None:
+        """Decode a copied GOP's first two frames: the first counts for dark frames, the pair for frozen."""
+        pair = 2 if k + 1 < len(units) and not is_keyframe(units[k + 1]) else 1
+        with self.decode_t:
+            try:
+                frames = H264Decoder().decode_yuv(units[k : k + pair])
+            except ValueError as e:
+                raise CorruptFrameError(self.path, f"images/{cam.name}", k, f"H.264 decode failed: {e}") from None
+        self.keyframes[cam.name] += 1
+        lumas = []
+        for j, frame in enumerate(frames):
+            self._check_shape(cam, k + j, frame)
+            lumas.append(_luma_sample(frame))
+        dark = [float(y.mean()) < self.settings.dark_level for y in lumas]
+        self.dark[cam.name] += sum(dark)
+        self.samples[cam.name][0] += len(lumas)
+        if len(lumas) == 2:
+            self.samples[cam.name][1] += 1
+            if not dark[1] and np.abs(lumas[1] - lumas[0]).mean() < self.settings.frozen_level:
+                self.frozen[cam.name] += 1
+
+    def _check_shape(self, cam: Camera, i: int, frame) -> None:
+        shape = self.shape.setdefault(cam.name, (frame.height, frame.width))
+        if (frame.height, frame.width) != shape:
+            raise RawFormatError(
+                self.path,
+                f"frame {i} is {frame.width}x{frame.height}, earlier frames {shape[1]}x{shape[0]}",
+                f"images/{cam.name}",
+            )
 
     def _encode(self, cam: Camera, lo: int, hi: int) -> list[tuple[int, int, bytes]]:
         frames = []
         for i in range(lo, hi):
             frame = next(self.frames[cam.name])
-            shape = self.shape.setdefault(cam.name, (frame.height, frame.width))
-            if (frame.height, frame.width) != shape:
-                raise RawFormatError(
-                    self.path,
-                    f"frame {i} is {frame.width}x{frame.height}, earlier frames {shape[1]}x{shape[0]}",
-                    f"images/{cam.name}",
-                )
+            self._check_shape(cam, i, frame)
             self._inspect(cam.name, _luma_sample(frame))
             frames.append(frame)
         with self.encode_t:
             units = encode_gop(frames, self.settings.video, self.rate)
         self.keyframes[cam.name] += 1
+        return self._messages(cam, lo, hi, units)
+
+    def _messages(self, cam: Camera, lo: int, hi: int, units: list[bytes]) -> list[tuple[int, int, bytes]]:
         cid = self.channels[camera_topic(cam.name)]
         out = []
         for i, au in zip(range(lo, hi), units, strict=True):
@@ -378,6 +434,19 @@ class _VideoWindows:
         elif last is not None and np.abs(luma - last).mean() < self.settings.frozen_level:
             self.frozen[camera] += 1
 
+    def _scaled(self, camera: str, count: int, frames: int, pairs: bool = False) -> int:
+        """A copied camera's count over its inspected frames (``pairs``: over its compared pairs, of which a
+        camera has one fewer than frames), scaled to all of them."""
+        if camera not in self.copied:
+            return count
+        seen = self.samples[camera][1 if pairs else 0]
+        return round(count / seen * (frames - pairs)) if seen else 0
+
+    def _reencode_reason(self, camera: str) -> str:
+        if camera not in self.layouts or camera in self.copied:
+            return ""
+        return self.layouts[camera].reason or "copying is off (TranscodeSettings.copy_h264)"
+
     def reports(self) -> dict[str, CameraReport]:
         return {
             c.name: CameraReport(
@@ -386,12 +455,14 @@ class _VideoWindows:
                 height=self.shape.get(c.name, (0, 0))[0],
                 rate_hz=round(nominal_rate_hz(c.timestamps_ns), 3),
                 dropped_frames=dropped_frames(c.timestamps_ns),
-                dark_frames=self.dark[c.name],
-                frozen_frames=self.frozen[c.name],
+                dark_frames=self._scaled(c.name, self.dark[c.name], len(c)),
+                frozen_frames=self._scaled(c.name, self.frozen[c.name], len(c), pairs=True),
                 keyframes=self.keyframes[c.name],
                 video_bytes=self.video_bytes[c.name],
                 first_ns=int(c.timestamps_ns[0]) if len(c) else -1,
                 last_ns=int(c.timestamps_ns[-1]) if len(c) else -1,
+                copied=c.name in self.copied,
+                reencode_reason=self._reencode_reason(c.name),
             )
             for c in self.cameras
         }

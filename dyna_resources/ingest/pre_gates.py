@@ -279,6 +279,8 @@ def _dead_cameras(raw: Episode, samples: int, flat_std: float) -> dict[str, list
         if n == 0:
             continue
         idx = np.unique(np.linspace(0, n - 1, min(samples, n)).round().astype(int))
+        if hasattr(cam, "keyframe_before"):  # H.264: the keyframes at or before, each decoded alone
+            idx = np.unique([cam.keyframe_before(int(i)) for i in idx])
         lumas = [_luma_small(cam, int(i)) for i in idx]
         flat = flat_frames(lumas, flat_std)
         if len(flat) >= 2:
@@ -287,7 +289,7 @@ def _dead_cameras(raw: Episode, samples: int, flat_std: float) -> dict[str, list
 
 
 def _luma_small(cam, i: int) -> np.ndarray:
-    if cam.encoding == "rgb":
+    if cam.encoding in ("rgb", "h264"):
         return cam.frame(i)[::8, ::8].mean(axis=2)
     data = cam.frame_bytes(i)
     try:

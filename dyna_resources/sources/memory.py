@@ -1,6 +1,6 @@
 """The episode model for sources read whole into memory (a ROS 2 bag's episode): cameras whose frames are
-compressed images (JPEG, PNG) or raw RGB arrays, with the interface the transcoder and the gates use on
-the legacy HDF5's cameras (``raw_format.CameraStream``).
+compressed images (JPEG, PNG), raw RGB arrays or H.264 access units (:class:`H264Camera`), with the
+interface the transcoder and the gates use on the legacy HDF5's cameras (``raw_format.CameraStream``).
 
 Plain Python, no Dagster import.
 """
@@ -15,7 +15,7 @@ import av
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from ..episodes.codec import jpeg_to_yuv, to_yuv
+from ..episodes.codec import H264Decoder, decoded_to_rgb, is_keyframe, jpeg_to_yuv, to_yuv
 from ..episodes.errors import CorruptFrameError
 from ..episodes.raw_format import EpisodeMeta, SampleStream, decode_jpeg
 
@@ -84,6 +84,78 @@ class MemoryCamera:
             raise CorruptFrameError(self._path, self._stream, i, f"PNG decode failed: {e}") from None
 
 
+class H264Camera(MemoryCamera):
+    """A camera whose frames are H.264 access units (Annex B, one per frame: a ``foxglove_msgs/msg/
+    CompressedVideo`` topic). The transcoder copies them when their layout meets the read profile
+    (``episodes.h264_layout``) and re-encodes :meth:`iter_yuv` otherwise; :meth:`frame` decodes from the
+    keyframe before it, so the gates sample keyframes (:meth:`keyframe_before`). ``preroll``: the units
+    from the keyframe before the first frame (an episode cut from a longer recording), decoded, not kept."""
+
+    def __init__(
+        self,
+        name: str,
+        timestamps_ns: np.ndarray,
+        units: Sequence[bytes],
+        path: str = "",
+        topic: str = "",
+        preroll: Sequence[bytes] = (),
+    ):
+        super().__init__(name, timestamps_ns, "h264", units, path, topic)
+        self.preroll = list(preroll)
+        self.keyframes = np.flatnonzero([is_keyframe(u) for u in units])
+
+    @property
+    def units(self) -> Sequence[bytes]:
+        return self.frames  # type: ignore[return-value]
+
+    def keyframe_before(self, i: int) -> int:
+        """The index of the keyframe at or before frame ``i`` (``i`` itself when there is none)."""
+        k = int(np.searchsorted(self.keyframes, i, side="right")) - 1
+        return int(self.keyframes[k]) if k >= 0 else i
+
+    def frame_bytes(self, i: int) -> bytes:
+        raise ValueError(f"camera {self.name} holds H.264 access units, not JPEG")
+
+    def frame(self, i: int) -> np.ndarray:
+        first = self.keyframe_before(i)
+        run = (
+            [*self.units[first : i + 1]]
+            if first < i or is_keyframe(self.units[i])
+            else [*self.preroll, *self.units[: i + 1]]
+        )
+        try:
+            return H264Decoder().decode(run, [len(run) - 1])[len(run) - 1]
+        except (av.FFmpegError, ValueError) as e:
+            raise CorruptFrameError(self._path, self._stream, i, f"H.264 decode failed: {e}") from None
+
+    def iter_yuv(self, batch: int = 32) -> Iterator[av.VideoFrame]:
+        """Every frame decoded, in display order (what a re-encode takes; B-frames are reordered)."""
+        ctx = av.CodecContext.create("h264", "r")
+        ctx.thread_type = "NONE"
+        out = -len(self.preroll)  # the preroll's pictures are decoded and dropped
+        try:
+            for i, au in enumerate([*self.preroll, *self.units]):
+                packet = av.Packet(au)
+                packet.pts = i
+                for frame in ctx.decode(packet):
+                    out += 1
+                    if out > 0:
+                        yield frame
+            for frame in ctx.decode(None):
+                out += 1
+                if out > 0:
+                    yield frame
+        except (av.FFmpegError, ValueError) as e:
+            raise CorruptFrameError(self._path, self._stream, max(out, 0), f"H.264 decode failed: {e}") from None
+        if out != len(self.units):
+            reason = f"{len(self.units)} access units decode to {out} pictures"
+            raise CorruptFrameError(self._path, self._stream, max(out, 0), reason)
+
+    def iter_frames(self, batch: int = 32) -> Iterator[np.ndarray]:
+        for frame in self.iter_yuv():
+            yield decoded_to_rgb(frame)
+
+
 @dataclass
 class MemoryEpisode:
     """An episode read from a source other than the legacy HDF5: what ``RawEpisode`` offers the transcoder
@@ -122,4 +194,4 @@ class MemoryEpisode:
         return (self.end_ns - self.start_ns) / 1e9
 
 
-__all__ = ["MemoryCamera", "MemoryEpisode", "PNG_MAGIC"]
+__all__ = ["H264Camera", "MemoryCamera", "MemoryEpisode", "PNG_MAGIC"]

@@ -5,7 +5,9 @@ full pass, numpy arrays instead of lists, the same API for SQLite 3 bags, which 
 read, and custom message types registered from the definitions the bag itself carries, in both storages).
 
 Messages: ``sensor_msgs/msg/CompressedImage`` (JPEG, PNG: told by their bytes, not the ``format``
-string), ``sensor_msgs/msg/Image`` (rgb8, bgr8, mono8), ``sensor_msgs/msg/JointState``,
+string), ``sensor_msgs/msg/Image`` (rgb8, bgr8, mono8), ``foxglove_msgs/msg/CompressedVideo`` (H.264,
+Annex B, one access unit a message: copied into the MCAP when its layout meets the read profile, else
+re-encoded; its ``timestamp`` is its header stamp), ``sensor_msgs/msg/JointState``,
 ``std_msgs/msg/Float64MultiArray`` and any message type the bag defines, by its numeric fields. Times
 are header stamps (or log times, by the map); each topic's must increase strictly, or the episode meets
 the timestamp gate. A bag is one episode, or is cut into several by the map's split rule: a pause longer
@@ -14,6 +16,9 @@ than ``gap_s`` between two mapped messages, or a marker topic whose every messag
 Every failure names the bag and, where one is at fault, the topic: an unreadable or truncated bag, a
 mapped topic of a type this cannot read or absent from the bag, a message whose CDR does not decode (its
 index on its topic), a bag topic the map does not name (with ``unmapped: refuse``).
+
+Numeric topics whose messages share one layout are decoded as columns (``cdr_columns``: one numpy view a
+field, ~4.5x less CPU than rosbags' message-at-a-time decode); others message by message.
 
 Every frame of an episode is held in memory, compressed, as the bag holds it (a 30 s episode of three
 640x480 JPEG cameras: ~80 MB).
@@ -31,14 +36,18 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from ..episodes.codec import is_keyframe
 from ..episodes.errors import EpisodeError, MissingStreamError, RawFormatError
 from ..episodes.raw_format import REQUIRED_STREAMS, SAMPLE_STREAMS, EpisodeMeta, SampleStream, _check_monotonic
+from .cdr_columns import decode_columns
 from .detect import BAG_METADATA
-from .memory import PNG_MAGIC, MemoryCamera, MemoryEpisode
+from .memory import PNG_MAGIC, H264Camera, MemoryCamera, MemoryEpisode
 from .topic_map import DEFAULT, TopicMap, TopicRole
 
 COMPRESSED_IMAGE = "sensor_msgs/msg/CompressedImage"
 IMAGE = "sensor_msgs/msg/Image"
+COMPRESSED_VIDEO = "foxglove_msgs/msg/CompressedVideo"
+CAMERA_TYPES = (COMPRESSED_IMAGE, IMAGE, COMPRESSED_VIDEO)
 JOINT_STATE = "sensor_msgs/msg/JointState"
 RAW_ENCODINGS = ("rgb8", "bgr8", "mono8")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -53,7 +62,7 @@ class _Series:
     msgtype: str
     times: list[int] = field(default_factory=list)
     frames: list[bytes | np.ndarray] = field(default_factory=list)
-    rows: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    rows: dict[str, list[np.ndarray] | np.ndarray] = field(default_factory=dict)  # an array: decoded as columns
     labels: dict[str, list[str]] = field(default_factory=dict)
 
 
@@ -124,17 +133,15 @@ def _read(path: Path, topics: TopicMap) -> tuple[dict[str, _Series], list[str], 
             raise MissingStreamError(str(path), f"split marker topic {topics.split.topic} is not in the bag")
         markers: list[int] = []
         counts: dict[str, int] = {}
+        numeric: dict[str, tuple[list[int], list[bytes]]] = {t: ([], []) for t, s in series.items() if s.role.stream}
         try:
             for conn, log_ns, raw in reader.messages(connections=wanted + ([marker] if marker else [])):
+                if conn.topic in numeric:  # decoded as columns once all are read
+                    numeric[conn.topic][0].append(int(log_ns))
+                    numeric[conn.topic][1].append(raw)
+                    continue
                 i = counts[conn.topic] = counts.get(conn.topic, -1) + 1
-                try:
-                    msg = reader.deserialize(raw, conn.msgtype)
-                except Exception as e:
-                    raise RawFormatError(
-                        str(path),
-                        f"message {i} ({conn.msgtype}) does not decode: {type(e).__name__}: {e}",
-                        stream=conn.topic,
-                    ) from None
+                msg = _deserialize(path, reader, raw, conn.msgtype, conn.topic, i)
                 stamp = _stamp(msg, log_ns) if topics.timestamps == "header" else log_ns
                 if marker is not None and conn.topic == marker.topic:
                     markers.append(stamp)
@@ -144,25 +151,87 @@ def _read(path: Path, topics: TopicMap) -> tuple[dict[str, _Series], list[str], 
             raise
         except Exception as e:  # a chunk or page the storage cannot read (a cut MCAP, a damaged database)
             raise RawFormatError(str(path), f"bag storage unreadable: {type(e).__name__}: {e}") from None
+        for topic, (logs, raws) in numeric.items():
+            if not _add_columns(path, reader, series[topic], logs, raws, topics.timestamps):
+                for i, (log_ns, raw) in enumerate(zip(logs, raws, strict=True)):
+                    msg = _deserialize(path, reader, raw, series[topic].msgtype, topic, i)
+                    _add(path, series[topic], msg, _stamp(msg, log_ns) if topics.timestamps == "header" else log_ns, i)
         return series, ignored, markers
     finally:
         reader.close()
 
 
+def _deserialize(path: Path, reader, raw: bytes, msgtype: str, topic: str, i: int):
+    try:
+        return reader.deserialize(raw, msgtype)
+    except Exception as e:
+        raise RawFormatError(
+            str(path), f"message {i} ({msgtype}) does not decode: {type(e).__name__}: {e}", stream=topic
+        ) from None
+
+
+def _add_columns(path: Path, reader, s: _Series, logs: list[int], raws: list[bytes], timestamps: str) -> bool:
+    """A numeric topic's messages added all at once (``cdr_columns``) when they share one layout; False when
+    they do not (or a field is not numeric), and nothing was added: the caller adds them one by one.
+
+    The first, middle and last message are also decoded by rosbags, and must agree with the columns."""
+    if not raws:
+        return True
+    cols = decode_columns(reader.typestore.fielddefs, s.msgtype, raws)
+    if cols is None:
+        return False
+    role = s.role
+    if role.fields:
+        parts = [cols.get(f) for f in role.fields]
+        if any(p is None or p.dtype.kind not in "iufb" for p in parts):
+            return False
+        fields = {next(iter(SAMPLE_STREAMS[role.stream or ""][1])): np.hstack([_matrix(p) for p in parts])}  # type: ignore[arg-type]
+    elif s.msgtype == JOINT_STATE:
+        fields = {k: cols[k] for k in ("position", "velocity", "effort") if cols[k].shape[1]}
+    elif "data" in cols and cols["data"].dtype.kind in "iufb":
+        fields = {next(iter(SAMPLE_STREAMS[role.stream or ""][1])): _matrix(cols["data"])}
+    else:
+        return False
+    stamp = next((f"{h}.{{}}" for h in ("header.stamp", "timestamp") if f"{h}.sec" in cols), None)
+    if timestamps == "header" and stamp is not None:
+        times = cols[stamp.format("sec")].astype(np.int64) * 1_000_000_000 + cols[stamp.format("nanosec")]
+    else:
+        times = np.asarray(logs, np.int64)
+    fields = {k: np.asarray(v, np.float64) for k, v in fields.items()}
+    for i in sorted({0, len(raws) // 2, len(raws) - 1}):  # rosbags' own decode, on a few: the columns agree
+        one = _Series(role, s.msgtype)
+        msg = _deserialize(path, reader, raws[i], s.msgtype, role.topic, i)
+        _add(path, one, msg, _stamp(msg, logs[i]) if timestamps == "header" else logs[i], i)
+        if one.times[0] != times[i] or set(one.rows) != set(fields):
+            return False
+        if any(not np.array_equal(one.rows[k][0], fields[k][i]) for k in fields):
+            return False
+        if i == 0:
+            s.labels = one.labels
+    s.times = times.tolist()
+    s.rows = dict(fields)
+    return True
+
+
+def _matrix(a: np.ndarray) -> np.ndarray:
+    return a.reshape(len(a), -1)
+
+
 def _check_type(path: Path, role: TopicRole, msgtype: str) -> None:
-    if role.camera and msgtype not in (COMPRESSED_IMAGE, IMAGE):
+    if role.camera and msgtype not in CAMERA_TYPES:
         raise RawFormatError(
             str(path),
-            f"mapped as camera {role.camera!r} but its type is {msgtype} (expected {COMPRESSED_IMAGE} or {IMAGE})",
+            f"mapped as camera {role.camera!r} but its type is {msgtype} (expected {', '.join(CAMERA_TYPES)})",
             stream=role.topic,
         )
 
 
 def _stamp(msg, log_ns: int) -> int:
     header = getattr(msg, "header", None)
-    if header is None:
+    stamp = header.stamp if header is not None else getattr(msg, "timestamp", None)  # CompressedVideo: no header
+    if stamp is None or not hasattr(stamp, "nanosec"):
         return int(log_ns)
-    return int(header.stamp.sec) * 1_000_000_000 + int(header.stamp.nanosec)
+    return int(stamp.sec) * 1_000_000_000 + int(stamp.nanosec)
 
 
 def _add(path: Path, s: _Series, msg, stamp: int, i: int) -> None:
@@ -187,6 +256,7 @@ def _add(path: Path, s: _Series, msg, stamp: int, i: int) -> None:
         )
     for k, v in fields.items():
         rows = s.rows.setdefault(k, [])
+        assert isinstance(rows, list)  # an array only once all messages are in (_add_columns)
         if rows and len(v) != len(rows[0]):
             raise RawFormatError(
                 str(path), f"message {i}: {k} has {len(v)} values, earlier messages {len(rows[0])}", stream=role.topic
@@ -207,6 +277,12 @@ def _field(path: Path, role: TopicRole, msg, name: str, i: int) -> np.ndarray:
 
 
 def _frame(path: Path, s: _Series, msg, i: int) -> bytes | np.ndarray:
+    if s.msgtype == COMPRESSED_VIDEO:
+        if str(msg.format).lower() != "h264":
+            raise RawFormatError(
+                str(path), f"frame {i}: video format {msg.format!r} (only h264 is read)", stream=s.role.topic
+            )
+        return bytes(msg.data)
     if s.msgtype == COMPRESSED_IMAGE:
         data = bytes(msg.data)  # a copy: rosbags hands out a view of the message buffer
         if not (data[:2] == b"\xff\xd8" or data[:8] == PNG_MAGIC):
@@ -232,6 +308,17 @@ def _frame(path: Path, s: _Series, msg, i: int) -> bytes | np.ndarray:
     elif enc == "mono8":
         img = np.repeat(img, 3, axis=2)
     return np.ascontiguousarray(img)
+
+
+def _preroll(units: list[bytes], first: int) -> list[bytes]:
+    """The access units from the keyframe before ``first`` up to it: what decoding an episode cut inside a
+    GOP needs first (nothing when ``first`` is a keyframe, or when no keyframe precedes it)."""
+    if is_keyframe(units[first]):
+        return []
+    for k in range(first - 1, -1, -1):
+        if is_keyframe(units[k]):
+            return units[k:first]
+    return []
 
 
 def _cuts(series: dict[str, _Series], topics: TopicMap, markers: list[int]) -> list[tuple[int, int]]:
@@ -261,12 +348,20 @@ def _episode(
         keep = np.flatnonzero((t >= lo) & (t < hi))
         name = s.role.camera or s.role.stream or ""
         _check_monotonic(str(path), topic, t[keep])
-        if s.role.camera:
+        if s.role.camera and s.msgtype == COMPRESSED_VIDEO:
+            units = [s.frames[i] for i in keep.tolist()]
+            preroll = _preroll(s.frames, int(keep[0])) if len(keep) else []  # type: ignore[arg-type]
+            cameras[name] = H264Camera(name, t[keep], units, str(path), topic, preroll)  # type: ignore[arg-type]
+        elif s.role.camera:
             frames = [s.frames[i] for i in keep.tolist()]
             encoding = "jpeg" if all(isinstance(f, bytes) and f[:2] == b"\xff\xd8" for f in frames) else "rgb"
             cameras[name] = MemoryCamera(name, t[keep], encoding, frames, str(path), topic)
         else:
-            arrays: dict = {k: np.stack(v)[keep] for k, v in s.rows.items() if v}
+            arrays: dict = {
+                k: np.asarray(v if isinstance(v, np.ndarray) else np.stack(v))[keep]
+                for k, v in s.rows.items()
+                if len(v)
+            }
             streams[name] = SampleStream(name, t[keep], arrays, dict(s.labels))
     for name in REQUIRED_STREAMS:
         if name not in streams or not len(streams[name]):

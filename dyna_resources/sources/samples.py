@@ -14,14 +14,18 @@ Plain Python, no Dagster import.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 import yaml
 
+from ..episodes.codec import VideoSettings, encode_gop, jpeg_to_yuv
 from ..episodes.lerobot import CAMERA_PREFIX, LeRobotEpisode, write_lerobot
 from ..episodes.raw_format import RawEpisode, decode_jpeg
+from ..episodes.transcode import nominal_rate_hz
+from .ros2 import COMPRESSED_VIDEO
 from .topic_map import FILE_NAME
 
 # the episode model's streams as bag topics (a camera: /camera/<name>/image/compressed)
@@ -52,12 +56,28 @@ def write_topic_map(home: str | Path, cameras: Sequence[str]) -> Path:
     return path
 
 
-def write_bag(raw_path: str | Path, bag_dir: str | Path, *, storage: str = "mcap") -> Path:
-    """Write the legacy episode at ``raw_path`` as the ROS 2 bag directory ``bag_dir`` (which must not exist)."""
+# foxglove_msgs/msg/CompressedVideo (ROS 2), as foxglove_msgs defines it: not in rosbags' standard stores
+COMPRESSED_VIDEO_MSG = """builtin_interfaces/Time timestamp
+string frame_id
+uint8[] data
+string format
+"""
+
+
+def write_bag(
+    raw_path: str | Path, bag_dir: str | Path, *, storage: str = "mcap", video: VideoSettings | None = None
+) -> Path:
+    """Write the legacy episode at ``raw_path`` as the ROS 2 bag directory ``bag_dir`` (which must not exist).
+
+    ``video``: cameras as ``foxglove_msgs/msg/CompressedVideo`` H.264 instead of JPEG ``CompressedImage``,
+    encoded as an on-robot encoder would, GOPs of ``video.gop_frames`` (the type's definition goes in the bag).
+    """
     from rosbags.rosbag2 import StoragePlugin, Writer
-    from rosbags.typesys import Stores, get_typestore
+    from rosbags.typesys import Stores, get_types_from_msg, get_typestore
 
     ts = get_typestore(Stores.ROS2_HUMBLE)
+    if video is not None:
+        ts.register(get_types_from_msg(COMPRESSED_VIDEO_MSG, COMPRESSED_VIDEO))
     m = ts.types
     header_t, time_t = m["std_msgs/msg/Header"], m["builtin_interfaces/msg/Time"]
     cimg, js, array = (
@@ -76,7 +96,8 @@ def write_bag(raw_path: str | Path, bag_dir: str | Path, *, storage: str = "mcap
         events: list[tuple[int, int, str, int]] = []  # (time, order, what, index): the recorder's order
         conns = {}
         for k, (name, cam) in enumerate(sorted(raw.cameras.items())):
-            conns[name] = w.add_connection(camera_topic(name), cimg.__msgtype__, typestore=ts)
+            camera_type = cimg.__msgtype__ if video is None else COMPRESSED_VIDEO
+            conns[name] = w.add_connection(camera_topic(name), camera_type, typestore=ts)
             events += [(int(t), k, name, i) for i, t in enumerate(cam.timestamps_ns)]
         for k, (name, s) in enumerate(raw.streams.items()):
             msgtype = js.__msgtype__ if name == "joint_states" else array.__msgtype__
@@ -84,10 +105,14 @@ def write_bag(raw_path: str | Path, bag_dir: str | Path, *, storage: str = "mcap
             events += [(int(t), 100 + k, name, i) for i, t in enumerate(s.timestamps_ns)]
         events.sort()
         jpegs = {name: cam.iter_jpeg() for name, cam in raw.cameras.items()}
+        units = {name: _h264(cam, video) for name, cam in raw.cameras.items()} if video is not None else {}
         fields = {n: {f: np.asarray(col[:], np.float64) for f, col in s.fields.items()} for n, s in raw.streams.items()}
         for t, _, name, i in events:
             conn = conns[name]
-            if name in raw.cameras:
+            if name in raw.cameras and video is not None:
+                data = np.frombuffer(units[name][i], np.uint8)
+                msg = m[COMPRESSED_VIDEO](timestamp=header(t).stamp, frame_id=name, data=data, format="h264")
+            elif name in raw.cameras:
                 data = np.frombuffer(next(jpegs[name]), np.uint8)
                 msg = cimg(header=header(t), format="jpeg", data=data)
             elif name == "joint_states":
@@ -114,6 +139,15 @@ def write_bag(raw_path: str | Path, bag_dir: str | Path, *, storage: str = "mcap
     }
     (bag_dir / "metadata.yaml").write_text(yaml.safe_dump(doc))
     return bag_dir
+
+
+def _h264(cam, video: VideoSettings) -> list[bytes]:
+    """A camera's JPEG frames as H.264 access units, one closed GOP of ``video.gop_frames`` after another."""
+    out: list[bytes] = []
+    frames = (jpeg_to_yuv(j) for j in cam.iter_jpeg())
+    while gop := list(itertools.islice(frames, video.gop_frames)):
+        out += encode_gop(gop, video, nominal_rate_hz(cam.timestamps_ns) or 30.0)
+    return out
 
 
 class _JpegFrames(Sequence):

@@ -1,17 +1,21 @@
 """ROS 2 bags written by the real library (rosbags' rosbag2 writer and its standard message store), in
-MCAP or SQLite 3 storage: cameras as CompressedImage JPEG (or raw Image), JointState, and a custom action
-type whose definition the bag carries."""
+MCAP or SQLite 3 storage: cameras as CompressedImage JPEG (or raw Image, or foxglove CompressedVideo H.264),
+JointState, and a custom action type whose definition the bag carries."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 
+import av
 import numpy as np
 from rosbags.rosbag2 import StoragePlugin, Writer
 from rosbags.typesys import Stores, get_types_from_msg, get_typestore
 
 from dyna_resources.episodes.raw_format import encode_jpeg
+from dyna_resources.sources.ros2 import COMPRESSED_VIDEO
+from dyna_resources.sources.samples import COMPRESSED_VIDEO_MSG
 
 ACTION_TYPE = "dyna_test_msgs/msg/ArmCommand"
 ACTION_MSG = """std_msgs/Header header
@@ -29,6 +33,10 @@ class BagSpec:
     joint_hz: float = 50.0
     cameras: tuple[str, ...] = ("wrist", "scene_left")
     raw_camera: str | None = None  # this camera as sensor_msgs/Image rgb8 instead of CompressedImage
+    h264_camera: str | None = None  # this camera as foxglove_msgs/CompressedVideo H.264 (libx264 via PyAV)
+    h264_gop: int = 10  # its keyframe interval
+    h264_bframes: int = 0  # its B-frames between references
+    h264_format: str = "h264"  # the messages' format field
     width: int = 64
     height: int = 48
     storage: str = "mcap"
@@ -44,7 +52,27 @@ class BagSpec:
 def typestore():
     ts = get_typestore(Stores.ROS2_HUMBLE)
     ts.register(get_types_from_msg(ACTION_MSG, ACTION_TYPE))
+    ts.register(get_types_from_msg(COMPRESSED_VIDEO_MSG, COMPRESSED_VIDEO))
     return ts
+
+
+def h264_units(frames: list[np.ndarray], gop: int, bframes: int = 0) -> list[bytes]:
+    """Frames encoded by libx264 (a keyframe every ``gop``, SPS/PPS on each, ``bframes`` B-frames), decode order."""
+    h, w = frames[0].shape[:2]
+    enc = av.CodecContext.create("libx264", "w")
+    enc.width, enc.height, enc.pix_fmt = w, h, "yuv420p"
+    enc.time_base, enc.framerate = Fraction(1, 30), Fraction(30)
+    enc.options = {
+        "preset": "veryfast",
+        "bf": str(bframes),
+        "x264-params": f"keyint={gop}:min-keyint={gop}:scenecut=0:b-adapt=0:repeat-headers=1:threads=1",
+    }
+    units = []
+    for i, f in enumerate(frames):
+        vf = av.VideoFrame.from_ndarray(f, format="rgb24").reformat(format="yuv420p")
+        vf.pts = i
+        units += [bytes(p) for p in enc.encode(vf)]
+    return units + [bytes(p) for p in enc.encode(None)]
 
 
 def frame(i: int, cam: int, w: int, h: int) -> np.ndarray:
@@ -90,13 +118,19 @@ def write_bag(path: Path, spec: BagSpec | None = None) -> dict:
         "action": [],
         "frames": {c: [] for c in spec.cameras},
     }
+    video_units: list[bytes] = []
+    if spec.h264_camera:
+        c = spec.cameras.index(spec.h264_camera)
+        pixels = [frame(i, c, spec.width, spec.height) for i in range(int(spec.duration_s * spec.fps))]
+        video_units = h264_units(pixels, spec.h264_gop, spec.h264_bframes)
     plugin = StoragePlugin.MCAP if spec.storage == "mcap" else StoragePlugin.SQLITE3
     with Writer(path, version=9, storage_plugin=plugin) as w:
         conns = {}
         for c, cam in enumerate(spec.cameras):
             raw = cam == spec.raw_camera
             topic = f"/camera/{cam}/image" + ("" if raw else "/compressed")
-            conns[f"cam{c}"] = w.add_connection(topic, (img if raw else cimg).__msgtype__, typestore=ts)
+            msgtype = COMPRESSED_VIDEO if cam == spec.h264_camera else (img if raw else cimg).__msgtype__
+            conns[f"cam{c}"] = w.add_connection(topic, msgtype, typestore=ts)
         conns["js"] = w.add_connection("/joint_states", js.__msgtype__, typestore=ts)
         conns["act"] = w.add_connection("/action", ACTION_TYPE, typestore=ts)
         if spec.markers:
@@ -112,7 +146,10 @@ def write_bag(path: Path, spec: BagSpec | None = None) -> dict:
                 cam = spec.cameras[c]
                 pixels = frame(i, c, spec.width, spec.height)
                 written["frames"][cam].append((t + spec.stamp_offset_ns, pixels))
-                if cam == spec.raw_camera:
+                if cam == spec.h264_camera:  # decode order, each unit at the next frame's time
+                    data = np.frombuffer(video_units[i], np.uint8)
+                    msg = m[COMPRESSED_VIDEO](timestamp=hdr(t).stamp, frame_id=cam, data=data, format=spec.h264_format)
+                elif cam == spec.raw_camera:
                     msg = img(
                         header=hdr(t), height=spec.height, width=spec.width, encoding="rgb8", is_bigendian=0,
                         step=spec.width * 3, data=pixels.reshape(-1),
