@@ -100,7 +100,8 @@ def _inspect(args) -> int:
     with EpisodeReader(args.mcap) as r:
         md = r.metadata()
         print(json.dumps({k: v for k, v in md.items() if k != "transcode_settings"}, indent=2))
-        print(f"cameras: {', '.join(r.cameras)}; streams: {', '.join(r.streams)}")
+        depth = f"; depth: {', '.join(r.depth)}" if r.depth else ""
+        print(f"cameras: {', '.join(r.cameras)}; streams: {', '.join(r.streams)}{depth}")
         print(f"{'chunk offset':>14} {'bytes':>10} {'compression':>11}  topics")
         for ci in r.summary.chunk_indexes:
             topics = sorted(r.channels[c].topic for c in ci.message_index_offsets)

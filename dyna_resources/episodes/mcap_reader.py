@@ -28,6 +28,8 @@ import av
 import numpy as np
 import zstandard
 from foxglove_schemas_protobuf.CompressedVideo_pb2 import CompressedVideo
+from foxglove_schemas_protobuf.RawImage_pb2 import RawImage
+from google.protobuf.message import DecodeError
 from mcap.data_stream import ReadDataStream
 from mcap.exceptions import McapError
 from mcap.records import AttachmentIndex, Channel, ChunkIndex, Footer, Metadata, MetadataIndex, Schema, Statistics
@@ -42,9 +44,13 @@ from .raw_format import SampleStream
 from .topics import (
     ARCHIVE_STREAM,
     CAMERA_PREFIX,
+    DEPTH_ENCODING,
+    DEPTH_PREFIX,
     EPISODE_METADATA,
     camera_topic,
+    depth_topic,
     is_camera_topic,
+    is_depth_topic,
     is_training_camera_topic,
     parse_training_camera_topic,
     stream_topic,
@@ -266,8 +272,15 @@ class EpisodeReader:
     @property
     def streams(self) -> list[str]:
         return sorted(
-            t.lstrip("/") for t in self.topic_ids if not is_camera_topic(t) and not is_training_camera_topic(t)
+            t.lstrip("/")
+            for t in self.topic_ids
+            if not is_camera_topic(t) and not is_training_camera_topic(t) and not is_depth_topic(t)
         )
+
+    @property
+    def depth(self) -> list[str]:
+        """The depth streams (lossless 16-bit frames, millimetres)."""
+        return sorted(t[len(DEPTH_PREFIX) :] for t in self.topic_ids if is_depth_topic(t))
 
     @property
     def training_streams(self) -> dict[str, list[str]]:
@@ -503,6 +516,26 @@ class EpisodeReader:
         for ci in self._chunks_of[cid]:
             for m in self._load_chunk(ci, {}).get(cid, []):
                 yield m.log_time, _video_payload(m.data)
+
+    def iter_depth(self, name: str) -> Iterator[tuple[int, np.ndarray]]:
+        """Every frame of a depth stream in time order, as (log time ns, uint16 (H, W) millimetres)."""
+        topic = depth_topic(name)
+        cid = self._channel(topic, "depth")
+        for ci in self._chunks_of[cid]:
+            for m in self._load_chunk(ci, {}).get(cid, []):
+                yield m.log_time, self._depth_image(m.data, topic)
+
+    def _depth_image(self, data: memoryview, topic: str) -> np.ndarray:
+        try:
+            img = RawImage.FromString(bytes(data))
+        except DecodeError as e:
+            raise McapFormatError(self.path, f"depth image does not parse: {e}", topic) from None
+        h, w = img.height, img.width
+        if img.encoding != DEPTH_ENCODING or img.step != 2 * w or len(img.data) != h * img.step:
+            raise McapFormatError(
+                self.path, f"depth image {img.encoding} {w}x{h} step {img.step} with {len(img.data)} bytes", topic
+            )
+        return np.frombuffer(img.data, "<u2").astype(np.uint16).reshape(h, w)
 
     # -- proprio / actions -------------------------------------------------------------
     def read_streams(

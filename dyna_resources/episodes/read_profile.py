@@ -36,6 +36,9 @@ class TopicGroup:
     compression: str = "zstd"
     # Chunk window in seconds; None means "one GOP" (video groups).
     window_s: float | None = None
+    # Whether a training sample reads this group when the profile names no read_groups: a group no
+    # model reads yet (depth) is not warmed, and leaves the cache sets' versions as they were.
+    read_by_default: bool = True
 
     def __post_init__(self):
         if self.compression not in COMPRESSIONS:
@@ -57,7 +60,7 @@ class ReadProfile:
     read_stream: str | None = None
     # (height, width) of the frames handed to the model; None: the trainer's default.
     output_size: tuple[int, int] | None = None
-    # The topic groups a training sample reads (what prewarm warms); None: every group.
+    # The topic groups a training sample reads (what prewarm warms); None: every group read by default.
     read_groups: tuple[str, ...] | None = None
 
     def __post_init__(self):
@@ -90,7 +93,9 @@ class ReadProfile:
     @property
     def reads(self) -> tuple[str, ...]:
         """The topic groups a training sample reads."""
-        return self.read_groups if self.read_groups is not None else tuple(g.name for g in self.groups)
+        if self.read_groups is not None:
+            return self.read_groups
+        return tuple(g.name for g in self.groups if g.read_by_default)
 
     def stream(self, name: str) -> TrainingStreamSpec:
         return next(s for s in self.training_streams if s.name == name)
@@ -103,10 +108,7 @@ class ReadProfile:
     def as_dict(self) -> dict:
         d: dict = {
             "name": self.name,
-            "groups": [
-                {"name": g.name, "patterns": list(g.patterns), "compression": g.compression, "window_s": g.window_s}
-                for g in self.groups
-            ],
+            "groups": [_group_dict(g) for g in self.groups],
         }
         # only when set, so a layout-only profile reads as it always has (episode metadata, digests)
         if self.training_streams:
@@ -130,7 +132,13 @@ class ReadProfile:
         return cls(
             name=d["name"],
             groups=tuple(
-                TopicGroup(g["name"], tuple(g["patterns"]), g.get("compression", "zstd"), g.get("window_s"))
+                TopicGroup(
+                    g["name"],
+                    tuple(g["patterns"]),
+                    g.get("compression", "zstd"),
+                    g.get("window_s"),
+                    g.get("read_by_default", True),
+                )
                 for g in d["groups"]
             ),
             training_streams=tuple(TrainingStreamSpec.from_dict(s) for s in d.get("training_streams", ())),
@@ -138,6 +146,13 @@ class ReadProfile:
             output_size=None if size is None else (size[0], size[1]),
             read_groups=None if d.get("read_groups") is None else tuple(d["read_groups"]),
         )
+
+
+def _group_dict(g: TopicGroup) -> dict:
+    d = {"name": g.name, "patterns": list(g.patterns), "compression": g.compression, "window_s": g.window_s}
+    if not g.read_by_default:  # only when set, so the groups that predate it read as they always have
+        d["read_by_default"] = False
+    return d
 
 
 def stream_token(spec: TrainingStreamSpec) -> str:
@@ -159,12 +174,18 @@ def carries(column: str | None, token: str) -> bool:
 
 
 # Cameras in their own chunks (one GOP window each, uncompressed: zstd gains ~2% on
-# H.264), everything else in zstd chunks of PROPRIO_WINDOW_S.
+# H.264), depth in its own zstd chunks of DEPTH_WINDOW_S, everything else in zstd chunks of
+# PROPRIO_WINDOW_S (the catch-all, so last). Depth is not chunked by the GOP: each of its frames stands
+# alone (no keyframe to keep with it), and a 640x480 16-bit frame is 600 kB raw, so a GOP window (150
+# frames at 30 Hz) would be a ~90 MB chunk fetched and inflated whole to read one frame; one second is
+# ~18 MB raw, a few MB compressed.
 PROPRIO_WINDOW_S = 20.0
+DEPTH_WINDOW_S = 1.0
 TOPIC_GROUPS = ReadProfile(
     name="topic-groups",
     groups=(
         TopicGroup("cameras", ("/camera/*",), compression="none", window_s=None),
+        TopicGroup("depth", ("/depth/*",), compression="zstd", window_s=DEPTH_WINDOW_S, read_by_default=False),
         TopicGroup("proprio", ("*",), compression="zstd", window_s=PROPRIO_WINDOW_S),
     ),
 )

@@ -2,12 +2,24 @@
 
 CAMERA_PREFIX = "/camera/"
 VIDEO_SCHEMA = "foxglove.CompressedVideo"
+# Depth: lossless 16-bit frames (millimetres), one topic a depth stream, beside the cameras' video.
+DEPTH_PREFIX = "/depth/"
+DEPTH_SCHEMA = "foxglove.RawImage"
+DEPTH_ENCODING = "16UC1"  # little-endian uint16, rows 2 * width bytes apart
 EPISODE_METADATA = "dyna.episode"  # versions, provenance, encoder settings (written first)
 STATS_METADATA = "dyna.stats"  # per-stream counts and quality figures (written last)
 
 
 def camera_topic(camera: str) -> str:
     return f"{CAMERA_PREFIX}{camera}"
+
+
+def depth_topic(name: str) -> str:
+    return f"{DEPTH_PREFIX}{name}"
+
+
+def is_depth_topic(topic: str) -> bool:
+    return topic.startswith(DEPTH_PREFIX)
 
 
 def stream_topic(stream: str) -> str:

@@ -2,7 +2,9 @@
 
 The episode is processed one GOP window at a time (all cameras' frames of the window,
 then the proprio blocks that start in it), so memory stays at one window however
-long the episode. The output is written under a temporary name and renamed when
+long the episode. A source's depth streams (a ROS 2 bag's) are written lossless, each frame a
+``foxglove.RawImage`` of little-endian uint16 millimetres on ``/depth/<name>``, in their own
+topic group. The output is written under a temporary name and renamed when
 complete: a failure never leaves a partial MCAP behind.
 
 A camera that arrives as H.264 (``sources.memory.H264Camera``) whose layout already meets the read profile
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from foxglove_schemas_protobuf.CompressedVideo_pb2 import CompressedVideo
+from foxglove_schemas_protobuf.RawImage_pb2 import RawImage
 from mcap_protobuf.schema import build_file_descriptor_set
 
 from .. import versions
@@ -35,11 +38,20 @@ from .h264_layout import Layout, check_layout
 from .mcap_writer import GroupedChunkWriter
 from .raw_format import CameraStream, RawEpisode, SampleStream
 from .read_profile import TOPIC_GROUPS, ReadProfile, streams_column
-from .topics import EPISODE_METADATA, STATS_METADATA, VIDEO_SCHEMA, camera_topic, stream_topic
+from .topics import (
+    DEPTH_ENCODING,
+    DEPTH_SCHEMA,
+    EPISODE_METADATA,
+    STATS_METADATA,
+    VIDEO_SCHEMA,
+    camera_topic,
+    depth_topic,
+    stream_topic,
+)
 from .training_streams import TrainingStreamSpec, add_training_streams
 
 if TYPE_CHECKING:
-    from ..sources.memory import MemoryCamera, MemoryEpisode
+    from ..sources.memory import DepthStream, MemoryCamera, MemoryEpisode
 
     Camera = CameraStream | MemoryCamera  # a legacy HDF5 camera, or a source's read into memory
 
@@ -128,6 +140,7 @@ class TranscodeReport:
     versions: dict
     # the training streams written (registry column ``training_streams``: read_profile.streams_column)
     training_streams: str | None = None
+    depth: dict[str, int] = field(default_factory=dict)  # frames per depth stream
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -205,20 +218,27 @@ def transcode_episode(
 def _write_episode(raw: RawEpisode | MemoryEpisode, f, settings: TranscodeSettings, source_sha: str) -> TranscodeReport:
     cameras = [raw.cameras[c] for c in sorted(raw.cameras)]
     streams = [raw.streams[s] for s in raw.streams]
+    depth: list[DepthStream] = [d for _, d in sorted(getattr(raw, "depth", {}).items())]  # the legacy HDF5 has none
     t0 = raw.start_ns
     rate = max(nominal_rate_hz(c.timestamps_ns) for c in cameras) or 30.0
     gop_ns = int(round(settings.video.gop_frames / rate * 1e9))
     block_ns = int(round(settings.block_s * 1e9))
 
     w = GroupedChunkWriter(f, t0_ns=t0, library=LIBRARY)
+    block_groups = {settings.profile.group_of(stream_topic(s.name)).name for s in streams}
     for g in settings.profile.groups:
-        if g.window_s is not None and round(g.window_s * 1e9) % block_ns:
+        # a block must not straddle two chunks; other groups' messages are one sample each
+        if g.name in block_groups and g.window_s is not None and round(g.window_s * 1e9) % block_ns:
             raise ValueError(f"group {g.name}: window_s {g.window_s} is not a multiple of block_s {settings.block_s}")
         w.add_group(g.name, g.compression, gop_ns if g.window_s is None else int(round(g.window_s * 1e9)))
     video_schema = w.register_schema(
         VIDEO_SCHEMA, "protobuf", build_file_descriptor_set(CompressedVideo).SerializeToString()
     )
     block_schema = w.register_schema(blocks.SCHEMA_NAME, "protobuf", blocks.file_descriptor_set_bytes())
+    if depth:
+        depth_schema = w.register_schema(
+            DEPTH_SCHEMA, "protobuf", build_file_descriptor_set(RawImage).SerializeToString()
+        )
     channels: dict[str, int] = {}
     for cam in cameras:
         t = camera_topic(cam.name)
@@ -243,6 +263,15 @@ def _write_episode(raw: RawEpisode | MemoryEpisode, f, settings: TranscodeSettin
         }
         md.update({f"labels.{k}": ",".join(v) for k, v in s.labels.items()})
         channels[t] = w.register_channel(t, "protobuf", block_schema, settings.profile.group_of(t).name, md)
+    for d in depth:
+        t = depth_topic(d.name)
+        md = {
+            "frame_id": d.name,
+            "rate_hz": f"{nominal_rate_hz(d.timestamps_ns):.3f}",
+            "encoding": DEPTH_ENCODING,
+            "unit": "mm",
+        }
+        channels[t] = w.register_channel(t, "protobuf", depth_schema, settings.profile.group_of(t).name, md)
 
     meta = raw.meta.as_dict()
     stamp = {
@@ -266,29 +295,37 @@ def _write_episode(raw: RawEpisode | MemoryEpisode, f, settings: TranscodeSettin
 
     video = _VideoWindows(raw.path, cameras, settings, rate, channels)
     proprio = _BlockWindows(streams, t0, block_ns, channels)
+    depth_frames = _DepthWindows(raw.path, depth, channels)
     n_messages = 0
     k = 0  # GOP window
     while True:
         window_end = t0 + (k + 1) * gop_ns
-        pending = video.messages_until(window_end) + proprio.messages_until(window_end)
+        pending = (
+            video.messages_until(window_end)
+            + depth_frames.messages_until(window_end)
+            + proprio.messages_until(window_end)
+        )
         pending.sort(key=lambda m: (m[0], m[1]))  # time-major inside each chunk
         for ts, cid, data in pending:
             w.add_message(cid, ts, data)
         n_messages += len(pending)
         # Next window holding a sample: windows with none are skipped, so the work follows the
         # samples, never the time span (a clock jump of years is not years of empty windows).
-        nxt = min((t for t in (video.next_ns(), proprio.next_ns()) if t is not None), default=None)
+        nexts = (video.next_ns(), depth_frames.next_ns(), proprio.next_ns())
+        nxt = min((t for t in nexts if t is not None), default=None)
         if nxt is None:
             break
         k = max(k + 1, (nxt - t0) // gop_ns)
 
     cam_reports = video.reports()
     stream_counts = {s.name: len(s) for s in streams}
+    depth_counts = {d.name: len(d) for d in depth}
     w.add_metadata(
         STATS_METADATA,
         {
             "cameras": json.dumps({k: asdict(v) for k, v in cam_reports.items()}, sort_keys=True),
             "streams": json.dumps(stream_counts, sort_keys=True),
+            "depth": json.dumps(depth_counts, sort_keys=True),
             "messages": str(n_messages),
         },
     )
@@ -321,6 +358,7 @@ def _write_episode(raw: RawEpisode | MemoryEpisode, f, settings: TranscodeSettin
         meta=meta,
         versions=stamp,
         training_streams=streams_column(settings.training_streams),
+        depth=depth_counts,
     )
 
 
@@ -466,6 +504,47 @@ class _VideoWindows:
             )
             for c in self.cameras
         }
+
+
+class _DepthWindows:
+    """Each depth stream's frames of a window as foxglove.RawImage messages: lossless, no codec."""
+
+    def __init__(self, path: str, streams: list[DepthStream], channels: dict[str, int]):
+        self.path, self.streams, self.channels = path, streams, channels
+        self.pos = {d.name: 0 for d in streams}
+        self.shape: dict[str, tuple[int, ...]] = {}
+
+    def next_ns(self) -> int | None:
+        """Time of the earliest frame not written yet (None: all done)."""
+        return min(
+            (int(d.timestamps_ns[self.pos[d.name]]) for d in self.streams if self.pos[d.name] < len(d)), default=None
+        )
+
+    def messages_until(self, window_end: int) -> list[tuple[int, int, bytes]]:
+        out = []
+        for d in self.streams:
+            hi = int(np.searchsorted(d.timestamps_ns, window_end, side="left"))
+            lo, self.pos[d.name] = self.pos[d.name], hi
+            cid = self.channels[depth_topic(d.name)]
+            for i in range(lo, hi):
+                ts = int(d.timestamps_ns[i])
+                out.append((ts, cid, self._raw_image(d, i, ts)))
+        return out
+
+    def _raw_image(self, d: DepthStream, i: int, ts: int) -> bytes:
+        frame = d.frames[i]
+        shape = self.shape.setdefault(d.name, frame.shape)
+        if frame.dtype != np.uint16 or frame.ndim != 2 or frame.shape != shape:
+            raise RawFormatError(
+                self.path,
+                f"frame {i} is {frame.dtype} {frame.shape}, expected uint16 (height, width) {shape} like the first",
+                d.topic or f"depth/{d.name}",
+            )
+        h, w = shape
+        data = frame.astype("<u2", copy=False).tobytes()
+        msg = RawImage(frame_id=d.name, width=w, height=h, encoding=DEPTH_ENCODING, step=2 * w, data=data)
+        msg.timestamp.FromNanoseconds(ts)
+        return msg.SerializeToString()
 
 
 class _BlockWindows:

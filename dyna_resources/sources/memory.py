@@ -1,6 +1,8 @@
 """The episode model for sources read whole into memory (a ROS 2 bag's episode): cameras whose frames are
 compressed images (JPEG, PNG), raw RGB arrays or H.264 access units (:class:`H264Camera`), with the
-interface the transcoder and the gates use on the legacy HDF5's cameras (``raw_format.CameraStream``).
+interface the transcoder and the gates use on the legacy HDF5's cameras (``raw_format.CameraStream``); and
+depth streams, which the legacy HDF5 has none of: 16-bit frames the transcoder keeps lossless, beside the
+cameras' video.
 
 Plain Python, no Dagster import.
 """
@@ -157,6 +159,19 @@ class H264Camera(MemoryCamera):
 
 
 @dataclass
+class DepthStream:
+    """A depth camera's frames: uint16 (H, W) arrays of millimetres (REP 118), 0 where there is no reading."""
+
+    name: str
+    timestamps_ns: np.ndarray
+    frames: Sequence[np.ndarray]
+    topic: str = ""  # where the source held it (a bag topic)
+
+    def __len__(self) -> int:
+        return len(self.timestamps_ns)
+
+
+@dataclass
 class MemoryEpisode:
     """An episode read from a source other than the legacy HDF5: what ``RawEpisode`` offers the transcoder
     and the gates, plus the source it came from."""
@@ -167,6 +182,7 @@ class MemoryEpisode:
     cameras: dict[str, MemoryCamera]
     source_format: str
     report: dict = field(default_factory=dict)  # what the reader found (topics ignored, timestamps used...)
+    depth: dict[str, DepthStream] = field(default_factory=dict)
 
     def __enter__(self) -> MemoryEpisode:
         return self
@@ -181,12 +197,14 @@ class MemoryEpisode:
     def start_ns(self) -> int:
         firsts = [int(s.timestamps_ns[0]) for s in self.streams.values() if len(s)]
         firsts += [int(c.timestamps_ns[0]) for c in self.cameras.values() if len(c)]
+        firsts += [int(d.timestamps_ns[0]) for d in self.depth.values() if len(d)]
         return min(firsts)
 
     @property
     def end_ns(self) -> int:
         lasts = [int(s.timestamps_ns[-1]) for s in self.streams.values() if len(s)]
         lasts += [int(c.timestamps_ns[-1]) for c in self.cameras.values() if len(c)]
+        lasts += [int(d.timestamps_ns[-1]) for d in self.depth.values() if len(d)]
         return max(lasts)
 
     @property
@@ -194,4 +212,4 @@ class MemoryEpisode:
         return (self.end_ns - self.start_ns) / 1e9
 
 
-__all__ = ["H264Camera", "MemoryCamera", "MemoryEpisode", "PNG_MAGIC"]
+__all__ = ["DepthStream", "H264Camera", "MemoryCamera", "MemoryEpisode", "PNG_MAGIC"]

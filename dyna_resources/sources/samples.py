@@ -7,6 +7,8 @@ A bag holds the episode as a robot's recorder would write it: every camera a
 ``sensor_msgs/msg/CompressedImage`` topic carrying the episode's own JPEG bytes, ``joint_states`` a
 ``sensor_msgs/msg/JointState`` topic, every other stream a ``std_msgs/msg/Float64MultiArray`` topic, header
 stamps the episode's timestamps, the episode's metadata in ``metadata.yaml``'s ``custom_data``.
+With ``depth=True``, the first camera (by name) also has a depth topic, a ``sensor_msgs/msg/Image``
+``16UC1`` made from its frames' luma (:func:`synthetic_depth`) at its frames' times.
 :func:`topic_map` is the map that reads such bags back.
 
 Plain Python, no Dagster import.
@@ -28,6 +30,7 @@ from ..episodes.transcode import nominal_rate_hz
 from .ros2 import COMPRESSED_VIDEO
 from .topic_map import FILE_NAME
 
+DEPTH = "<depth>"  # write_bag's event name for the depth topic's frames (no camera's name)
 # the episode model's streams as bag topics (a camera: /camera/<name>/image/compressed)
 STREAM_TOPICS = {
     "joint_states": "/joint_states",
@@ -43,16 +46,34 @@ def camera_topic(name: str) -> str:
     return f"/camera/{name}/image/compressed"
 
 
-def topic_map(cameras: Sequence[str]) -> dict:
-    """The topic map (``ros2_topics.yaml``'s document) that reads the bags :func:`write_bag` writes."""
+def depth_topic(camera: str) -> str:
+    return f"/camera/{camera}/depth/image_raw"
+
+
+def depth_name(camera: str) -> str:
+    return f"{camera}_depth"
+
+
+def synthetic_depth(rgb: np.ndarray) -> np.ndarray:
+    """A depth frame (uint16 mm, 400..2950) from an RGB frame: nearer where brighter, by its luma."""
+    luma = rgb.astype(np.float32) @ np.array([0.299, 0.587, 0.114], np.float32)
+    return np.rint(400.0 + 10.0 * luma).astype(np.uint16)
+
+
+def topic_map(cameras: Sequence[str], depth: bool = False) -> dict:
+    """The topic map (``ros2_topics.yaml``'s document) that reads the bags :func:`write_bag` writes
+    (``depth``: with ``depth=True``)."""
     topics: dict[str, dict] = {camera_topic(c): {"camera": c} for c in cameras}
+    if depth:
+        first = sorted(cameras)[0]
+        topics[depth_topic(first)] = {"depth": depth_name(first)}
     topics.update({topic: {"stream": name} for name, topic in STREAM_TOPICS.items()})
     return {"timestamps": "header", "unmapped": "ignore", "topics": topics}
 
 
-def write_topic_map(home: str | Path, cameras: Sequence[str]) -> Path:
+def write_topic_map(home: str | Path, cameras: Sequence[str], depth: bool = False) -> Path:
     path = Path(home) / FILE_NAME
-    path.write_text(yaml.safe_dump(topic_map(cameras), sort_keys=False))
+    path.write_text(yaml.safe_dump(topic_map(cameras, depth), sort_keys=False))
     return path
 
 
@@ -65,12 +86,18 @@ string format
 
 
 def write_bag(
-    raw_path: str | Path, bag_dir: str | Path, *, storage: str = "mcap", video: VideoSettings | None = None
+    raw_path: str | Path,
+    bag_dir: str | Path,
+    *,
+    storage: str = "mcap",
+    video: VideoSettings | None = None,
+    depth: bool = False,
 ) -> Path:
     """Write the legacy episode at ``raw_path`` as the ROS 2 bag directory ``bag_dir`` (which must not exist).
 
     ``video``: cameras as ``foxglove_msgs/msg/CompressedVideo`` H.264 instead of JPEG ``CompressedImage``,
     encoded as an on-robot encoder would, GOPs of ``video.gop_frames`` (the type's definition goes in the bag).
+    ``depth``: with a depth topic for the first camera.
     """
     from rosbags.rosbag2 import StoragePlugin, Writer
     from rosbags.typesys import Stores, get_types_from_msg, get_typestore
@@ -80,8 +107,9 @@ def write_bag(
         ts.register(get_types_from_msg(COMPRESSED_VIDEO_MSG, COMPRESSED_VIDEO))
     m = ts.types
     header_t, time_t = m["std_msgs/msg/Header"], m["builtin_interfaces/msg/Time"]
-    cimg, js, array = (
+    cimg, img, js, array = (
         m["sensor_msgs/msg/CompressedImage"],
+        m["sensor_msgs/msg/Image"],
         m["sensor_msgs/msg/JointState"],
         m["std_msgs/msg/Float64MultiArray"],
     )
@@ -99,6 +127,10 @@ def write_bag(
             camera_type = cimg.__msgtype__ if video is None else COMPRESSED_VIDEO
             conns[name] = w.add_connection(camera_topic(name), camera_type, typestore=ts)
             events += [(int(t), k, name, i) for i, t in enumerate(cam.timestamps_ns)]
+        depth_camera = sorted(raw.cameras)[0] if depth else None
+        if depth_camera is not None:  # after its camera's frame of the same time
+            conns[DEPTH] = w.add_connection(depth_topic(depth_camera), img.__msgtype__, typestore=ts)
+            events += [(int(t), 50, DEPTH, i) for i, t in enumerate(raw.cameras[depth_camera].timestamps_ns)]
         for k, (name, s) in enumerate(raw.streams.items()):
             msgtype = js.__msgtype__ if name == "joint_states" else array.__msgtype__
             conns[name] = w.add_connection(STREAM_TOPICS[name], msgtype, typestore=ts)
@@ -115,6 +147,20 @@ def write_bag(
             elif name in raw.cameras:
                 data = np.frombuffer(next(jpegs[name]), np.uint8)
                 msg = cimg(header=header(t), format="jpeg", data=data)
+            elif name == DEPTH:
+                assert depth_camera is not None
+                mm = synthetic_depth(decode_jpeg(raw.cameras[depth_camera].frame_bytes(i), "", depth_camera, i))
+                height, width = mm.shape
+                data = mm.astype("<u2").view(np.uint8).reshape(-1)
+                msg = img(
+                    header=header(t),
+                    height=height,
+                    width=width,
+                    encoding="16UC1",
+                    is_bigendian=0,
+                    step=2 * width,
+                    data=data,
+                )
             elif name == "joint_states":
                 f = fields[name]
                 labels = raw.streams[name].labels.get("position") or [
@@ -212,4 +258,14 @@ def write_dataset(raw_paths: Sequence[str | Path], root: str | Path, *, version:
             raw.close()
 
 
-__all__ = ["STREAM_TOPICS", "camera_topic", "topic_map", "write_bag", "write_dataset", "write_topic_map"]
+__all__ = [
+    "STREAM_TOPICS",
+    "camera_topic",
+    "depth_name",
+    "depth_topic",
+    "synthetic_depth",
+    "topic_map",
+    "write_bag",
+    "write_dataset",
+    "write_topic_map",
+]

@@ -8,6 +8,7 @@
     meta: {robot_model: my-arm}   # episode metadata for every bag (a bag's own metadata.yaml custom_data wins)
     topics:
       /camera/wrist/image/compressed: {camera: wrist}        # CompressedImage (jpeg, png) or Image
+      /camera/wrist/depth/image_raw: {depth: wrist_depth}     # Image 16UC1 / mono16 (mm) or 32FC1 (m)
       /joint_states: {stream: joint_states}                   # JointState: position, velocity, effort
       /arm/command: {stream: action}                          # Float64MultiArray: its data
       /gripper/cmd: {stream: gripper, fields: [position]}     # any message: numeric fields, in order
@@ -17,6 +18,9 @@ are required). ``fields`` name the message's numeric fields (dotted paths for ne
 ``pose.position.x``) whose values are concatenated, in order, into the stream's one field; without
 ``fields``, a ``JointState`` gives position / velocity / effort (labelled by its joint names) and any other
 message its ``data`` array.
+
+A depth topic (``depth: NAME``) is optional: an episode is complete without it. Its name follows a
+camera's rules and must not be a camera's name (the transcoder writes it to its own topic).
 
 Plain Python, no Dagster import.
 """
@@ -39,6 +43,7 @@ _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 META_KEYS = tuple(k for k in EpisodeMeta.__dataclass_fields__ if k not in ("episode_id", "success", "sim"))
 FILE_NAME = "ros2_topics.yaml"
+_ROLES = ("camera", "depth", "stream")
 
 
 class TopicMapError(ValueError):
@@ -49,8 +54,9 @@ class TopicMapError(ValueError):
 class TopicRole:
     topic: str
     camera: str | None = None  # the camera's name, or
-    stream: str | None = None  # the episode stream it feeds
+    stream: str | None = None  # the episode stream it feeds, or
     fields: tuple[str, ...] = ()  # the message's numeric fields, concatenated (empty: the message type's default)
+    depth: str | None = None  # the depth stream's name (last: the positions before it stay as they were)
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,10 @@ class TopicMap:
     @property
     def cameras(self) -> dict[str, TopicRole]:
         return {t: r for t, r in self.topics.items() if r.camera}
+
+    @property
+    def depth(self) -> dict[str, TopicRole]:
+        return {t: r for t, r in self.topics.items() if r.depth}
 
     @property
     def streams(self) -> dict[str, TopicRole]:
@@ -126,16 +136,19 @@ def parse(doc: object, where: str) -> TopicMap:
         raise fail("meta", f"expected a mapping of {', '.join(META_KEYS)}")
     topics_doc = doc.get("topics")
     if not isinstance(topics_doc, dict) or not topics_doc:
-        raise fail("topics", "expected a mapping of topic names to {camera: NAME} or {stream: NAME, fields: [...]}")
+        raise fail(
+            "topics",
+            "expected a mapping of topic names to {camera: NAME}, {depth: NAME} or {stream: NAME, fields: [...]}",
+        )
     topics: dict[str, TopicRole] = {}
     for topic, role in topics_doc.items():
         topic = str(topic)
         if not _TOPIC.match(topic):
             raise fail(f"topics.{topic}", "not a ROS 2 topic name")
-        if not isinstance(role, dict) or len({"camera", "stream"} & set(role)) != 1:
-            raise fail(f"topics.{topic}", "expected exactly one of camera or stream")
-        if set(role) - {"camera", "stream", "fields"}:
-            raise fail(f"topics.{topic}", f"unknown key {sorted(set(role) - {'camera', 'stream', 'fields'})[0]!r}")
+        if not isinstance(role, dict) or len(set(_ROLES) & set(role)) != 1:
+            raise fail(f"topics.{topic}", "expected exactly one of camera, depth or stream")
+        if set(role) - {*_ROLES, "fields"}:
+            raise fail(f"topics.{topic}", f"unknown key {sorted(set(role) - {*_ROLES, 'fields'})[0]!r}")
         fields = role.get("fields") or []
         if not isinstance(fields, list) or not all(isinstance(f, str) and _FIELD.match(f) for f in fields):
             raise fail(f"topics.{topic}.fields", f"{fields!r}: expected a list of message field names")
@@ -144,16 +157,24 @@ def parse(doc: object, where: str) -> TopicMap:
             if not _NAME.match(name) or fields:
                 raise fail(f"topics.{topic}.camera", f"{name!r}: a camera name ([A-Za-z0-9_.-]), no fields")
             topics[topic] = TopicRole(topic, camera=name)
+        elif "depth" in role:
+            name = str(role["depth"])
+            if not _NAME.match(name) or fields:
+                raise fail(f"topics.{topic}.depth", f"{name!r}: a depth stream name ([A-Za-z0-9_.-]), no fields")
+            topics[topic] = TopicRole(topic, depth=name)
         else:
             name = str(role["stream"])
             if name not in SAMPLE_STREAMS:
                 raise fail(f"topics.{topic}.stream", f"{name!r}: expected one of {', '.join(SAMPLE_STREAMS)}")
             topics[topic] = TopicRole(topic, stream=name, fields=tuple(fields))
-    for kind in ("camera", "stream"):
+    for kind in _ROLES:
         names = [getattr(r, kind) for r in topics.values() if getattr(r, kind)]
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
             raise fail("topics", f"{kind} {twice[0]!r} is fed by more than one topic")
+    both = sorted({r.depth for r in topics.values() if r.depth} & {r.camera for r in topics.values() if r.camera})
+    if both:
+        raise fail("topics", f"{both[0]!r} names both a camera and a depth stream")
     return TopicMap(
         topics=topics,
         timestamps=timestamps,

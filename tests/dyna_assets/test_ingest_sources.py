@@ -4,6 +4,7 @@ quarantined naming the bag and the topic, a bag without its metadata.yaml left a
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from tests.sources.bags import BagSpec, topic_map_yaml, write_bag
 
 from .test_ingest_graph import ASSETS, md, resources, tick
 
-SPEC = BagSpec(duration_s=2.0)  # the topic map's topics: every bag below is written with them
+SPEC = BagSpec(duration_s=2.0, depth=(("wrist_depth", "16UC1"),))  # the topic map's topics (depth: optional)
 
 
 def land(home: Path, episode_factory) -> Path:
@@ -30,6 +31,8 @@ def land(home: Path, episode_factory) -> Path:
     write_bag(landing / "bag-mcap", BagSpec(duration_s=2.0, custom_data={"task": "stack", "robot_id": "arm-7"}))
     write_bag(landing / "bag-sqlite", BagSpec(duration_s=2.0, storage="sqlite3"))
     write_bag(landing / "bag-split", BagSpec(duration_s=4.5, pauses=(1.5, 3.0)))  # 5 s pauses: 3 episodes
+    write_bag(landing / "bag-h264", BagSpec(duration_s=2.0, h264_camera="wrist", h264_gop=10))  # copied
+    write_bag(landing / "bag-depth", BagSpec(duration_s=2.0, depth=SPEC.depth))
     write_bag(landing / "bag-garbled", BagSpec(duration_s=2.0, garble=("/joint_states", 17)))
     write_bag(landing / "bag-unmapped", BagSpec(duration_s=2.0, extra_topics=("/diagnostics",)))
     # its mapped wrist camera topic carries std_msgs/String, not an image
@@ -62,7 +65,7 @@ def test_bags_land_whole_split_into_episodes_and_hostile_ones_are_named(tmp_path
             [f"2026-12-07/ep-h5-{i}.h5" for i in range(2)]
             + [
                 f"2026-12-07/bag-{n}/metadata.yaml"
-                for n in ("mcap", "sqlite", "split", "garbled", "unmapped", "wrong-type", "truncated")
+                for n in ("mcap", "sqlite", "split", "h264", "depth", "garbled", "unmapped", "wrong-type", "truncated")
             ]
         )  # the recording without metadata.yaml is not landed
         assert landed[bag].bytes == sum(p.stat().st_size for p in (landing / "bag-mcap").iterdir())
@@ -72,8 +75,8 @@ def test_bags_land_whole_split_into_episodes_and_hostile_ones_are_named(tmp_path
         m = md(result, "mcap_episodes", req.partition_key)
         eps = {e["episode_id"]: e for e in registry.partition_episodes(req.partition_key)}
         split = [f"bag-split-{k:03d}" for k in range(3)]
-        assert sorted(eps) == sorted(["ep-h5-0", "ep-h5-1", "bag-mcap", "bag-sqlite", *split])
-        assert all(e["status"] == "transcoded" for e in eps.values()) and m["episodes"] == 7
+        assert sorted(eps) == sorted(["ep-h5-0", "ep-h5-1", "bag-mcap", "bag-sqlite", "bag-h264", "bag-depth", *split])
+        assert all(e["status"] == "transcoded" for e in eps.values()) and m["episodes"] == 9
         # lineage: format, where the item is, its content hash; a split bag's episodes share its bag
         assert eps["ep-h5-0"]["source_format"] == "hdf5"
         assert eps["ep-h5-0"]["source_uri"] == (landing / "ep-h5-0.h5").resolve().as_uri()
@@ -87,7 +90,7 @@ def test_bags_land_whole_split_into_episodes_and_hostile_ones_are_named(tmp_path
         assert sum(eps[e]["source_bytes"] for e in split) == landed["2026-12-07/bag-split/metadata.yaml"].bytes
         assert [eps[e]["start_ns"] < eps[n]["start_ns"] for e, n in zip(split, split[1:])] == [True, True]
         # each MCAP passes the outside checks of an HDF5-sourced one and says where it came from
-        for eid in ("bag-mcap", "bag-sqlite", *split):
+        for eid in ("bag-mcap", "bag-sqlite", "bag-h264", "bag-depth", *split):
             path = eps[eid]["mcap_path"]
             with open(path, "rb") as f:
                 n = sum(1 for _ in make_reader(f, validate_crcs=True).iter_messages())
@@ -96,6 +99,11 @@ def test_bags_land_whole_split_into_episodes_and_hostile_ones_are_named(tmp_path
             with EpisodeReader(path) as r:
                 assert r.metadata()["source_format"] == "ros2" and sorted(r.cameras) == ["scene_left", "wrist"]
         assert [eps[e]["n_steps"] for e in split] == [75, 75, 75]  # 1.5 s of 50 Hz joint states each
+        with EpisodeReader(eps["bag-h264"]["mcap_path"]) as r:  # the bag's H.264 as it was: copied
+            stats = json.loads(r.metadata("dyna.stats")["cameras"])
+            assert stats["wrist"]["copied"] and not stats["scene_left"]["copied"]
+        with EpisodeReader(eps["bag-depth"]["mcap_path"]) as r:
+            assert r.depth == ["wrist_depth"] and len(list(r.iter_depth("wrist_depth"))) == 20
 
         # the hostile bags, each quarantined naming its bag and the topic at fault; nothing else lost
         held = {

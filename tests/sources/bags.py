@@ -1,6 +1,6 @@
 """ROS 2 bags written by the real library (rosbags' rosbag2 writer and its standard message store), in
 MCAP or SQLite 3 storage: cameras as CompressedImage JPEG (or raw Image, or foxglove CompressedVideo H.264),
-JointState, and a custom action type whose definition the bag carries."""
+depth as Image (16UC1, mono16, 32FC1), JointState, and a custom action type whose definition the bag carries."""
 
 from __future__ import annotations
 
@@ -47,6 +47,9 @@ class BagSpec:
     extra_topics: tuple[str, ...] = ()  # std_msgs/String topics the map may not name
     backwards_at: int | None = None  # /joint_states message index stamped 25 ms early: before the one ahead
     custom_data: dict = field(default_factory=dict)
+    depth: tuple[tuple[str, str], ...] = ()  # (name, Image encoding): /depth_camera/<name>/image at fps
+    depth_bigendian: bool = False
+    depth_row_pad: int = 0  # bytes after each row of a depth image (its step beyond width * pixel size)
 
 
 def typestore():
@@ -80,6 +83,38 @@ def frame(i: int, cam: int, w: int, h: int) -> np.ndarray:
     return np.stack([(xx * 3 + i * 5) % 256, (yy * 4 + cam * 40) % 256, (xx + yy + i) % 256], -1).astype(np.uint8)
 
 
+def depth_mm(i: int, k: int, w: int, h: int) -> np.ndarray:
+    """Depth frame ``i`` of depth topic ``k``: uint16 millimetres over the whole range (both bytes vary)."""
+    yy, xx = np.mgrid[0:h, 0:w]
+    return ((xx * 1031 + yy * 4099 + i * 257 + k * 7919) % 65536).astype(np.uint16)
+
+
+# 32FC1 pixels (row 0) that are no reading: NaN, infinities, negative, beyond 65.535 m; and the largest valid
+METRES_EDGES = [np.nan, np.inf, -np.inf, -0.5, 70.0, 65.535]
+METRES_EDGES_MM = [0, 0, 0, 0, 0, 65535]
+
+
+def depth_topic(name: str) -> str:
+    return f"/depth_camera/{name}/image"
+
+
+def _depth_image(spec: BagSpec, encoding: str, mm: np.ndarray, i: int, c: int) -> tuple[bytes, np.ndarray, int]:
+    """(row bytes with any padding, what the reader should make of them, step) of one depth frame."""
+    order = ">" if spec.depth_bigendian else "<"
+    if encoding == "32FC1":
+        metres = (mm.astype(np.float32) / np.float32(1000)).astype(order + "f4")
+        metres[0, : len(METRES_EDGES)] = METRES_EDGES
+        want = mm.copy()
+        want[0, : len(METRES_EDGES)] = METRES_EDGES_MM
+        rows = metres.view(np.uint8).reshape(spec.height, -1)
+    elif encoding in ("16UC1", "mono16"):
+        rows, want = mm.astype(order + "u2").view(np.uint8).reshape(spec.height, -1), mm
+    else:  # a colour image mapped as depth
+        rows, want = frame(i, c, spec.width, spec.height).reshape(spec.height, -1), mm
+    pad = np.full((spec.height, spec.depth_row_pad), 0xAB, np.uint8)
+    return np.concatenate([rows, pad], 1).tobytes(), want, rows.shape[1] + spec.depth_row_pad
+
+
 def write_bag(path: Path, spec: BagSpec | None = None) -> dict:
     """Write the bag directory ``path``; returns what was written (times and values) to compare against."""
     spec = spec or BagSpec()
@@ -104,6 +139,8 @@ def write_bag(path: Path, spec: BagSpec | None = None) -> dict:
     events: list[tuple[int, str, int]] = []
     for c, _ in enumerate(spec.cameras):
         events += [(shift(i / spec.fps) + c * 1000, f"cam{c}", i) for i in range(int(spec.duration_s * spec.fps))]
+    for k, _ in enumerate(spec.depth):
+        events += [(shift(i / spec.fps) + 500 + k, f"depth{k}", i) for i in range(int(spec.duration_s * spec.fps))]
     n_joint = int(spec.duration_s * spec.joint_hz)
     events += [(shift(i / spec.joint_hz) + 10, "js", i) for i in range(n_joint)]
     events += [(shift(i / spec.joint_hz) + 20, "act", i) for i in range(n_joint)]
@@ -117,6 +154,7 @@ def write_bag(path: Path, spec: BagSpec | None = None) -> dict:
         "action_t": [],
         "action": [],
         "frames": {c: [] for c in spec.cameras},
+        "depth": {name: [] for name, _ in spec.depth},
     }
     video_units: list[bytes] = []
     if spec.h264_camera:
@@ -131,6 +169,8 @@ def write_bag(path: Path, spec: BagSpec | None = None) -> dict:
             topic = f"/camera/{cam}/image" + ("" if raw else "/compressed")
             msgtype = COMPRESSED_VIDEO if cam == spec.h264_camera else (img if raw else cimg).__msgtype__
             conns[f"cam{c}"] = w.add_connection(topic, msgtype, typestore=ts)
+        for k, (name, _) in enumerate(spec.depth):
+            conns[f"depth{k}"] = w.add_connection(depth_topic(name), img.__msgtype__, typestore=ts)
         conns["js"] = w.add_connection("/joint_states", js.__msgtype__, typestore=ts)
         conns["act"] = w.add_connection("/action", ACTION_TYPE, typestore=ts)
         if spec.markers:
@@ -157,6 +197,15 @@ def write_bag(path: Path, spec: BagSpec | None = None) -> dict:
                 else:
                     data = np.frombuffer(encode_jpeg(pixels, 95), np.uint8)
                     msg = cimg(header=hdr(t), format="jpeg", data=data)
+            elif kind.startswith("depth"):
+                k = int(kind[5:])
+                name, encoding = spec.depth[k]
+                data, want, step = _depth_image(spec, encoding, depth_mm(i, k, spec.width, spec.height), i, k)
+                written["depth"][name].append((t + spec.stamp_offset_ns, want))
+                msg = img(
+                    header=hdr(t), height=spec.height, width=spec.width, encoding=encoding,
+                    is_bigendian=int(spec.depth_bigendian), step=step, data=np.frombuffer(data, np.uint8),
+                )  # fmt: skip
             elif kind == "js":
                 pos = rng.standard_normal(6)
                 stamp = t - (25_000_000 if spec.backwards_at is not None and i == spec.backwards_at else 0)
@@ -188,6 +237,7 @@ def topic_map_yaml(spec: BagSpec, **extra) -> dict:
     topics = {
         (f"/camera/{c}/image" + ("" if c == spec.raw_camera else "/compressed")): {"camera": c} for c in spec.cameras
     }
+    topics.update({depth_topic(name): {"depth": name} for name, _ in spec.depth})
     topics["/joint_states"] = {"stream": "joint_states"}
     topics["/action"] = {"stream": "action", "fields": ["joints", "gripper"]}
     return {"topics": topics, **extra}
