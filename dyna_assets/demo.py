@@ -21,12 +21,13 @@ from dyna_resources import versions
 from dyna_resources.catalog.datasets import DatasetRef, DatasetRegistry, UnknownDatasetError
 from dyna_resources.catalog.manifest import ManifestFiles
 from dyna_resources.episodes.raw_format import RawEpisode
+from dyna_resources.episodes.read_profile import TOPIC_GROUPS
 from dyna_resources.episodes.sim import generate_fleet
 from dyna_resources.episodes.sim.fleet import arrival_folder
 from dyna_resources.home import DynaHome
 from dyna_resources.ingest.batch_summary import batch_summary
 from dyna_resources.ingest.ray_units import ray_cluster
-from dyna_resources.resources import IngestResource
+from dyna_resources.resources import IngestResource, TranscodeResource
 from trainer.evaluate import EvaluationResult, latest_recorded
 from trainer.summary import RESULT_FILE, TrainSummary
 from trainer.train import TrainConfig
@@ -222,23 +223,30 @@ def ensure_instance_config(dagster_home: Path) -> None:
 
 
 def land_other_sources(home: DynaHome, *, width: int, height: int, seed: int) -> None:
-    """Beside the HDF5 drops: one ROS 2 bag (MCAP storage) and one LeRobot v3.0 dataset of two episodes,
-    made from sample episodes of their own, and the topic map that reads the bag."""
+    """Beside the HDF5 drops: two ROS 2 bags (MCAP storage; one with JPEG cameras and a 16-bit depth
+    topic, one whose cameras are already H.264 in the read profile's layout, which is copied, not
+    re-encoded) and one LeRobot v3.0 dataset of two episodes, made from sample episodes of their own, and
+    the topic map that reads the bags."""
     from dyna_resources.sources import samples
 
     scratch = home.root / "scratch" / "sample-sources"
     shutil.rmtree(scratch, ignore_errors=True)
-    made = generate_fleet(scratch, 3, seed=seed + 1000, width=width, height=height, duration_s=(6.0, 8.0))
+    made = generate_fleet(scratch, 4, seed=seed + 1000, width=width, height=height, duration_s=(6.0, 8.0))
     drop = home.landing / arrival_folder()
     drop.mkdir(parents=True, exist_ok=True)
-    bag = samples.write_bag(made[0].path, drop / f"bag-{made[0].path.stem}")
+    bag = samples.write_bag(made[0].path, drop / f"bag-{made[0].path.stem}", depth=True)
+    video = TranscodeResource().settings(TOPIC_GROUPS).video  # the GOP the transcoder writes: copied as it is
+    h264 = samples.write_bag(made[3].path, drop / f"bag-h264-{made[3].path.stem}", video=video)
     if not (home.root / "ros2_topics.yaml").exists():
         with RawEpisode(made[0].path) as raw:
-            samples.write_topic_map(home.root, sorted(raw.cameras))
-    dataset = samples.write_dataset([g.path for g in made[1:]], drop / "lerobot-demo")
+            samples.write_topic_map(home.root, sorted(raw.cameras), depth=True)
+    dataset = samples.write_dataset([g.path for g in made[1:3]], drop / "lerobot-demo")
     (dataset / "meta" / "info.json.complete").touch()  # as an uploader: the dataset is whole, land it at once
     shutil.rmtree(scratch, ignore_errors=True)
-    print(f"landing a ROS 2 bag ({bag.name}) and a LeRobot v3.0 dataset ({dataset.name}, 2 episodes) beside them")
+    print(
+        f"landing two ROS 2 bags ({bag.name}: JPEG cameras and a depth topic; {h264.name}: H.264 cameras) "
+        f"and a LeRobot v3.0 dataset ({dataset.name}, 2 episodes) beside them"
+    )
 
 
 def print_manifest(home: DynaHome, spec: Path, m: ManifestFiles) -> None:
