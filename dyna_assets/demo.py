@@ -43,8 +43,20 @@ where:
   camera_dead: {"!=": true}      # NULL-safe: unknown counts as not dead
   quality_verdict: {"!=": fail}  # the quality scores' verdict (frozen or dark cameras, spikes, ...)
   duration_s: {">=": 4}
+  # the sample model reads joint velocity and the gripper, which a LeRobot dataset's rows do not hold
+  # (observation.state, action): demo-sources holds those episodes
+  source_format: {"!=": lerobot}
 segments: {length_s: 2.0, stride_s: 1.0}
 weights: {by: task, values: {pick_place: 2.0}, default: 1.0}
+"""
+
+SOURCES_SPEC = """\
+# Every clean episode, whatever it was recorded as (legacy HDF5, a ROS 2 bag, a LeRobot dataset): one manifest.
+name: demo-sources
+where:
+  camera_dead: {"!=": true}
+  quality_verdict: {"!=": fail}
+segments: {length_s: 2.0, stride_s: 1.0}
 """
 
 STEPS_SPEC = """\
@@ -162,20 +174,24 @@ def main(argv: list[str] | None = None) -> int:
     steps_spec = home.curation / "demo-grasps.yaml"
     if not steps_spec.exists():
         steps_spec.write_text(STEPS_SPEC)
-    instance.add_dynamic_partitions("curation_specs", [spec.stem, steps_spec.stem])
+    sources_spec = home.curation / "demo-sources.yaml"
+    if not sources_spec.exists():
+        sources_spec.write_text(SOURCES_SPEC)
+    instance.add_dynamic_partitions("curation_specs", [spec.stem, steps_spec.stem, sources_spec.stem])
     # The spec's whole chain in one run: manifest -> cache set and replica -> checkpoints -> evaluation ->
     # release, and the dataset version beside them; what the curation and prewarm sensors and a user's
     # "Materialize all" do in the UI.
     chain = run(SPEC_CHAIN, spec.stem)
     grasps = run(["manifests"], steps_spec.stem)
+    sources = run(["manifests"], sources_spec.stem)
     pool = run(["review_pool"])
-    results += [chain, grasps, pool]
-    done = Outputs([chain, grasps, pool])
+    results += [chain, grasps, sources, pool]
+    done = Outputs([chain, grasps, sources, pool])
     failed = [r for r in results if not r.success]
     files = print_summary(home, ingest, results)
     print_warehouse(resources["warehouse"])
     print_ladders(home, ingest, resources["ladders"])
-    for s_path, result in ((spec, chain), (steps_spec, grasps)):
+    for s_path, result in ((spec, chain), (steps_spec, grasps), (sources_spec, sources)):
         if result.asset_materializations_for_node("manifests"):
             print_manifest(home, s_path, ManifestFiles.read(resources["home"].manifest_url(s_path.stem, ".json")))
     warmed, replica = done.metadata("cache_sets", spec.stem), done.metadata("mcap_replica", spec.stem)
