@@ -8,6 +8,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 import yaml
 from dagster import DagsterInstance, materialize
 from mcap.reader import NonSeekingReader, make_reader
@@ -170,3 +171,37 @@ def test_lerobot_datasets_land_whole_and_each_episode_is_ingested_natively(tmp_p
             assert r.metadata()["source_format"] == "lerobot" and len(r.cameras) == 3
     with EpisodeReader(eps["ds-v3-000001"]["mcap_path"]) as r:
         assert r.read_streams(None, r.start_ns, r.end_ns + 1)["joint_states"].fields["position"].shape[1] == 7
+
+
+def test_datasets_lerobot_itself_wrote_land_through_the_sensor_and_the_assets(tmp_path):
+    """LeRobot's own writers (v2.1 and v3.0, the project's lerobot venvs; skipped without them), then the
+    landing sensor and the ingest assets in one run: every episode transcoded, its rows exact."""
+    import numpy as np
+
+    from tests.lerobot_interop.harness import LENGTHS, V3_VENV, V21_VENV, make_source
+
+    venvs = {name: v for name, v in (("v21", V21_VENV), ("v30", V3_VENV)) if v.available}
+    if not venvs:
+        pytest.skip(V3_VENV.skip_reason)
+    home = tmp_path / "home"
+    landing = home / "landing" / "2026-12-07"
+    landing.mkdir(parents=True)
+    source = make_source(tmp_path / "source.npz")
+    for name, venv in venvs.items():
+        venv.run("create", landing / f"so100-{name}", tmp_path / "source.npz", home=tmp_path)
+    (home / "gates.yaml").write_text("min_duration: {params: {min_s: 0.2}}\n")  # its episodes: 20 and 14 frames
+    res = resources(home, target_bytes=1 << 40, partition_bytes=1 << 40)
+    registry = res["ingest"].stores().registry
+    with DagsterInstance.ephemeral() as instance:
+        (req,) = tick(instance, res).run_requests
+        assert materialize(ASSETS, instance=instance, partition_key=req.partition_key, resources=res).success
+    eps = {e["episode_id"]: e for e in registry.partition_episodes(req.partition_key)}
+    assert sorted(eps) == [f"so100-{name}-{k:06d}" for name in sorted(venvs) for k in range(len(LENGTHS))]
+    for eid, e in eps.items():
+        k = int(eid[-6:])
+        assert (e["status"], e["source_format"]) == ("transcoded", "lerobot"), eid
+        with EpisodeReader(e["mcap_path"]) as r:
+            assert sorted(r.cameras) == ["top", "wrist"]
+            got = r.read_streams(None, r.start_ns, r.end_ns + 1)
+            np.testing.assert_array_equal(got["joint_states"].fields["position"], source[f"state_{k}"])
+            np.testing.assert_array_equal(got["action"].fields["command"], source[f"action_{k}"])
