@@ -6,8 +6,9 @@ The layout the MCAP episodes promise their readers (``codec.VideoSettings``, ``p
 Annex B access units, one picture each; the stream opens with an IDR picture; every IDR access unit
 carries its SPS and PPS (a GOP read alone decodes, as Foxglove and the random-access reader read it);
 no B slices (Foxglove refuses them, and decode order is display order); no GOP longer than the profile's
-``gop_frames`` (a random read decodes at most that many frames); 8-bit 4:2:0 (what ``decoded_to_rgb``
-and the training streams expect).
+``gop_frames`` (a random read decodes at most that many frames) and, but for the last, none shorter than
+half of it (a shorter GOP spends the archive's bytes on keyframes: LeRobot's keyframe every 2 frames is
+several times the bytes); 8-bit 4:2:0 (what ``decoded_to_rgb`` and the training streams expect).
 
 PyAV exposes no slice or SPS parser short of decoding, so the few header fields needed (the slice type,
 the SPS's profile, chroma format and bit depths) are read here: each is an Exp-Golomb code within the first
@@ -113,6 +114,7 @@ def sps_format(nal: bytes) -> tuple[int, int, int]:
 def check_layout(units: Sequence[bytes], gop_frames: int) -> Layout:
     """Whether ``units`` (one Annex B access unit per frame) meet the read profile (module docstring)."""
     gops = longest = run = 0
+    shortest = None  # of the GOPs before the last
     for i, au in enumerate(units):
         nals = nal_units(au)
         types = [n[0] & 0x1F for n in nals]
@@ -127,6 +129,8 @@ def check_layout(units: Sequence[bytes], gop_frames: int) -> Layout:
                     profile, chroma, depth = sps_format(sps)
                     if (chroma, depth) != (1, 8):
                         return Layout(f"access unit {i}: chroma format {chroma}, {depth}-bit (not 8-bit 4:2:0)")
+                if gops:
+                    shortest = run if shortest is None else min(shortest, run)
                 gops, longest, run = gops + 1, max(longest, run), 0
             elif i == 0:
                 return Layout("the stream does not open with an IDR picture")
@@ -138,6 +142,8 @@ def check_layout(units: Sequence[bytes], gop_frames: int) -> Layout:
     longest = max(longest, run)
     if longest > gop_frames:
         return Layout(f"a GOP of {longest} frames (the read profile's is at most {gop_frames})", gops, longest)
+    if shortest is not None and 2 * shortest < gop_frames:
+        return Layout(f"a GOP of {shortest} frames (at least {-(-gop_frames // 2)}: half the profile's)", gops, longest)
     if not units:
         return Layout("no access units")
     return Layout(None, gops, longest)

@@ -141,6 +141,9 @@ def test_the_layout_check_names_what_keeps_a_stream_from_being_copied():
     frames = [frame(i, 0, 64, 48) for i in range(20)]
     units = encode_gop(frames[:10], PROFILE.video) + encode_gop(frames[10:], PROFILE.video)
     assert check_layout(units, 10).copyable and check_layout(units, 10).gops == 2
+    assert check_layout(units[:15], 10).copyable  # the last GOP may be short
+    short = encode_gop(frames[:4], PROFILE.video) + encode_gop(frames[4:14], PROFILE.video)
+    assert check_layout(short, 10).reason == "a GOP of 4 frames (at least 5: half the profile's)"
     assert check_layout(units[1:], 10).reason == "the stream does not open with an IDR picture"
     bare_idr = units[10][units[10].index(b"\x00\x00\x01\x65") - 1 :]  # the IDR slice without its SPS/PPS
     assert (
