@@ -289,7 +289,9 @@ def _dead_cameras(raw: Episode, samples: int, flat_std: float) -> dict[str, list
 
 
 def _luma_small(cam, i: int) -> np.ndarray:
-    if cam.encoding in ("rgb", "h264"):
+    if cam.encoding == "h264":
+        return cam.luma(i)
+    if cam.encoding == "rgb":
         return cam.frame(i)[::8, ::8].mean(axis=2)
     data = cam.frame_bytes(i)
     try:

@@ -118,6 +118,21 @@ class H264Camera(MemoryCamera):
     def frame_bytes(self, i: int) -> bytes:
         raise ValueError(f"camera {self.name} holds H.264 access units, not JPEG")
 
+    def luma(self, i: int, step: int = 8) -> np.ndarray:
+        """Frame ``i``'s luma plane, every ``step``-th pixel (what a gate looks at: no RGB conversion)."""
+        first = self.keyframe_before(i)
+        run = (
+            [*self.units[first : i + 1]]
+            if first < i or is_keyframe(self.units[i])
+            else [*self.preroll, *self.units[: i + 1]]
+        )
+        try:
+            frame = H264Decoder().decode_yuv(run)[-1]
+        except ValueError as e:
+            raise CorruptFrameError(self._path, self._stream, i, f"H.264 decode failed: {e}") from None
+        y = np.frombuffer(frame.planes[0], np.uint8).reshape(frame.height, frame.planes[0].line_size)
+        return y[::step, : frame.width : step].astype(np.float64)
+
     def frame(self, i: int) -> np.ndarray:
         first = self.keyframe_before(i)
         run = (

@@ -32,7 +32,7 @@ def land(home: Path, episode_factory) -> Path:
     write_bag(landing / "bag-mcap", BagSpec(duration_s=2.0, custom_data={"task": "stack", "robot_id": "arm-7"}))
     write_bag(landing / "bag-sqlite", BagSpec(duration_s=2.0, storage="sqlite3"))
     write_bag(landing / "bag-split", BagSpec(duration_s=4.5, pauses=(1.5, 3.0)))  # 5 s pauses: 3 episodes
-    write_bag(landing / "bag-h264", BagSpec(duration_s=2.0, h264_camera="wrist", h264_gop=10))  # copied
+    write_bag(landing / "bag-h264", BagSpec(duration_s=2.0, h264_camera="wrist", h264_gop=20))  # copied (GOP <= 30)
     write_bag(landing / "bag-depth", BagSpec(duration_s=2.0, depth=SPEC.depth))
     write_bag(landing / "bag-garbled", BagSpec(duration_s=2.0, garble=("/joint_states", 17)))
     write_bag(landing / "bag-unmapped", BagSpec(duration_s=2.0, extra_topics=("/diagnostics",)))
