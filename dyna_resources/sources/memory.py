@@ -130,7 +130,7 @@ class H264Camera(MemoryCamera):
             frame = H264Decoder().decode_yuv(run)[-1]
         except ValueError as e:
             raise CorruptFrameError(self._path, self._stream, i, f"H.264 decode failed: {e}") from None
-        y = np.frombuffer(frame.planes[0], np.uint8).reshape(frame.height, frame.planes[0].line_size)
+        y = np.frombuffer(memoryview(frame.planes[0]), np.uint8).reshape(frame.height, frame.planes[0].line_size)
         return y[::step, : frame.width : step].astype(np.float64)
 
     def frame(self, i: int) -> np.ndarray:

@@ -208,29 +208,38 @@ def test_progress_is_heard_at_the_start_on_every_interval_and_at_the_end(tmp_pat
     manifest = segments(fleet[:1])
     with cache_at(tmp_path / "c") as cache:
         plan = plan_manifest(manifest, CachedFileSystem(cache))
-        warmed = [0]
+        # A clock on which every page takes 10 s. It moves when a page's warm returns, in the pool's thread;
+        # left alone, that thread can run pages ahead of the main loop (which reads the clock once before
+        # and once after each page it counts), and one report would then cover several intervals. So each
+        # warm waits until the main loop has counted the page before it: the reports fall where they must.
+        warmed, main_reads = [0], [0]
+        turn = threading.Condition()
         warm = cache.warm
+
+        def clock() -> float:
+            if threading.current_thread() is threading.main_thread():
+                with turn:
+                    main_reads[0] += 1
+                    turn.notify_all()
+            return 10.0 * warmed[0]
 
         def counted_warm(*args, **kwargs):
             out = warm(*args, **kwargs)
-            warmed[0] += 1
+            with turn:  # the reporter's first read, then two for each page counted
+                turn.wait_for(lambda: main_reads[0] >= 1 + 2 * warmed[0], timeout=10)
+                warmed[0] += 1
             return out
 
         cache.warm = counted_warm  # type: ignore[method-assign]  # this cache's pages only, no global patch
         heard: list[PrewarmProgress] = []
-        report = prewarm(  # a clock on which every page takes 10 s
-            plan, cache, parallel=1, progress=heard.append, progress_every_s=25, clock=lambda: 10.0 * warmed[0]
-        )
+        report = prewarm(plan, cache, parallel=1, progress=heard.append, progress_every_s=25, clock=clock)
     assert heard[0] == PrewarmProgress(0, report.pages, 0, 0, 0.0)
     last = heard[-1]
     assert (last.pages_done, last.bytes_done, last.fetched_bytes) == (report.pages, report.bytes, report.fetched_bytes)
     assert last.eta_s == 0.0 and f"{report.pages}/{report.pages} pages" in last.summary()
-    # a report about every third page (30 clock seconds), the start and the end: not one per page. The
-    # clock moves when a page's warm returns, in the pool's thread, before the main loop has counted that
-    # page, so on a loaded machine a report may name a page or two fewer ([3, 6, 9, 12, 15, 16] of 22
-    # pages was seen): the spacing on the clock is exact, the page counts only about every third.
+    # a report every third page (30 clock seconds), the start and the end: not one per page
     middle = [p.pages_done for p in heard[1:-1]]
-    assert report.pages // 3 - 2 <= len(middle) <= report.pages // 3, (middle, report.pages)
+    assert middle == list(range(3, report.pages, 3)), (middle, report.pages)
     assert all(b.elapsed_s - a.elapsed_s >= 25 for a, b in zip(heard, heard[1:-1]))
     assert [p.pages_done for p in heard] == sorted(p.pages_done for p in heard)
 
