@@ -52,6 +52,9 @@ class Killer:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def __enter__(self):
+        # only processes started from here on: a child an earlier test of this worker left behind (with
+        # some .h5 open) is not one of this test's episode processes, and killing it would spare one of them
+        self._before = {c.pid for c in psutil.Process().children(recursive=True)}
         self._thread.start()
         return self
 
@@ -72,6 +75,7 @@ class Killer:
                 # an episode process with its raw file open: mid-episode
                 if (
                     child.pid not in self.killed
+                    and child.pid not in self._before
                     and self._holds_target(child)
                     and (self.target is not None or any(f.path.endswith(".h5") for f in child.open_files()))
                 ):
