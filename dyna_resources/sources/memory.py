@@ -120,20 +120,15 @@ class H264Camera(MemoryCamera):
 
     def luma(self, i: int, step: int = 8) -> np.ndarray:
         """Frame ``i``'s luma plane, every ``step``-th pixel (what a gate looks at: no RGB conversion)."""
-        first = self.keyframe_before(i)
-        run = (
-            [*self.units[first : i + 1]]
-            if first < i or is_keyframe(self.units[i])
-            else [*self.preroll, *self.units[: i + 1]]
-        )
-        try:
-            frame = H264Decoder().decode_yuv(run)[-1]
-        except ValueError as e:
-            raise CorruptFrameError(self._path, self._stream, i, f"H.264 decode failed: {e}") from None
+        frame = self._decoded(i)
         y = np.frombuffer(memoryview(frame.planes[0]), np.uint8).reshape(frame.height, frame.planes[0].line_size)
         return y[::step, : frame.width : step].astype(np.float64)
 
     def frame(self, i: int) -> np.ndarray:
+        return decoded_to_rgb(self._decoded(i))
+
+    def _decoded(self, i: int) -> av.VideoFrame:
+        """Frame ``i`` decoded from the keyframe before it (from the preroll's, for an episode cut mid-GOP)."""
         first = self.keyframe_before(i)
         run = (
             [*self.units[first : i + 1]]
@@ -141,8 +136,8 @@ class H264Camera(MemoryCamera):
             else [*self.preroll, *self.units[: i + 1]]
         )
         try:
-            return H264Decoder().decode(run, [len(run) - 1])[len(run) - 1]
-        except (av.FFmpegError, ValueError) as e:
+            return H264Decoder().decode_yuv(run)[-1]
+        except ValueError as e:
             raise CorruptFrameError(self._path, self._stream, i, f"H.264 decode failed: {e}") from None
 
     def iter_yuv(self, batch: int = 32) -> Iterator[av.VideoFrame]:
