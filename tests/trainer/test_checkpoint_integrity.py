@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -25,6 +24,8 @@ from trainer.checkpoint import (
 from trainer.dataset import SampleSpec
 from trainer.model import ModelConfig
 from trainer.train import TrainConfig, run
+
+from .processes import run_bounded
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = {
@@ -109,14 +110,11 @@ def test_every_checkpoint_damaged_fails_the_run_naming_the_shards(trained, tmp_p
     before = (Path(trained.run_dir) / "metrics.jsonl").read_text()
     config = tmp_path / "resume.json"
     config.write_text(replace(trained, steps=10).to_json())
-    proc = subprocess.run(
+    proc = run_bounded(
         [sys.executable, "-m", "trainer.train", "--config", str(config)],
+        {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
+        300,
         cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
     )
     assert proc.returncode != 0
     assert "CheckpointError: no intact checkpoint to resume from in " in proc.stderr

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from trainer.elastic import ElasticStream
 from trainer.model import ModelConfig
 from trainer.train import LoaderConfig, TrainConfig
 
+from .processes import run_bounded
 from .test_gop_dataset import keys, loader
 from .test_train import _free_port, manifest_file
 
@@ -43,7 +43,7 @@ def launch(cfg: TrainConfig, world: int, tmp_path: Path, name: str) -> None:
             *train,
         ]
     env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
+    done = run_bounded(cmd, env, 400)
     assert done.returncode == 0, done.stderr[-3000:]
 
 

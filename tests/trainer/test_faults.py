@@ -22,6 +22,8 @@ from trainer.faults import ENV, Fault, FaultSpecError
 from trainer.model import ModelConfig
 from trainer.train import TrainConfig
 
+from .processes import run_bounded
+
 REPO = Path(__file__).resolve().parents[2]
 SMALL = dict(
     model=ModelConfig(image_size=(32, 32), channels=(8, 16), latent=16, width=64, depth=1),
@@ -79,14 +81,7 @@ def _train(cfg: TrainConfig, path: Path, fault: dict | None) -> subprocess.Compl
     env |= {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     if fault is not None:
         env[ENV] = json.dumps(fault)
-    return subprocess.run(
-        [sys.executable, "-m", "trainer.train", "--config", str(path)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_bounded([sys.executable, "-m", "trainer.train", "--config", str(path)], env, 300, cwd=REPO)
 
 
 def test_the_environment_hook_kills_the_trainer_at_the_named_step_and_a_clean_launch_resumes(tmp_path, mcap_fleet):

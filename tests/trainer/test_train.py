@@ -20,6 +20,8 @@ from trainer.model import ModelConfig
 from trainer.summary import TrainSummary
 from trainer.train import TrainConfig, run
 
+from .processes import run_bounded
+
 SMALL = dict(
     model=ModelConfig(image_size=(32, 32), channels=(8, 16), latent=16, width=64, depth=1),
     sample=SampleSpec(image_size=(32, 32)),
@@ -88,7 +90,7 @@ def _torchrun(cfg: TrainConfig, tmp_path: Path, name: str, fault: dict | None = 
         "--config",
         str(path),
     ]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
+    return run_bounded(cmd, env, 400)
 
 
 def test_killed_rank_restarts_in_place_and_resumes_with_the_same_losses(tmp_path, mcap_fleet):
