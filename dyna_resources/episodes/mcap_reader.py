@@ -525,6 +525,13 @@ class EpisodeReader:
             for m in self._load_chunk(ci, {}).get(cid, []):
                 yield m.log_time, self._depth_image(m.data, topic)
 
+    def depth_times(self, name: str) -> np.ndarray:
+        """The log time of every frame of a depth stream, each chunk read and its CRC checked, the
+        frames not parsed (what a count needs, without copying ~0.6 MB a frame)."""
+        cid = self._channel(depth_topic(name), "depth")
+        times = [m.log_time for ci in self._chunks_of[cid] for m in self._load_chunk(ci, {}).get(cid, [])]
+        return np.asarray(times, dtype=np.int64)
+
     def _depth_image(self, data: memoryview, topic: str) -> np.ndarray:
         try:
             img = RawImage.FromString(bytes(data))

@@ -53,7 +53,7 @@ GATE_DOCS = {
     "min_duration": "the episode lasts at least params.min_s seconds",
     "decodable": "every GOP of the MCAP opens with a keyframe that decodes, and params.sample_gops whole GOPs "
     "per episode (chosen from its name; 0: every GOP) decode to one picture per access unit",
-    "frame_counts": "the MCAP holds exactly the source's frames and samples",
+    "frame_counts": "the MCAP holds exactly the source's frames (cameras and depth) and samples",
     "durations": "each camera's first/last time equals the source's (params.tolerance_s)",
     "size_sanity": "MCAP bytes / source bytes within [params.min_ratio, params.max_ratio]",
 }

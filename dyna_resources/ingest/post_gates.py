@@ -164,6 +164,7 @@ def post_gates(mcap_path: Path, source: dict, gates: GateConfig) -> list[GateRes
                         bad.append(f"{name}: {len(streams[name].timestamps_ns)} samples, source has {n}")
             except EpisodeError as e:
                 bad.append(f"streams unreadable: {e.reason}")
+            bad += _depth_counts(reader, source.get("depth", {}))
             results.append(GateResult("frame_counts", not bad, gates["frame_counts"].action, "; ".join(bad)))
         if "durations" in enabled:
             tol = int(float(gates.param("durations", "tolerance_s")) * 1e9)
@@ -174,6 +175,23 @@ def post_gates(mcap_path: Path, source: dict, gates: GateConfig) -> list[GateRes
                     bad.append(f"{cam}: spans {first}..{last} ns, source {info['first_ns']}..{info['last_ns']} ns")
             results.append(GateResult("durations", not bad, gates["durations"].action, "; ".join(bad)))
     return results + _size(source, gates, enabled)
+
+
+def _depth_counts(reader: EpisodeReader, depth: Mapping[str, int]) -> list[str]:
+    """What differs between each depth stream as read back and the source's frame count; its first
+    frame is parsed (16-bit, the size its bytes say), the rest counted."""
+    bad = []
+    for name, n in depth.items():
+        try:
+            got = len(reader.depth_times(name))
+            if got:
+                next(reader.iter_depth(name))
+        except EpisodeError as e:
+            bad.append(f"depth {name}: {e.reason}")
+            continue
+        if got != n:
+            bad.append(f"depth {name}: {got} frames, source has {n}")
+    return bad
 
 
 def _size(source: dict, gates: GateConfig, enabled: list[str]) -> list[GateResult]:

@@ -20,6 +20,8 @@ from dyna_resources.episodes.read_profile import TOPIC_GROUPS, ReadProfile
 from dyna_resources.episodes.read_profiles import resolve
 from dyna_resources.episodes.topics import STATS_METADATA
 from dyna_resources.episodes.transcode import TranscodeSettings, transcode_episode
+from dyna_resources.ingest.gates import GateConfig
+from dyna_resources.ingest.post_gates import post_gates
 from dyna_resources.sources import samples
 from dyna_resources.sources.ros2 import read_bag
 from dyna_resources.sources.topic_map import TopicMapError, parse
@@ -178,3 +180,26 @@ def test_a_bad_depth_role_is_refused_naming_the_field(topics, field, why):
 def test_the_topic_map_lists_its_depth_topics():
     m = parse({"topics": {"/a": {"camera": "x"}, "/d": {"depth": "y"}, "/j": {"stream": "joint_states"}}}, "t")
     assert list(m.depth) == ["/d"] and m.depth["/d"].depth == "y" and list(m.cameras) == ["/a"]
+
+
+def test_the_frame_counts_gate_reads_the_depth_frames_back_and_names_a_stream_short_of_its_source(tmp_path):
+    spec = BagSpec(duration_s=2.0, depth=DEPTH)
+    write_bag(tmp_path / "bag", spec)
+    (ep,) = read_bag(tmp_path / "bag", parse(topic_map_yaml(spec), "t"))
+    out = tmp_path / "ep.mcap"
+    source = transcode_episode(tmp_path / "bag", out, FAST, episode=ep).as_dict()
+    assert source["depth"] == {"scene_depth": 20, "wrist_depth": 20}
+    with EpisodeReader(out) as r:
+        assert r.depth_times("wrist_depth").tolist() == ep.depth["wrist_depth"].timestamps_ns.tolist()
+    assert all(g.passed for g in post_gates(out, source, GateConfig()))
+
+    counts = {
+        g.gate: g for g in post_gates(out, {**source, "depth": {**source["depth"], "wrist_depth": 21}}, GateConfig())
+    }
+    assert (
+        not counts["frame_counts"].passed
+        and counts["frame_counts"].detail == "depth wrist_depth: 20 frames, source has 21"
+    )
+    gone = {g.gate: g for g in post_gates(out, {**source, "depth": {**source["depth"], "knee_depth": 5}}, GateConfig())}
+    assert not gone["frame_counts"].passed and gone["frame_counts"].detail.startswith("depth knee_depth: ")
+    assert "knee_depth" in gone["frame_counts"].detail.split(": ", 1)[1]
