@@ -254,9 +254,13 @@ def _upsample2(c: np.ndarray) -> np.ndarray:
 class H264Decoder:
     """Decodes a run of access units that starts at a keyframe, in order."""
 
-    def __init__(self):
+    def __init__(self, strict: bool = False):
+        """``strict``: any error the decoder detects fails the decode (FFmpeg's ``err_detect=explode``)
+        instead of being concealed."""
         self._ctx = av.CodecContext.create("h264", "r")
         self._ctx.thread_type = "NONE"  # one frame out per packet in, no reordering delay
+        if strict:
+            self._ctx.options = {"err_detect": "explode"}
 
     def decode(self, access_units: Sequence[bytes], want: Iterable[int]) -> dict[int, np.ndarray]:
         """Decode all of ``access_units``; return RGB frames at the indices in ``want``."""

@@ -15,6 +15,7 @@ estimate, where an encoded camera's counts are exact). Any other layout is decod
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import os
@@ -112,6 +113,9 @@ class CameraReport:
     # the source's H.264 copied as it was (dark and frozen frames then estimated from each GOP's first two)
     copied: bool = False
     reencode_reason: str = ""  # an H.264 source re-encoded: why its layout could not be copied
+    # a copied camera: blake2b-128 of its keyframes in order, each decoded here without error (strictly);
+    # the decodable post gate need not decode again a keyframe it reads back as these bytes
+    decoded_keyframes: str = ""
 
 
 @dataclass
@@ -386,6 +390,7 @@ class _VideoWindows:
         self.copied = {n for n, lay in self.layouts.items() if lay.copyable and settings.copy_h264}
         # a copied camera's frames inspected (each GOP's first two) and pairs of them compared
         self.samples = {name: [0, 0] for name in self.copied}
+        self.keyframe_digest = {name: hashlib.blake2b(digest_size=16) for name in self.copied}
 
     def next_ns(self) -> int | None:
         """Time of the earliest frame not encoded yet (None: all done)."""
@@ -415,10 +420,11 @@ class _VideoWindows:
         pair = 2 if k + 1 < len(units) and not is_keyframe(units[k + 1]) else 1
         with self.decode_t:
             try:
-                frames = H264Decoder().decode_yuv(units[k : k + pair])
+                frames = H264Decoder(strict=True).decode_yuv(units[k : k + pair])
             except ValueError as e:
                 raise CorruptFrameError(self.path, f"images/{cam.name}", k, f"H.264 decode failed: {e}") from None
         self.keyframes[cam.name] += 1
+        self.keyframe_digest[cam.name].update(units[k])
         lumas = []
         for j, frame in enumerate(frames):
             self._check_shape(cam, k + j, frame)
@@ -501,6 +507,7 @@ class _VideoWindows:
                 last_ns=int(c.timestamps_ns[-1]) if len(c) else -1,
                 copied=c.name in self.copied,
                 reencode_reason=self._reencode_reason(c.name),
+                decoded_keyframes=self.keyframe_digest[c.name].hexdigest() if c.name in self.copied else "",
             )
             for c in self.cameras
         }

@@ -1,10 +1,12 @@
 """The post gates on real MCAPs: what `decodable` decodes (every keyframe, a seeded sample of whole
 GOPs, or everything), and that a damaged access unit fails where it is decoded."""
 
+import hashlib
 import json
 
 import pytest
 
+from dyna_resources.episodes.codec import is_keyframe
 from dyna_resources.episodes.mcap_reader import EpisodeReader
 from dyna_resources.episodes.topics import STATS_METADATA
 from dyna_resources.ingest.gates import GateConfig, GateConfigError
@@ -79,6 +81,32 @@ def test_a_damaged_unit_fails_where_it_is_decoded_and_a_damaged_keyframe_always(
             check_video(Units(cut(30)), "wrist", decode)  # GOP 1's keyframe
     with pytest.raises(ValueError, match="does not open with a keyframe"):
         check_video(Units(units[1:]), "wrist", set())
+
+
+def keyframe_digest(units) -> str:
+    """The digest a copying transcoder records: blake2b-128 of the keyframes, in order."""
+    h = hashlib.blake2b(digest_size=16)
+    for _, au in units:
+        if is_keyframe(au):
+            h.update(au)
+    return h.hexdigest()
+
+
+def test_keyframes_read_back_as_the_bytes_the_transcoder_decoded_are_not_decoded_again(mcap_fleet):
+    paths, _ = mcap_fleet
+    with EpisodeReader(paths[0]) as r:
+        units = list(r.iter_video(r.cameras[0]))
+    vouched = keyframe_digest(units)
+    keyframes_only = check_video(Units(units), "wrist", set(), vouched)
+    assert (keyframes_only.decoded_frames, keyframes_only.vouched_keyframes, keyframes_only.gops) == (0, 4, 4)
+    sampled = check_video(Units(units), "wrist", {2}, vouched)  # the sampled GOP is decoded whole all the same
+    assert (sampled.decoded_frames, sampled.decoded_gops, sampled.vouched_keyframes) == (30, 1, 3)
+    other = check_video(Units(units), "wrist", set(), "0" * 32)  # not the bytes decoded: every keyframe decoded
+    assert (other.decoded_frames, other.vouched_keyframes) == (4, 0)
+    # a keyframe damaged after the transcoder decoded it: the digest differs, so it is decoded, and fails
+    cut = [(t, au[: len(au) // 2]) if k == 30 else (t, au) for k, (t, au) in enumerate(units)]
+    with pytest.raises(ValueError, match=r"access unit 30 .*GOP 1"):
+        check_video(Units(cut), "wrist", set(), vouched)
 
 
 def test_post_gates_pass_a_good_mcap_at_any_sample_and_reject_a_bad_setting(mcap_fleet):

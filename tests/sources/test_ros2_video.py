@@ -17,7 +17,7 @@ from dyna_resources.episodes.h264_layout import check_layout
 from dyna_resources.episodes.mcap_reader import EpisodeReader
 from dyna_resources.episodes.transcode import TranscodeSettings, transcode_episode
 from dyna_resources.ingest.gates import GateConfig
-from dyna_resources.ingest.post_gates import post_gates
+from dyna_resources.ingest.post_gates import check_video, post_gates
 from dyna_resources.sources.open import open_episodes
 
 from .bags import BagSpec, frame, h264_units, topic_map_yaml, write_bag
@@ -64,6 +64,9 @@ def test_h264_in_the_read_profile_layout_is_copied_unit_for_unit(tmp_path, stora
     assert not scene.copied and scene.reencode_reason == ""  # JPEG: encoded as always
     got = mcap_units(out, "wrist")
     assert [au for _, au in got] == source
+    with EpisodeReader(out) as r:  # the post gate takes the transcoder's word for the 3 keyframes it decoded
+        check = check_video(r, "wrist", set(), wrist.decoded_keyframes)
+    assert (check.vouched_keyframes, check.decoded_frames, report.cameras["scene_left"].decoded_keyframes) == (3, 0, "")
     assert [t for t, _ in got] == [t for t, _ in written["frames"]["wrist"]]
     with EpisodeReader(out) as r:  # random access into a copied GOP: the source's own pictures
         times = [t for t, _ in written["frames"]["wrist"]]
