@@ -15,7 +15,7 @@ encoders hold at most one GOP of frames, and GOPs could be encoded in parallel.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from fractions import Fraction
 
@@ -269,7 +269,7 @@ class H264Decoder:
         frames: dict[int, np.ndarray] = {}
         produced = 0
 
-        def collect(decoded: Iterator[av.VideoFrame]) -> None:
+        def collect(decoded: Iterable[av.VideoFrame]) -> None:
             nonlocal produced
             for frame in decoded:
                 if produced in want:
