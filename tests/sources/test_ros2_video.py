@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from dyna_resources.episodes.codec import VideoSettings, encode_gop
-from dyna_resources.episodes.errors import RawFormatError
+from dyna_resources.episodes.errors import CorruptFrameError, RawFormatError
 from dyna_resources.episodes.h264_layout import check_layout
 from dyna_resources.episodes.mcap_reader import EpisodeReader
 from dyna_resources.episodes.transcode import TranscodeSettings, transcode_episode
@@ -132,6 +132,17 @@ def test_a_frozen_copied_camera_is_counted_from_its_gop_starts(tmp_path):
     _, report = transcode(tmp_path, ep)
     # 4 GOPs: 4 pairs compared, all frozen; scaled to the 39 frames that follow another
     assert report.cameras["wrist"].copied and report.cameras["wrist"].frozen_frames == 39
+
+
+def test_a_copied_keyframe_that_does_not_decode_cleanly_fails_the_transcode_naming_the_frame(tmp_path):
+    """The copy's GOP-start decode is strict (what the decodable gate then takes by digest): a keyframe
+    whose slice data is cut is a verdict on the file, not concealed into a picture."""
+    _, (ep,) = episodes(tmp_path, BagSpec(h264_camera="wrist", h264_gop=10, duration_s=3.0))
+    units = ep.cameras["wrist"].frames
+    units[10] = units[10][: len(units[10]) * 2 // 3]  # GOP 1's keyframe
+    with pytest.raises(CorruptFrameError) as e:
+        transcode_episode(tmp_path / "bag", tmp_path / "ep.mcap", PROFILE, episode=ep)
+    assert e.value.stream == "images/wrist" and "frame 10" in str(e.value) and "H.264 decode failed" in e.value.reason
 
 
 def test_video_other_than_h264_is_refused_naming_the_topic(tmp_path):
