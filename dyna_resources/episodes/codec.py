@@ -212,16 +212,22 @@ def _crop_to_even(frame: av.VideoFrame) -> av.VideoFrame:
     return av.VideoFrame.from_ndarray(np.concatenate(planes).reshape(h * 3 // 2, w), format="yuv420p")
 
 
+def i420_planes(planes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Y (H, W), U and V (H/2, W/2) of ``VideoFrame.to_ndarray()``'s stacked (H*3/2, W) yuv420p. The
+    chroma planes are split by size, not by rows: where H is 2 mod 4 (480x270) U ends mid-row."""
+    h, w = planes.shape[0] * 2 // 3, planes.shape[1]
+    chroma, n = planes[h:].reshape(-1), (h // 2) * (w // 2)
+    return planes[:h], chroma[:n].reshape(h // 2, w // 2), chroma[n : 2 * n].reshape(h // 2, w // 2)
+
+
 def yuv420_to_rgb(planes: np.ndarray, full_range: bool = True) -> np.ndarray:
     """(H*3/2, W) stacked I420 planes -> (H, W, 3) RGB, BT.601, centred chroma.
 
     Chroma is upsampled with libjpeg's triangle ("fancy") filter, which swscale lacks.
     """
-    h = planes.shape[0] * 2 // 3
-    w = planes.shape[1]
-    y = planes[:h].astype(np.float32)
-    u = _upsample2(planes[h : h + h // 4].reshape(h // 2, w // 2))
-    v = _upsample2(planes[h + h // 4 :].reshape(h // 2, w // 2))
+    y8, u8, v8 = i420_planes(planes)
+    h, w = y8.shape
+    y, u, v = y8.astype(np.float32), _upsample2(u8), _upsample2(v8)
     if full_range:
         u -= 128.0
         v -= 128.0

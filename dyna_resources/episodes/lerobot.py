@@ -65,6 +65,7 @@ from .codec import (
     StreamingH264Decoder,
     as_format,
     decoded_to_rgb,
+    i420_planes,
     is_keyframe,
     to_yuv,
 )
@@ -458,9 +459,7 @@ def _full_range_yuv420(frame: av.VideoFrame) -> tuple[np.ndarray, np.ndarray, np
     """Full-range Y, U, V planes of an even-sized frame; 4:2:0 input keeps its own samples."""
     if frame.format.name not in ("yuv420p", "yuvj420p"):
         frame = to_yuv(frame)  # other layouts (4:4:4, 10-bit, ...): swscale
-    h, w = frame.height, frame.width
-    planes = frame.to_ndarray()  # (H * 3/2, W): Y, then U and V of (H/2, W/2) each
-    y, u, v = planes[:h], planes[h : h + h // 4].reshape(h // 2, w // 2), planes[h + h // 4 :].reshape(h // 2, w // 2)
+    y, u, v = i420_planes(frame.to_ndarray())
     if frame.format.name == "yuv420p" and frame.color_range != FULL_RANGE:
         y, u, v = _LUMA_TO_FULL[y], _CHROMA_TO_FULL[u], _CHROMA_TO_FULL[v]
     return y, u, v

@@ -150,3 +150,21 @@ def test_frames_decoded_from_a_video_encode_as_the_same_planes_made_afresh(tmp_p
     fresh = [av.VideoFrame.from_ndarray(f.to_ndarray(), format=f.format.name) for f in decoded]
     settings = VideoSettings(gop_frames=12, preset="veryfast", pix_fmt="yuv420p")
     assert encode_gop(decoded, settings) == encode_gop(fresh, settings)
+
+
+@pytest.mark.parametrize("height", [54, 56], ids=["2-mod-4", "0-mod-4"])
+def test_a_camera_whose_height_is_2_mod_4_reads_back_in_its_colours(episode_factory, tmp_path, height):
+    """480x270 and the like: the U plane ends mid-row of the stacked planes (codec.i420_planes). Split
+    by rows, the decode raised on every frame; the reference conversion must match swscale's."""
+    src = episode_factory(width=96, height=height, duration_s=1.0).path
+    out = tmp_path / "ep.mcap"
+    transcode_episode(src, out, TranscodeSettings(video=VideoSettings(gop_frames=10, preset="veryfast")))
+    with EpisodeReader(out) as r:
+        t = r.start_ns + 500_000_000
+        images = r.read_frames(["wrist"], [t])["wrist"].images
+    assert images.shape == (1, height, 96, 3)
+    ctx = av.CodecContext.create("h264", "r")
+    frames = [f for _, au in _video(out)[:5] for f in ctx.decode(av.Packet(au))]
+    ref = np.stack([decoded_to_rgb(f) for f in frames])
+    swscale = np.stack([f.to_ndarray(format="rgb24", dst_colorspace="ITU601", dst_color_range="JPEG") for f in frames])
+    assert psnr(ref, swscale) >= 35.0
