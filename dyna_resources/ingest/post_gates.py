@@ -79,19 +79,18 @@ def check_video(reader: EpisodeReader, camera: str, decode: set[int] | None, dec
             if is_keyframe(au):
                 if gop is not None:
                     decoded_frames += gop.finish()
+                    gop = None
                 gops += 1
                 full = decode is None or gops - 1 in decode
                 decoded_gops += full
                 digest.update(au)
-                gop = None
-                if full or not decoded_keyframes:
+                if full:
                     gop = _GopDecoder(gops - 1)
                     gop.send(au)
-                else:
+                elif decoded_keyframes:
                     vouched.append((where, gops - 1, au))
-                if not full and gop is not None:
-                    decoded_frames += gop.finish()
-                    gop = None
+                else:
+                    decoded_frames += _decode_alone(gops - 1, au)
             elif gops == 0:
                 raise ValueError("the stream does not open with a keyframe")
             elif gop is not None:
@@ -104,12 +103,17 @@ def check_video(reader: EpisodeReader, camera: str, decode: set[int] | None, dec
     if vouched and not matched:
         for where, index, au in vouched:  # not the bytes the transcoder decoded: each decoded here
             try:
-                gop = _GopDecoder(index)
-                gop.send(au)
-                decoded_frames += gop.finish()
+                decoded_frames += _decode_alone(index, au)
             except (av.FFmpegError, ValueError) as e:
                 raise ValueError(f"{where}, GOP {index}: {e}") from None
     return VideoCheck(frames, first, last, gops, decoded_frames, decoded_gops, len(vouched) if matched else 0)
+
+
+def _decode_alone(index: int, keyframe: bytes) -> int:
+    """GOP ``index``'s keyframe decoded on its own: the one picture it gives."""
+    gop = _GopDecoder(index)
+    gop.send(keyframe)
+    return gop.finish()
 
 
 class _GopDecoder:
