@@ -94,6 +94,9 @@ episodes = Table(
     # it when the item holds several episodes (ingest/items.py)
     Column("source_format", String(16), nullable=True),
     Column("source_uri", String(2048), nullable=True),
+    # an episode of a bag the topic map's split rule cuts: its time range and the log-time window of the bag
+    # that holds it, JSON (sources/ros2.py, BagMember): what its transcode reads of the bag; NULL otherwise
+    Column("source_window", String(128), nullable=True),
     Column("duration_s", Float, nullable=False),
     Column("robot_id", String(128), nullable=False, default=""),
     Column("robot_model", String(128), nullable=False, default=""),

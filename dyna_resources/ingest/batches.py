@@ -442,6 +442,7 @@ def transcode_batch(
             gates,
             lease,
             stores.topics,
+            r.get("source_window"),
         )
         for r in todo
     ]

@@ -19,6 +19,7 @@ from ..episodes.transcode import TranscodeReport, TranscodeSettings, transcode_e
 from ..sources.detect import detect
 from ..sources.memory import MemoryEpisode
 from ..sources.open import open_format
+from ..sources.ros2 import BagMember, read_member
 from ..sources.topic_map import DEFAULT, TopicMap
 from ..storage.stores import StoreUnavailableError
 from .episode_io import McapSink, PreconditionFailed, Published, RawSource
@@ -79,6 +80,7 @@ class TranscodeJob:
     gates: GateConfig
     lease: RunLease | None = None
     topics: TopicMap = DEFAULT  # how a ROS 2 bag's topics are read
+    window: str | None = None  # an episode of a split bag: what of the bag holds it (sources.ros2.BagMember)
 
 
 def quality_row(src: str | Path, cameras: dict, gates: GateConfig, episode: MemoryEpisode | None = None) -> dict:
@@ -149,6 +151,8 @@ def _episode(src: Path, job: TranscodeJob) -> MemoryEpisode | None:
     fmt = detect(src)
     if fmt == "hdf5":
         return None
+    if fmt == "ros2" and job.window is not None:  # its window of the bag alone, not the whole bag
+        return read_member(src, job.topics, BagMember.parse(job.episode_id, job.window))
     episodes = open_format(src, fmt, job.topics)
     found = [ep for ep in episodes if ep.meta.episode_id == job.episode_id]
     if not found:

@@ -25,6 +25,7 @@ from ..sources.content import content_bytes, content_sha256
 from ..sources.detect import detect
 from ..sources.memory import MemoryEpisode
 from ..sources.open import open_format
+from ..sources.ros2 import plan_bag, read_member
 from ..sources.topic_map import DEFAULT, TopicMap
 from .gates import GateConfig, GateResult
 from .items import member_path
@@ -69,21 +70,53 @@ def inspect_item(path: Path, key: str, gates: GateConfig, topics: TopicMap = DEF
         fmt = detect(path)
         if fmt == "hdf5":
             return [inspect_file(path, key, gates)]
+        if fmt == "ros2" and topics.split.rule != "bag":
+            return _inspect_split_bag(path, key, size, gates, topics)
         episodes = open_format(path, fmt, topics)
     except EpisodeError as e:
-        insp = Inspection(key=key, bytes=size)
-        _fail_unreadable(insp, gates, next(g for cls, g in _GATE_OF_ERROR if isinstance(e, cls)), e)
-        return [insp]
+        return [_unreadable(key, size, gates, e)]
     sha = content_sha256(path)
-    # the item's bytes shared by the episodes' frames: what a worker's transcode of each weighs
-    frames = [max(1, sum(len(c) for c in ep.cameras.values())) for ep in episodes]
-    shares = [size * n // sum(frames) for n in frames]
-    shares[-1] += size - sum(shares)
+    shares = _shares(size, [sum(len(c) for c in ep.cameras.values()) for ep in episodes])
     out = []
     for ep, share in zip(episodes, shares, strict=True):
         source = key if len(episodes) == 1 else member_path(key, ep.meta.episode_id)
         out.append(_inspect(ep, Inspection(key=source, bytes=share), gates, sha))
     return out
+
+
+def _inspect_split_bag(path: Path, key: str, size: int, gates: GateConfig, topics: TopicMap) -> list[Inspection]:
+    """A bag the map's split rule cuts: planned in one pass that keeps no frame, then each episode read
+    (its window of the bag alone) and inspected in turn, so one episode's frames are in memory at a time.
+    An episode that does not read is held back alone; the window goes to the registry for the transcode."""
+    members = plan_bag(path, topics)
+    sha = content_sha256(path)
+    out = []
+    for m, share in zip(members, _shares(size, [m.frames for m in members]), strict=True):
+        source = key if len(members) == 1 else member_path(key, m.episode_id)
+        try:
+            episode = read_member(path, topics, m)
+        except EpisodeError as e:
+            out.append(_unreadable(source, share, gates, e))
+            continue
+        insp = _inspect(episode, Inspection(key=source, bytes=share), gates, sha)
+        if insp.episode is not None:
+            insp.episode["source_window"] = m.window()
+        out.append(insp)
+    return out
+
+
+def _shares(size: int, frames: list[int]) -> list[int]:
+    """The item's bytes shared by its episodes' frames: what a worker's transcode of each weighs."""
+    frames = [max(1, n) for n in frames]
+    shares = [size * n // sum(frames) for n in frames]
+    shares[-1] += size - sum(shares)
+    return shares
+
+
+def _unreadable(key: str, size: int, gates: GateConfig, e: EpisodeError) -> Inspection:
+    insp = Inspection(key=key, bytes=size)
+    _fail_unreadable(insp, gates, next(g for cls, g in _GATE_OF_ERROR if isinstance(e, cls)), e)
+    return insp
 
 
 def inspect_file(path: Path, key: str, gates: GateConfig) -> Inspection:

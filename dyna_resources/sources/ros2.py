@@ -26,7 +26,10 @@ Numeric topics whose messages share one layout are decoded as columns (``cdr_col
 field, ~4.5x less CPU than rosbags' message-at-a-time decode); others message by message.
 
 Every frame of an episode is held in memory, compressed, as the bag holds it (a 30 s episode of three
-640x480 JPEG cameras: ~80 MB); depth frames raw (a 30 s 640x480 depth topic at 30 Hz: ~550 MB).
+640x480 JPEG cameras: ~80 MB); depth frames raw (a 30 s 640x480 depth topic at 30 Hz: ~550 MB). A bag the
+split rule cuts is planned first (:func:`plan_bag`: one pass keeping times, no frame), then each episode
+is read from its own log-time window of the bag (:func:`read_member`), one episode in memory at a time;
+a message index in a failure then counts from its episode's window.
 
 Plain Python, no Dagster import.
 """
@@ -34,6 +37,7 @@ Plain Python, no Dagster import.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +73,8 @@ class _Series:
     times: list[int] = field(default_factory=list)
     frames: list[bytes | np.ndarray] = field(default_factory=list)
     depth: list[np.ndarray] = field(default_factory=list)  # uint16 millimetres
+    logs: list[int] = field(default_factory=list)  # log times, as times
+    keyframes: list[bool] = field(default_factory=list)  # an H.264 camera's, when read for a plan (frames left)
     rows: dict[str, list[np.ndarray] | np.ndarray] = field(default_factory=dict)  # an array: decoded as columns
     labels: dict[str, list[str]] = field(default_factory=dict)
 
@@ -86,18 +92,81 @@ def bag_metadata(path: Path) -> dict:
 
 
 def read_bag(path: str | Path, topics: TopicMap = DEFAULT) -> list[MemoryEpisode]:
-    """The episodes of the bag directory ``path`` (one, unless the map's split rule cuts it)."""
+    """The episodes of the bag directory ``path`` (one, unless the map's split rule cuts it). A split bag's
+    episodes are all in memory at once: :func:`plan_bag` and :func:`read_member` read one at a time."""
+    path = Path(path)
+    if topics.split.rule != "bag":
+        return [read_member(path, topics, m) for m in plan_bag(path, topics)]
+    info = bag_metadata(path)
+    series, ignored, _ = _read(path, topics)
+    meta = _meta(info, topics)
+    ((lo, hi),) = _cuts(series, topics, [])
+    return [_episode(path, _episode_id(path, info), meta, series, lo, hi, topics, ignored)]
+
+
+@dataclass(frozen=True)
+class BagMember:
+    """One episode of a bag the map's split rule cuts: its id, its ``[lo, hi)`` range on the map's clock,
+    the log-time window ``[log_lo, log_hi)`` that holds every message of it (and, for an H.264 camera cut
+    inside a GOP, the units from the keyframe before: its preroll), and its camera frames (what its share of
+    the bag's bytes is weighed by). The window is what a worker reads of the bag for it: a chunk (MCAP) or
+    rows (SQLite 3) outside it is not read."""
+
+    episode_id: str
+    lo: int
+    hi: int
+    log_lo: int
+    log_hi: int
+    frames: int = 0
+
+    def window(self) -> str:
+        """The member as the registry keeps it (``episodes.source_window``)."""
+        return json.dumps({"ns": [self.lo, self.hi], "log_ns": [self.log_lo, self.log_hi]})
+
+    @classmethod
+    def parse(cls, episode_id: str, window: str) -> BagMember:
+        doc = json.loads(window)
+        (lo, hi), (log_lo, log_hi) = doc["ns"], doc["log_ns"]
+        return cls(episode_id, int(lo), int(hi), int(log_lo), int(log_hi))
+
+
+def plan_bag(path: str | Path, topics: TopicMap = DEFAULT) -> list[BagMember]:
+    """The episodes the map's split rule cuts the bag ``path`` into, from one pass over its messages that
+    keeps their times and no frame (a 1 h bag of three JPEG cameras would be ~10 GB of them)."""
     path = Path(path)
     info = bag_metadata(path)
-    series, ignored, markers = _read(path, topics)
-    base = _episode_id(path, info)
-    meta = {**topics.meta, **{k: str(v) for k, v in (info.get("custom_data") or {}).items() if k in _META}}
+    series, _, markers = _read(path, topics, frames=False)
     cuts = _cuts(series, topics, markers)
-    episodes = []
+    base = _episode_id(path, info)
+    members = []
     for k, (lo, hi) in enumerate(cuts):
+        log_lo, log_hi, frames = 2**63 - 1, -1, 0
+        for s in series.values():
+            t, logs = np.asarray(s.times, np.int64), np.asarray(s.logs, np.int64)
+            keep = np.flatnonzero((t >= lo) & (t < hi))
+            if not len(keep):
+                continue
+            log_lo, log_hi = min(log_lo, int(logs[keep].min())), max(log_hi, int(logs[keep].max()) + 1)
+            frames += len(keep) if s.role.camera else 0
+            if s.keyframes and not s.keyframes[keep[0]]:  # the preroll: back to the keyframe before
+                before = [i for i in range(int(keep[0]) - 1, -1, -1) if s.keyframes[i]]
+                log_lo = min(log_lo, int(logs[before[0]])) if before else log_lo
         eid = base if len(cuts) == 1 else f"{base}-{k:03d}"
-        episodes.append(_episode(path, eid, meta, series, lo, hi, topics, ignored))
-    return episodes
+        members.append(BagMember(eid, lo, hi, log_lo, max(log_hi, log_lo + 1), max(1, frames)))
+    return members
+
+
+def read_member(path: str | Path, topics: TopicMap, member: BagMember) -> MemoryEpisode:
+    """The episode ``member`` (of :func:`plan_bag`) of the bag ``path``, reading only its window: the same
+    episode :func:`read_bag` makes of it."""
+    path = Path(path)
+    info = bag_metadata(path)
+    series, ignored, _ = _read(path, topics, window=(member.log_lo, member.log_hi))
+    return _episode(path, member.episode_id, _meta(info, topics), series, member.lo, member.hi, topics, ignored)
+
+
+def _meta(info: dict, topics: TopicMap) -> dict:
+    return {**topics.meta, **{k: str(v) for k, v in (info.get("custom_data") or {}).items() if k in _META}}
 
 
 def _episode_id(path: Path, info: dict) -> str:
@@ -106,7 +175,11 @@ def _episode_id(path: Path, info: dict) -> str:
     return _UNSAFE.sub("_", eid)[:128]
 
 
-def _read(path: Path, topics: TopicMap) -> tuple[dict[str, _Series], list[str], list[int]]:
+def _read(
+    path: Path, topics: TopicMap, *, window: tuple[int, int] | None = None, frames: bool = True
+) -> tuple[dict[str, _Series], list[str], list[int]]:
+    """The mapped topics' messages (``window``: only those logged in ``[start, stop)``; ``frames=False``:
+    the cameras' and depth topics' times only), the bag's topics the map ignores, the split markers' times."""
     from rosbags.highlevel import AnyReader
     from rosbags.typesys import Stores, get_typestore
 
@@ -142,18 +215,27 @@ def _read(path: Path, topics: TopicMap) -> tuple[dict[str, _Series], list[str], 
         counts: dict[str, int] = {}
         numeric: dict[str, tuple[list[int], list[bytes]]] = {t: ([], []) for t, s in series.items() if s.role.stream}
         try:
-            for conn, log_ns, raw in reader.messages(connections=wanted + ([marker] if marker else [])):
+            start, stop = window or (None, None)
+            chosen = wanted + ([marker] if marker else [])
+            for conn, log_ns, raw in reader.messages(connections=chosen, start=start, stop=stop):
                 if conn.topic in numeric:  # decoded as columns once all are read
                     numeric[conn.topic][0].append(int(log_ns))
                     numeric[conn.topic][1].append(raw)
                     continue
                 i = counts[conn.topic] = counts.get(conn.topic, -1) + 1
+                s = series.get(conn.topic)
+                if not frames and s and topics.timestamps == "log" and s.msgtype != COMPRESSED_VIDEO:
+                    _add_time(s, b"", log_ns, log_ns)  # its time is its log time: not decoded at all
+                    continue
                 msg = _deserialize(path, reader, raw, conn.msgtype, conn.topic, i)
                 stamp = _stamp(msg, log_ns) if topics.timestamps == "header" else log_ns
                 if marker is not None and conn.topic == marker.topic:
                     markers.append(stamp)
                     continue
-                _add(path, series[conn.topic], msg, stamp, i)
+                if not frames:
+                    _add_time(series[conn.topic], getattr(msg, "data", b""), stamp, log_ns)
+                    continue
+                _add(path, series[conn.topic], msg, stamp, i, log_ns)
         except EpisodeError:
             raise
         except Exception as e:  # a chunk or page the storage cannot read (a cut MCAP, a damaged database)
@@ -162,7 +244,8 @@ def _read(path: Path, topics: TopicMap) -> tuple[dict[str, _Series], list[str], 
             if not _add_columns(path, reader, series[topic], logs, raws, topics.timestamps):
                 for i, (log_ns, raw) in enumerate(zip(logs, raws, strict=True)):
                     msg = _deserialize(path, reader, raw, series[topic].msgtype, topic, i)
-                    _add(path, series[topic], msg, _stamp(msg, log_ns) if topics.timestamps == "header" else log_ns, i)
+                    stamp = _stamp(msg, log_ns) if topics.timestamps == "header" else log_ns
+                    _add(path, series[topic], msg, stamp, i, log_ns)
         return series, ignored, markers
     finally:
         reader.close()
@@ -208,14 +291,14 @@ def _add_columns(path: Path, reader, s: _Series, logs: list[int], raws: list[byt
     for i in sorted({0, len(raws) // 2, len(raws) - 1}):  # rosbags' own decode, on a few: the columns agree
         one = _Series(role, s.msgtype)
         msg = _deserialize(path, reader, raws[i], s.msgtype, role.topic, i)
-        _add(path, one, msg, _stamp(msg, logs[i]) if timestamps == "header" else logs[i], i)
+        _add(path, one, msg, _stamp(msg, logs[i]) if timestamps == "header" else logs[i], i, logs[i])
         if one.times[0] != times[i] or set(one.rows) != set(fields):
             return False
         if any(not np.array_equal(one.rows[k][0], fields[k][i]) for k in fields):
             return False
         if i == 0:
             s.labels = one.labels
-    s.times = times.tolist()
+    s.times, s.logs = times.tolist(), list(logs)
     s.rows = dict(fields)
     return True
 
@@ -247,9 +330,18 @@ def _stamp(msg, log_ns: int) -> int:
     return int(stamp.sec) * 1_000_000_000 + int(stamp.nanosec)
 
 
-def _add(path: Path, s: _Series, msg, stamp: int, i: int) -> None:
+def _add_time(s: _Series, data, stamp: int, log_ns: int) -> None:
+    """A camera's or depth topic's message, for a plan: its times (and whether an H.264 unit is a keyframe)."""
+    s.times.append(stamp)
+    s.logs.append(int(log_ns))
+    if s.msgtype == COMPRESSED_VIDEO:
+        s.keyframes.append(is_keyframe(bytes(data)))
+
+
+def _add(path: Path, s: _Series, msg, stamp: int, i: int, log_ns: int) -> None:
     role = s.role
     s.times.append(stamp)
+    s.logs.append(int(log_ns))
     if role.camera:
         s.frames.append(_frame(path, s, msg, i))
         return
@@ -431,4 +523,4 @@ def _episode(
     return MemoryEpisode(str(path), episode_meta, streams, cameras, "ros2", report, depth)
 
 
-__all__ = ["bag_metadata", "read_bag"]
+__all__ = ["BagMember", "bag_metadata", "plan_bag", "read_bag", "read_member"]

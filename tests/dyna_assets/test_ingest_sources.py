@@ -90,6 +90,8 @@ def test_bags_land_whole_split_into_episodes_and_hostile_ones_are_named(tmp_path
             assert eps[eid]["source_uri"] == (landing / "bag-split").resolve().as_uri() + f"/#{eid}"
         assert sum(eps[e]["source_bytes"] for e in split) == landed["2026-12-07/bag-split/metadata.yaml"].bytes
         assert [eps[e]["start_ns"] < eps[n]["start_ns"] for e, n in zip(split, split[1:])] == [True, True]
+        windows = [json.loads(eps[e]["source_window"])["log_ns"] for e in split]  # what each transcode read
+        assert [a[1] <= b[0] for a, b in zip(windows, windows[1:])] == [True, True]
         # each MCAP passes the outside checks of an HDF5-sourced one and says where it came from
         for eid in ("bag-mcap", "bag-sqlite", "bag-h264", "bag-depth", *split):
             path = eps[eid]["mcap_path"]
@@ -136,6 +138,32 @@ def test_bags_land_whole_split_into_episodes_and_hostile_ones_are_named(tmp_path
         assert materialize(ASSETS, instance=instance, partition_key=late.partition_key, resources=res).success
         (row,) = registry.partition_episodes(late.partition_key)
         assert (row["episode_id"], row["status"], row["source_format"]) == ("zz-recording", "transcoded", "ros2")
+
+
+def test_a_frame_that_does_not_decode_in_a_split_bag_costs_only_its_episode(tmp_path):
+    """Log times: the plan of the bag decodes no camera message, each episode's read (pre gates, then the
+    worker's transcode) reads its own window of the bag, and the garbled frame in the second holds back
+    that episode alone, naming the topic; the first and the third are transcoded."""
+    home = tmp_path / "home"
+    landing = home / "landing" / "2026-12-07"
+    landing.mkdir(parents=True)
+    spec = BagSpec(duration_s=4.5, pauses=(1.5, 3.0), garble=("/camera/wrist/image/compressed", 20))
+    write_bag(landing / "long", spec)
+    topics = topic_map_yaml(spec, timestamps="log", split={"rule": "gap", "gap_s": 2.0})
+    (home / "ros2_topics.yaml").write_text(yaml.safe_dump(topics))
+    res = resources(home, target_bytes=1 << 40, partition_bytes=1 << 40)
+    registry = res["ingest"].stores().registry
+    with DagsterInstance.ephemeral() as instance:
+        (req,) = tick(instance, res).run_requests
+        assert materialize(ASSETS, instance=instance, partition_key=req.partition_key, resources=res).success
+    eps = {e["episode_id"]: e for e in registry.partition_episodes(req.partition_key)}
+    assert {e: r["status"] for e, r in eps.items()} == {"long-000": "transcoded", "long-002": "transcoded"}
+    (held,) = registry.quarantined([u.key for u in registry.partition_units(req.partition_key)])
+    assert held["source_path"] == "2026-12-07/long/metadata.yaml#long-001"
+    assert held["stream"] == "/camera/wrist/image/compressed" and "does not decode" in held["reason"]
+    for e in eps.values():
+        with EpisodeReader(e["mcap_path"]) as r:
+            assert {c: sum(1 for _ in r.iter_video(c)) for c in r.cameras} == {"scene_left": 15, "wrist": 15}
 
 
 def test_lerobot_datasets_land_whole_and_each_episode_is_ingested_natively(tmp_path, episode_factory):
