@@ -25,7 +25,7 @@ from ..sources.content import content_bytes, content_sha256
 from ..sources.detect import detect
 from ..sources.memory import MemoryEpisode
 from ..sources.open import open_format
-from ..sources.ros2 import plan_bag, read_member
+from ..sources.ros2 import Bag
 from ..sources.topic_map import DEFAULT, TopicMap
 from .gates import GateConfig, GateResult
 from .items import member_path
@@ -88,20 +88,21 @@ def _inspect_split_bag(path: Path, key: str, size: int, gates: GateConfig, topic
     """A bag the map's split rule cuts: planned in one pass that keeps no frame, then each episode read
     (its window of the bag alone) and inspected in turn, so one episode's frames are in memory at a time.
     An episode that does not read is held back alone; the window goes to the registry for the transcode."""
-    members = plan_bag(path, topics)
-    sha = content_sha256(path)
-    out = []
-    for m, share in zip(members, _shares(size, [m.frames for m in members]), strict=True):
-        source = key if len(members) == 1 else member_path(key, m.episode_id)
-        try:
-            episode = read_member(path, topics, m)
-        except EpisodeError as e:
-            out.append(_unreadable(source, share, gates, e))
-            continue
-        insp = _inspect(episode, Inspection(key=source, bytes=share), gates, sha)
-        if insp.episode is not None:
-            insp.episode["source_window"] = m.window()
-        out.append(insp)
+    with Bag(path, topics) as bag:
+        members = bag.plan()
+        sha = content_sha256(path)
+        out = []
+        for m, share in zip(members, _shares(size, [m.frames for m in members]), strict=True):
+            source = key if len(members) == 1 else member_path(key, m.episode_id)
+            try:
+                episode = bag.read(m)
+            except EpisodeError as e:
+                out.append(_unreadable(source, share, gates, e))
+                continue
+            insp = _inspect(episode, Inspection(key=source, bytes=share), gates, sha)
+            if insp.episode is not None:
+                insp.episode["source_window"] = m.window()
+            out.append(insp)
     return out
 
 

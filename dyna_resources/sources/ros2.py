@@ -93,15 +93,20 @@ def bag_metadata(path: Path) -> dict:
 
 def read_bag(path: str | Path, topics: TopicMap = DEFAULT) -> list[MemoryEpisode]:
     """The episodes of the bag directory ``path`` (one, unless the map's split rule cuts it). A split bag's
-    episodes are all in memory at once: :func:`plan_bag` and :func:`read_member` read one at a time."""
-    path = Path(path)
-    if topics.split.rule != "bag":
-        return [read_member(path, topics, m) for m in plan_bag(path, topics)]
-    info = bag_metadata(path)
-    series, ignored, _ = _read(path, topics)
-    meta = _meta(info, topics)
-    ((lo, hi),) = _cuts(series, topics, [])
-    return [_episode(path, _episode_id(path, info), meta, series, lo, hi, topics, ignored)]
+    episodes are all in memory at once: :class:`Bag` reads them one at a time."""
+    with Bag(path, topics) as bag:
+        return bag.episodes()
+
+
+def plan_bag(path: str | Path, topics: TopicMap = DEFAULT) -> list[BagMember]:
+    with Bag(path, topics) as bag:
+        return bag.plan()
+
+
+def read_member(path: str | Path, topics: TopicMap, member: BagMember) -> MemoryEpisode:
+    """The episode ``member`` of the bag ``path``, reading only its window (what a worker does)."""
+    with Bag(path, topics) as bag:
+        return bag.read(member)
 
 
 @dataclass(frozen=True)
@@ -130,39 +135,64 @@ class BagMember:
         return cls(episode_id, int(lo), int(hi), int(log_lo), int(log_hi))
 
 
-def plan_bag(path: str | Path, topics: TopicMap = DEFAULT) -> list[BagMember]:
-    """The episodes the map's split rule cuts the bag ``path`` into, from one pass over its messages that
-    keeps their times and no frame (a 1 h bag of three JPEG cameras would be ~10 GB of them)."""
-    path = Path(path)
-    info = bag_metadata(path)
-    series, _, markers = _read(path, topics, frames=False)
-    cuts = _cuts(series, topics, markers)
-    base = _episode_id(path, info)
-    members = []
-    for k, (lo, hi) in enumerate(cuts):
-        log_lo, log_hi, frames = 2**63 - 1, -1, 0
-        for s in series.values():
-            t, logs = np.asarray(s.times, np.int64), np.asarray(s.logs, np.int64)
-            keep = np.flatnonzero((t >= lo) & (t < hi))
-            if not len(keep):
-                continue
-            log_lo, log_hi = min(log_lo, int(logs[keep].min())), max(log_hi, int(logs[keep].max()) + 1)
-            frames += len(keep) if s.role.camera else 0
-            if s.keyframes and not s.keyframes[keep[0]]:  # the preroll: back to the keyframe before
-                before = [i for i in range(int(keep[0]) - 1, -1, -1) if s.keyframes[i]]
-                log_lo = min(log_lo, int(logs[before[0]])) if before else log_lo
-        eid = base if len(cuts) == 1 else f"{base}-{k:03d}"
-        members.append(BagMember(eid, lo, hi, log_lo, max(log_hi, log_lo + 1), max(1, frames)))
-    return members
+class Bag:
+    """A bag directory open for reading through one reader (opening one parses its metadata and every
+    message definition: ~40 ms): its episodes whole, or planned and then read one at a time."""
 
+    def __init__(self, path: str | Path, topics: TopicMap = DEFAULT):
+        self.path, self.topics = Path(path), topics
+        self.info = bag_metadata(self.path)
+        self._reader = _open_reader(self.path)
 
-def read_member(path: str | Path, topics: TopicMap, member: BagMember) -> MemoryEpisode:
-    """The episode ``member`` (of :func:`plan_bag`) of the bag ``path``, reading only its window: the same
-    episode :func:`read_bag` makes of it."""
-    path = Path(path)
-    info = bag_metadata(path)
-    series, ignored, _ = _read(path, topics, window=(member.log_lo, member.log_hi))
-    return _episode(path, member.episode_id, _meta(info, topics), series, member.lo, member.hi, topics, ignored)
+    def __enter__(self) -> Bag:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._reader.close()
+
+    def episodes(self) -> list[MemoryEpisode]:
+        """Every episode (a bag the split rule cuts: all in memory at once; :meth:`plan` and :meth:`read`
+        hold one at a time)."""
+        if self.topics.split.rule != "bag":
+            return [self.read(m) for m in self.plan()]
+        series, ignored, _ = _read(self.path, self._reader, self.topics)
+        ((lo, hi),) = _cuts(series, self.topics, [])
+        eid = _episode_id(self.path, self.info)
+        return [_episode(self.path, eid, _meta(self.info, self.topics), series, lo, hi, self.topics, ignored)]
+
+    def plan(self) -> list[BagMember]:
+        """The episodes the map's split rule cuts the bag into, from one pass over its messages that keeps
+        their times and no frame (a 1 h bag of three JPEG cameras would be ~10 GB of them)."""
+        series, _, markers = _read(self.path, self._reader, self.topics, frames=False)
+        cuts = _cuts(series, self.topics, markers)
+        base = _episode_id(self.path, self.info)
+        members = []
+        for k, (lo, hi) in enumerate(cuts):
+            log_lo, log_hi, frames = 2**63 - 1, -1, 0
+            for s in series.values():
+                t, logs = np.asarray(s.times, np.int64), np.asarray(s.logs, np.int64)
+                keep = np.flatnonzero((t >= lo) & (t < hi))
+                if not len(keep):
+                    continue
+                log_lo, log_hi = min(log_lo, int(logs[keep].min())), max(log_hi, int(logs[keep].max()) + 1)
+                frames += len(keep) if s.role.camera else 0
+                if s.keyframes and not s.keyframes[keep[0]]:  # the preroll: back to the keyframe before
+                    before = [i for i in range(int(keep[0]) - 1, -1, -1) if s.keyframes[i]]
+                    log_lo = min(log_lo, int(logs[before[0]])) if before else log_lo
+            eid = base if len(cuts) == 1 else f"{base}-{k:03d}"
+            members.append(BagMember(eid, lo, hi, log_lo, max(log_hi, log_lo + 1), max(1, frames)))
+        return members
+
+    def read(self, member: BagMember) -> MemoryEpisode:
+        """The episode ``member`` (of :meth:`plan`), reading only its window: the same episode
+        :meth:`episodes` makes of it."""
+        window = (member.log_lo, member.log_hi)
+        series, ignored, _ = _read(self.path, self._reader, self.topics, window=window)
+        meta = _meta(self.info, self.topics)
+        return _episode(self.path, member.episode_id, meta, series, member.lo, member.hi, self.topics, ignored)
 
 
 def _meta(info: dict, topics: TopicMap) -> dict:
@@ -175,11 +205,7 @@ def _episode_id(path: Path, info: dict) -> str:
     return _UNSAFE.sub("_", eid)[:128]
 
 
-def _read(
-    path: Path, topics: TopicMap, *, window: tuple[int, int] | None = None, frames: bool = True
-) -> tuple[dict[str, _Series], list[str], list[int]]:
-    """The mapped topics' messages (``window``: only those logged in ``[start, stop)``; ``frames=False``:
-    the cameras' and depth topics' times only), the bag's topics the map ignores, the split markers' times."""
+def _open_reader(path: Path):
     from rosbags.highlevel import AnyReader
     from rosbags.typesys import Stores, get_typestore
 
@@ -188,67 +214,70 @@ def _read(
         reader.open()
     except Exception as e:  # rosbags raises its own errors, and OSError, for a damaged or cut bag
         raise RawFormatError(str(path), f"not a readable ROS 2 bag: {type(e).__name__}: {e}") from None
+    return reader
+
+
+def _read(
+    path: Path, reader, topics: TopicMap, *, window: tuple[int, int] | None = None, frames: bool = True
+) -> tuple[dict[str, _Series], list[str], list[int]]:
+    """The mapped topics' messages (``window``: only those logged in ``[start, stop)``; ``frames=False``:
+    the cameras' and depth topics' times only), the bag's topics the map ignores, the split markers' times."""
+    by_topic = {c.topic: c for c in reader.connections}
+    ignored = sorted(t for t in by_topic if t not in topics.topics and t != topics.split.topic)
+    if ignored and topics.unmapped == "refuse":
+        raise RawFormatError(
+            str(path), f"topic(s) the topic map does not name: {', '.join(ignored)}", stream=ignored[0]
+        )
+    missing = [t for t, r in topics.topics.items() if t not in by_topic and (r.camera or r.stream in REQUIRED_STREAMS)]
+    if missing:
+        raise MissingStreamError(str(path), f"mapped topic {missing[0]} is not in the bag", stream=missing[0])
+    series: dict[str, _Series] = {}
+    for topic, role in topics.topics.items():
+        conn = by_topic.get(topic)
+        if conn is None:
+            continue
+        _check_type(path, role, conn.msgtype)
+        series[topic] = _Series(role, conn.msgtype)
+    wanted = [by_topic[t] for t in series]
+    marker = by_topic.get(topics.split.topic) if topics.split.rule == "marker" else None
+    if topics.split.rule == "marker" and marker is None:
+        raise MissingStreamError(str(path), f"split marker topic {topics.split.topic} is not in the bag")
+    markers: list[int] = []
+    counts: dict[str, int] = {}
+    numeric: dict[str, tuple[list[int], list[bytes]]] = {t: ([], []) for t, s in series.items() if s.role.stream}
     try:
-        by_topic = {c.topic: c for c in reader.connections}
-        ignored = sorted(t for t in by_topic if t not in topics.topics and t != topics.split.topic)
-        if ignored and topics.unmapped == "refuse":
-            raise RawFormatError(
-                str(path), f"topic(s) the topic map does not name: {', '.join(ignored)}", stream=ignored[0]
-            )
-        missing = [
-            t for t, r in topics.topics.items() if t not in by_topic and (r.camera or r.stream in REQUIRED_STREAMS)
-        ]
-        if missing:
-            raise MissingStreamError(str(path), f"mapped topic {missing[0]} is not in the bag", stream=missing[0])
-        series: dict[str, _Series] = {}
-        for topic, role in topics.topics.items():
-            conn = by_topic.get(topic)
-            if conn is None:
+        start, stop = window or (None, None)
+        chosen = wanted + ([marker] if marker else [])
+        for conn, log_ns, raw in reader.messages(connections=chosen, start=start, stop=stop):
+            if conn.topic in numeric:  # decoded as columns once all are read
+                numeric[conn.topic][0].append(int(log_ns))
+                numeric[conn.topic][1].append(raw)
                 continue
-            _check_type(path, role, conn.msgtype)
-            series[topic] = _Series(role, conn.msgtype)
-        wanted = [by_topic[t] for t in series]
-        marker = by_topic.get(topics.split.topic) if topics.split.rule == "marker" else None
-        if topics.split.rule == "marker" and marker is None:
-            raise MissingStreamError(str(path), f"split marker topic {topics.split.topic} is not in the bag")
-        markers: list[int] = []
-        counts: dict[str, int] = {}
-        numeric: dict[str, tuple[list[int], list[bytes]]] = {t: ([], []) for t, s in series.items() if s.role.stream}
-        try:
-            start, stop = window or (None, None)
-            chosen = wanted + ([marker] if marker else [])
-            for conn, log_ns, raw in reader.messages(connections=chosen, start=start, stop=stop):
-                if conn.topic in numeric:  # decoded as columns once all are read
-                    numeric[conn.topic][0].append(int(log_ns))
-                    numeric[conn.topic][1].append(raw)
-                    continue
-                i = counts[conn.topic] = counts.get(conn.topic, -1) + 1
-                s = series.get(conn.topic)
-                if not frames and s and topics.timestamps == "log" and s.msgtype != COMPRESSED_VIDEO:
-                    _add_time(s, b"", log_ns, log_ns)  # its time is its log time: not decoded at all
-                    continue
-                msg = _deserialize(path, reader, raw, conn.msgtype, conn.topic, i)
+            i = counts[conn.topic] = counts.get(conn.topic, -1) + 1
+            s = series.get(conn.topic)
+            if not frames and s and topics.timestamps == "log" and s.msgtype != COMPRESSED_VIDEO:
+                _add_time(s, b"", log_ns, log_ns)  # its time is its log time: not decoded at all
+                continue
+            msg = _deserialize(path, reader, raw, conn.msgtype, conn.topic, i)
+            stamp = _stamp(msg, log_ns) if topics.timestamps == "header" else log_ns
+            if marker is not None and conn.topic == marker.topic:
+                markers.append(stamp)
+                continue
+            if not frames:
+                _add_time(series[conn.topic], getattr(msg, "data", b""), stamp, log_ns)
+                continue
+            _add(path, series[conn.topic], msg, stamp, i, log_ns)
+    except EpisodeError:
+        raise
+    except Exception as e:  # a chunk or page the storage cannot read (a cut MCAP, a damaged database)
+        raise RawFormatError(str(path), f"bag storage unreadable: {type(e).__name__}: {e}") from None
+    for topic, (logs, raws) in numeric.items():
+        if not _add_columns(path, reader, series[topic], logs, raws, topics.timestamps):
+            for i, (log_ns, raw) in enumerate(zip(logs, raws, strict=True)):
+                msg = _deserialize(path, reader, raw, series[topic].msgtype, topic, i)
                 stamp = _stamp(msg, log_ns) if topics.timestamps == "header" else log_ns
-                if marker is not None and conn.topic == marker.topic:
-                    markers.append(stamp)
-                    continue
-                if not frames:
-                    _add_time(series[conn.topic], getattr(msg, "data", b""), stamp, log_ns)
-                    continue
-                _add(path, series[conn.topic], msg, stamp, i, log_ns)
-        except EpisodeError:
-            raise
-        except Exception as e:  # a chunk or page the storage cannot read (a cut MCAP, a damaged database)
-            raise RawFormatError(str(path), f"bag storage unreadable: {type(e).__name__}: {e}") from None
-        for topic, (logs, raws) in numeric.items():
-            if not _add_columns(path, reader, series[topic], logs, raws, topics.timestamps):
-                for i, (log_ns, raw) in enumerate(zip(logs, raws, strict=True)):
-                    msg = _deserialize(path, reader, raw, series[topic].msgtype, topic, i)
-                    stamp = _stamp(msg, log_ns) if topics.timestamps == "header" else log_ns
-                    _add(path, series[topic], msg, stamp, i, log_ns)
-        return series, ignored, markers
-    finally:
-        reader.close()
+                _add(path, series[topic], msg, stamp, i, log_ns)
+    return series, ignored, markers
 
 
 def _deserialize(path: Path, reader, raw: bytes, msgtype: str, topic: str, i: int):

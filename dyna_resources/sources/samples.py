@@ -27,9 +27,10 @@ from ..episodes.codec import VideoSettings, encode_gop, jpeg_to_yuv
 from ..episodes.lerobot import CAMERA_PREFIX, LeRobotEpisode, write_lerobot
 from ..episodes.raw_format import RawEpisode, decode_jpeg
 from ..episodes.transcode import nominal_rate_hz
-from .ros2 import COMPRESSED_VIDEO
+from .ros2 import COMPRESSED_IMAGE, COMPRESSED_VIDEO, IMAGE, JOINT_STATE
 from .topic_map import FILE_NAME
 
+FLOAT64_ARRAY = "std_msgs/msg/Float64MultiArray"
 DEPTH = "<depth>"  # write_bag's event name for the depth topic's frames (no camera's name)
 # the episode model's streams as bag topics (a camera: /camera/<name>/image/compressed)
 STREAM_TOPICS = {
@@ -86,15 +87,19 @@ string format
 
 
 def write_bag(
-    raw_path: str | Path,
+    raw_path: str | Path | Sequence[str | Path],
     bag_dir: str | Path,
     *,
     storage: str = "mcap",
     video: VideoSettings | None = None,
     depth: bool = False,
+    gap_s: float = 5.0,
 ) -> Path:
     """Write the legacy episode at ``raw_path`` as the ROS 2 bag directory ``bag_dir`` (which must not exist).
 
+    ``raw_path`` a sequence: the episodes (all with the same cameras and streams) one after another in one
+    long recording, each moved in time to start ``gap_s`` after the one before ends (what a topic map's
+    ``split: {rule: gap}`` cuts back into them); the bag's metadata is the first episode's.
     ``video``: cameras as ``foxglove_msgs/msg/CompressedVideo`` H.264 instead of JPEG ``CompressedImage``,
     encoded as an on-robot encoder would, GOPs of ``video.gop_frames`` (the type's definition goes in the bag).
     ``depth``: with a depth topic for the first camera.
@@ -105,86 +110,98 @@ def write_bag(
     ts = get_typestore(Stores.ROS2_HUMBLE)
     if video is not None:
         ts.register(get_types_from_msg(COMPRESSED_VIDEO_MSG, COMPRESSED_VIDEO))
-    m = ts.types
-    header_t, time_t = m["std_msgs/msg/Header"], m["builtin_interfaces/msg/Time"]
-    cimg, img, js, array = (
-        m["sensor_msgs/msg/CompressedImage"],
-        m["sensor_msgs/msg/Image"],
-        m["sensor_msgs/msg/JointState"],
-        m["std_msgs/msg/Float64MultiArray"],
-    )
-    layout = m["std_msgs/msg/MultiArrayLayout"](dim=[], data_offset=0)
-
-    def header(t: int):
-        return header_t(stamp=time_t(sec=t // 1_000_000_000, nanosec=t % 1_000_000_000), frame_id="base")
-
     bag_dir = Path(bag_dir)
+    paths = [raw_path] if isinstance(raw_path, (str, Path)) else list(raw_path)
     plugin = StoragePlugin.MCAP if storage == "mcap" else StoragePlugin.SQLITE3
-    with RawEpisode(raw_path) as raw, Writer(bag_dir, version=9, storage_plugin=plugin) as w:
-        events: list[tuple[int, int, str, int]] = []  # (time, order, what, index): the recorder's order
-        conns = {}
-        for k, (name, cam) in enumerate(sorted(raw.cameras.items())):
-            camera_type = cimg.__msgtype__ if video is None else COMPRESSED_VIDEO
-            conns[name] = w.add_connection(camera_topic(name), camera_type, typestore=ts)
-            events += [(int(t), k, name, i) for i, t in enumerate(cam.timestamps_ns)]
-        depth_camera = sorted(raw.cameras)[0] if depth else None
-        if depth_camera is not None:  # after its camera's frame of the same time
-            conns[DEPTH] = w.add_connection(depth_topic(depth_camera), img.__msgtype__, typestore=ts)
-            events += [(int(t), 50, DEPTH, i) for i, t in enumerate(raw.cameras[depth_camera].timestamps_ns)]
-        for k, (name, s) in enumerate(raw.streams.items()):
-            msgtype = js.__msgtype__ if name == "joint_states" else array.__msgtype__
-            conns[name] = w.add_connection(STREAM_TOPICS[name], msgtype, typestore=ts)
-            events += [(int(t), 100 + k, name, i) for i, t in enumerate(s.timestamps_ns)]
-        events.sort()
-        jpegs = {name: cam.iter_jpeg() for name, cam in raw.cameras.items()}
-        units = {name: _h264(cam, video) for name, cam in raw.cameras.items()} if video is not None else {}
-        fields = {n: {f: np.asarray(col[:], np.float64) for f, col in s.fields.items()} for n, s in raw.streams.items()}
-        for t, _, name, i in events:
-            conn = conns[name]
-            if name in raw.cameras and video is not None:
-                data = np.frombuffer(units[name][i], np.uint8)
-                msg = m[COMPRESSED_VIDEO](timestamp=header(t).stamp, frame_id=name, data=data, format="h264")
-            elif name in raw.cameras:
-                data = np.frombuffer(next(jpegs[name]), np.uint8)
-                msg = cimg(header=header(t), format="jpeg", data=data)
-            elif name == DEPTH:
-                assert depth_camera is not None
-                mm = synthetic_depth(decode_jpeg(raw.cameras[depth_camera].frame_bytes(i), "", depth_camera, i))
-                height, width = mm.shape
-                data = mm.astype("<u2").view(np.uint8).reshape(-1)
-                msg = img(
-                    header=header(t),
-                    height=height,
-                    width=width,
-                    encoding="16UC1",
-                    is_bigendian=0,
-                    step=2 * width,
-                    data=data,
-                )
-            elif name == "joint_states":
-                f = fields[name]
-                labels = raw.streams[name].labels.get("position") or [
-                    f"joint_{j}" for j in range(f["position"].shape[1])
-                ]
-                empty = np.zeros(0)
-                msg = js(
-                    header=header(t),
-                    name=list(labels),
-                    position=f["position"][i],
-                    velocity=f["velocity"][i] if "velocity" in f else empty,
-                    effort=f["effort"][i] if "effort" in f else empty,
-                )
-            else:
-                (values,) = fields[name].values()
-                msg = array(layout=layout, data=values[i])
-            w.write(conn, t, ts.serialize_cdr(msg, conn.msgtype))
-        meta = raw.meta
+    raws = [RawEpisode(p) for p in paths]
+    try:
+        with Writer(bag_dir, version=9, storage_plugin=plugin) as w:
+            first = raws[0]
+            conns = {}
+            for name in sorted(first.cameras):
+                camera_type = COMPRESSED_IMAGE if video is None else COMPRESSED_VIDEO
+                conns[name] = w.add_connection(camera_topic(name), camera_type, typestore=ts)
+            depth_camera = sorted(first.cameras)[0] if depth else None
+            if depth_camera is not None:
+                conns[DEPTH] = w.add_connection(depth_topic(depth_camera), IMAGE, typestore=ts)
+            for name in first.streams:
+                msgtype = JOINT_STATE if name == "joint_states" else FLOAT64_ARRAY
+                conns[name] = w.add_connection(STREAM_TOPICS[name], msgtype, typestore=ts)
+            at = first.start_ns  # where the next episode starts
+            for raw in raws:
+                shift = at - raw.start_ns
+                _write_episode(w, ts, conns, raw, shift, video, depth_camera)
+                at = raw.end_ns + shift + int(gap_s * 1e9)
+            meta = first.meta
+    finally:
+        for raw in raws:
+            raw.close()
     doc = yaml.safe_load((bag_dir / "metadata.yaml").read_text())
     doc["rosbag2_bagfile_information"]["custom_data"] = {
         k: str(v) for k, v in meta.as_dict().items() if v not in (None, "") and k not in ("success", "sim")
     }
     (bag_dir / "metadata.yaml").write_text(yaml.safe_dump(doc))
     return bag_dir
+
+
+def _write_episode(w, ts, conns: dict, raw: RawEpisode, shift: int, video, depth_camera: str | None) -> None:
+    """One legacy episode's messages, its times moved by ``shift`` ns, in the order a recorder writes them."""
+    m = ts.types
+    header_t, time_t = m["std_msgs/msg/Header"], m["builtin_interfaces/msg/Time"]
+    cimg, img, js, array = m[COMPRESSED_IMAGE], m[IMAGE], m[JOINT_STATE], m[FLOAT64_ARRAY]
+    layout = m["std_msgs/msg/MultiArrayLayout"](dim=[], data_offset=0)
+
+    def header(t: int):
+        return header_t(stamp=time_t(sec=t // 1_000_000_000, nanosec=t % 1_000_000_000), frame_id="base")
+
+    events: list[tuple[int, int, str, int]] = []  # (time, order, what, index): the recorder's order
+    for k, (name, cam) in enumerate(sorted(raw.cameras.items())):
+        events += [(int(t) + shift, k, name, i) for i, t in enumerate(cam.timestamps_ns)]
+    if depth_camera is not None:  # after its camera's frame of the same time
+        events += [(int(t) + shift, 50, DEPTH, i) for i, t in enumerate(raw.cameras[depth_camera].timestamps_ns)]
+    for k, (name, s) in enumerate(raw.streams.items()):
+        events += [(int(t) + shift, 100 + k, name, i) for i, t in enumerate(s.timestamps_ns)]
+    events.sort()
+    jpegs = {name: cam.iter_jpeg() for name, cam in raw.cameras.items()}
+    units = {name: _h264(cam, video) for name, cam in raw.cameras.items()} if video is not None else {}
+    fields = {n: {f: np.asarray(col[:], np.float64) for f, col in s.fields.items()} for n, s in raw.streams.items()}
+    for t, _, name, i in events:
+        conn = conns[name]
+        if name in raw.cameras and video is not None:
+            data = np.frombuffer(units[name][i], np.uint8)
+            msg = m[COMPRESSED_VIDEO](timestamp=header(t).stamp, frame_id=name, data=data, format="h264")
+        elif name in raw.cameras:
+            data = np.frombuffer(next(jpegs[name]), np.uint8)
+            msg = cimg(header=header(t), format="jpeg", data=data)
+        elif name == DEPTH:
+            assert depth_camera is not None
+            mm = synthetic_depth(decode_jpeg(raw.cameras[depth_camera].frame_bytes(i), "", depth_camera, i))
+            height, width = mm.shape
+            data = mm.astype("<u2").view(np.uint8).reshape(-1)
+            msg = img(
+                header=header(t),
+                height=height,
+                width=width,
+                encoding="16UC1",
+                is_bigendian=0,
+                step=2 * width,
+                data=data,
+            )
+        elif name == "joint_states":
+            f = fields[name]
+            labels = raw.streams[name].labels.get("position") or [f"joint_{j}" for j in range(f["position"].shape[1])]
+            empty = np.zeros(0)
+            msg = js(
+                header=header(t),
+                name=list(labels),
+                position=f["position"][i],
+                velocity=f["velocity"][i] if "velocity" in f else empty,
+                effort=f["effort"][i] if "effort" in f else empty,
+            )
+        else:
+            (values,) = fields[name].values()
+            msg = array(layout=layout, data=values[i])
+        w.write(conn, t, ts.serialize_cdr(msg, conn.msgtype))
 
 
 def _h264(cam, video: VideoSettings) -> list[bytes]:
