@@ -72,6 +72,57 @@ def check_manifest_streams(arrow: Path, profile: ReadProfile, manifest_url: str)
         raise MissingStreamError(manifest_url, profile, episodes, len(episodes))
 
 
+class LayoutMismatchError(ValueError):
+    """A manifest holds episodes the run's model cannot read (``episodes.layout``): ``problems`` maps what
+    an episode lacks, in words, to the episodes that lack it."""
+
+    def __init__(self, manifest: str, problems: dict[str, list[str]]):
+        self.problems = problems
+        total = sum(len(v) for v in problems.values())
+        lines = []
+        for reason, episodes in sorted(problems.items()):
+            shown = ", ".join(episodes[:10]) + (f" and {len(episodes) - 10} more" if len(episodes) > 10 else "")
+            lines.append(f"  {reason}: {shown}")
+        super().__init__(
+            f"manifest {manifest}: {total} episode(s) the model cannot read:\n" + "\n".join(lines) + "\nNarrow the "
+            "curation spec's where (e.g. on source_format or robot_model), or train a model of their layout"
+        )
+
+
+def check_manifest_layout(arrow: Path, sample: SampleSpec, model: ModelConfig, manifest_url: str) -> None:
+    """Refuse a manifest some of whose episodes the model cannot read: another number of cameras (or not
+    the ones named), a proprio or action stream field missing or of another width (their registry column
+    ``stream_layout``, carried by the manifest), before any rank starts; else such an episode fails the run
+    when its first sample is drawn. Dictionary-encoded: each distinct layout is judged once. An episode
+    registered before its layout was recorded (NULL), or a manifest built before the column, is not
+    judged."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from dyna_resources.episodes.layout import Layout
+
+    with pa.memory_map(str(arrow)) as source:
+        table = pa.ipc.open_file(source).read_all()
+    if "stream_layout" not in table.column_names:
+        return
+    values = pc.cast(table.column("stream_layout"), pa.string())
+    problems: dict[str, list[str]] = {}
+    for text in pc.unique(values).drop_null().to_pylist():
+        reason = Layout.parse(text).lacks(
+            cameras=sample.cameras,
+            camera_count=model.cameras,
+            proprio=sample.proprio_streams,
+            proprio_width=model.proprio_dim,
+            action=sample.action_stream,
+            action_width=model.action_dim,
+        )
+        if reason:
+            episodes = table.column("episode_id").filter(pc.equal(values, text))
+            problems.setdefault(reason, []).extend(pc.cast(episodes, pa.string()).to_pylist())
+    if problems:
+        raise LayoutMismatchError(manifest_url, {r: sorted(set(e)) for r, e in problems.items()})
+
+
 @dataclass(frozen=True)
 class TrainerSettings:
     """What a ``checkpoints`` partition trains and how the trainer is launched."""
@@ -228,6 +279,7 @@ def plan_run(
             "read_profile": {"name": profile.name, "digest": profile.digest},
         },
     )
+    check_manifest_layout(home.node_cache / f"{manifest_sha}.arrow", cfg.sample, cfg.model, manifest_url)
     cfg.run_dir = str(home.run_dir(spec, run_key(cfg)))
     return cfg
 

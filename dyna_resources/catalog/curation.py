@@ -87,6 +87,7 @@ PASSTHROUGH = [
     "schema_version",
     "training_streams",  # what a read profile's runs check before training (trainer/launch.py)
     "source_format",  # hdf5 | ros2 | lerobot: what each episode was recorded as (lineage)
+    "stream_layout",  # its cameras and stream widths: what a run checks before training (trainer/launch.py)
 ]
 # Of those, the few-valued text columns leave DuckDB as ENUMs, i.e. Arrow dictionary arrays:
 # one byte per row instead of a string, in the manifest and in every rank's mapped pages.
@@ -99,6 +100,7 @@ DICTIONARY = [
     "schema_version",
     "training_streams",
     "source_format",
+    "stream_layout",
 ]
 
 

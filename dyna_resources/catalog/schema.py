@@ -108,6 +108,9 @@ episodes = Table(
     Column("sim", Boolean, nullable=True),  # recorded in simulation (curation weights sim vs real)
     Column("started_at", String(40), nullable=False, default=""),
     Column("cameras", Text, nullable=False, default="[]"),  # JSON list
+    # its cameras and each stream field's width, canonical JSON (episodes/layout.py): what a training run
+    # checks its manifest's episodes against before it starts; NULL: registered before it was recorded
+    Column("stream_layout", Text, nullable=True),
     Column("ingested_at", Float, nullable=True),  # when its file was registered from the landing zone
     # quality flags, for curation queries
     Column("timestamps_ok", Boolean, nullable=True),

@@ -20,6 +20,7 @@ import numpy as np
 import simplejpeg
 
 from ..episodes.errors import CorruptFrameError, EpisodeError, MissingStreamError, TimestampError
+from ..episodes.layout import episode_layout
 from ..episodes.raw_format import RawEpisode, file_sha256
 from ..sources.content import content_bytes, content_sha256
 from ..sources.detect import detect
@@ -238,6 +239,7 @@ def _inspect(raw: Episode, insp: Inspection, gates: GateConfig, sha256) -> Inspe
             "sim": meta.sim,
             "started_at": meta.started_at,
             "cameras": sorted(raw.cameras),
+            "stream_layout": episode_layout(raw),
             "timestamps_ok": True,
             "camera_dropped": worst > max_drop,
             "frame_drop_fraction": round(worst, 6),

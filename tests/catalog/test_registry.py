@@ -273,6 +273,7 @@ def test_episode_row_round_trips_every_column(registry):
         source_format="ros2",
         source_uri="gs://fleet/raw/2026-11-02/run-4/#ep-000001",
         source_window='{"ns": [1, 2], "log_ns": [0, 3]}',
+        stream_layout='{"cameras":["head","wrist"],"streams":{"action":{"command":8}}}',
     )
     registry.record_outcome(
         source_path=f.path, batch_key=key, stage="pre", gates=[gate("readable")], episode=episode, now=T0 + 5

@@ -85,6 +85,10 @@ def test_bags_land_whole_split_into_episodes_and_hostile_ones_are_named(tmp_path
         assert eps["bag-mcap"]["source_uri"] == (landing / "bag-mcap").resolve().as_uri() + "/"
         assert eps["bag-mcap"]["source_sha256"] == content_sha256(landing / "bag-mcap")
         assert (eps["bag-mcap"]["task"], eps["bag-mcap"]["robot_id"]) == ("stack", "arm-7")
+        assert json.loads(eps["bag-depth"]["stream_layout"]) == {
+            "cameras": ["scene_left", "wrist"],
+            "streams": {"action": {"command": 7}, "joint_states": {"position": 6, "velocity": 6}},
+        }
         for eid in split:
             assert eps[eid]["source_path"] == f"2026-12-07/bag-split/metadata.yaml#{eid}"
             assert eps[eid]["source_uri"] == (landing / "bag-split").resolve().as_uri() + f"/#{eid}"
@@ -191,6 +195,8 @@ def test_lerobot_datasets_land_whole_and_each_episode_is_ingested_natively(tmp_p
     assert eps["ds-v21-000000"]["source_path"] == "2026-12-07/ds-v21/meta/info.json"  # one episode: the item
     for eid, e in eps.items():
         assert (e["status"], e["source_format"], e["site"]) == ("transcoded", "lerobot", "lerobot"), eid
+        # what a run checks before training: LeRobot rows hold joint positions and actions, nothing else
+        assert json.loads(e["stream_layout"])["streams"] == {"action": {"command": 8}, "joint_states": {"position": 7}}
         with open(e["mcap_path"], "rb") as f:
             n = sum(1 for _ in make_reader(f, validate_crcs=True).iter_messages())
         with open(e["mcap_path"], "rb") as f:
