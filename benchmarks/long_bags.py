@@ -61,6 +61,7 @@ def _status_kb(field: str) -> int:
 
 
 def _drop_cache(bag: Path) -> None:
+    os.sync()  # a page still being written back is not dropped
     for p in bag.iterdir():
         fd = os.open(p, os.O_RDONLY)
         try:

@@ -28,6 +28,7 @@ from ..catalog import schema
 from ..catalog.leases import RunEnded, RunLease
 from ..catalog.registry import ACCEPTED, PENDING, QUARANTINED, REJECTED, TRANSCODED, FieldValueError, Outcome, Registry
 from ..episodes.transcode import TranscodeSettings
+from ..sources import ros2
 from ..sources.topic_map import DEFAULT, TopicMap
 from ..storage.stores import Store, StoreUnavailableError
 from .episode_io import McapSink, RawSource
@@ -447,6 +448,8 @@ def transcode_batch(
         for r in todo
     ]
     workers = max(1, min(workers or os.cpu_count() or 1, len(jobs) or 1))
+    if any(r.get("source_format") == "ros2" for r in todo):
+        ros2.preload()  # once here, inherited by every forked worker, instead of once in each
     own0, episodes_cpu = time.process_time(), 0.0
     # Each episode in a process of its own, recorded as it finishes (group commits, see outcomes.py).
     outcomes = OutcomeBuffer(stores.registry, max_outcomes=256, min_interval_s=TRANSCODE_COMMIT_INTERVAL_S)
