@@ -285,7 +285,24 @@ def print_manifest(home: DynaHome, spec: Path, m: ManifestFiles) -> None:
         for row in formats:
             by_format.setdefault(row["source_format"] or "hdf5", set()).add(row["episode_id"])
         print(f"  episodes by source format: { ({k: len(v) for k, v in sorted(by_format.items())}) }")
+    _print_layout_check(node_copy, m.arrow)
     print("=" * 86)
+
+
+def _print_layout_check(arrow: Path, url: str) -> None:
+    """What a training run would say of this manifest before any rank starts (trainer/launch.py)."""
+    from trainer.dataset import SampleSpec
+    from trainer.launch import LayoutMismatchError, check_manifest_layout
+    from trainer.model import ModelConfig
+
+    try:
+        check_manifest_layout(arrow, SampleSpec(), ModelConfig(), url)
+    except LayoutMismatchError as e:
+        print("  the sample model cannot train on all of it, so a run would be refused before it starts:")
+        for reason, episodes in sorted(e.problems.items()):
+            print(f"    {len(episodes)} episode(s): {reason}")
+        return
+    print("  every episode's cameras and streams fit the sample model (checked before a run starts)")
 
 
 def print_ladders(home: DynaHome, ingest: IngestResource, ladders) -> None:
