@@ -52,6 +52,16 @@ def land(home: Path, episode_factory) -> Path:
     return landing
 
 
+def ingest_once(home: Path):
+    """One tick of the landing sensor and the partition it asks for materialized: (the registry, its key)."""
+    res = resources(home, target_bytes=1 << 40, partition_bytes=1 << 40)
+    registry = res["ingest"].stores().registry
+    with DagsterInstance.ephemeral() as instance:
+        (req,) = tick(instance, res).run_requests
+        assert materialize(ASSETS, instance=instance, partition_key=req.partition_key, resources=res).success
+    return registry, req.partition_key
+
+
 def test_bags_land_whole_split_into_episodes_and_hostile_ones_are_named(tmp_path, episode_factory, monkeypatch, capsys):
     home = tmp_path / "home"
     landing = land(home, episode_factory)
@@ -155,14 +165,10 @@ def test_a_frame_that_does_not_decode_in_a_split_bag_costs_only_its_episode(tmp_
     write_bag(landing / "long", spec)
     topics = topic_map_yaml(spec, timestamps="log", split={"rule": "gap", "gap_s": 2.0})
     (home / "ros2_topics.yaml").write_text(yaml.safe_dump(topics))
-    res = resources(home, target_bytes=1 << 40, partition_bytes=1 << 40)
-    registry = res["ingest"].stores().registry
-    with DagsterInstance.ephemeral() as instance:
-        (req,) = tick(instance, res).run_requests
-        assert materialize(ASSETS, instance=instance, partition_key=req.partition_key, resources=res).success
-    eps = {e["episode_id"]: e for e in registry.partition_episodes(req.partition_key)}
+    registry, partition = ingest_once(home)
+    eps = {e["episode_id"]: e for e in registry.partition_episodes(partition)}
     assert {e: r["status"] for e, r in eps.items()} == {"long-000": "transcoded", "long-002": "transcoded"}
-    (held,) = registry.quarantined([u.key for u in registry.partition_units(req.partition_key)])
+    (held,) = registry.quarantined([u.key for u in registry.partition_units(partition)])
     assert held["source_path"] == "2026-12-07/long/metadata.yaml#long-001"
     assert held["stream"] == "/camera/wrist/image/compressed" and "does not decode" in held["reason"]
     for e in eps.values():
@@ -224,12 +230,8 @@ def test_datasets_lerobot_itself_wrote_land_through_the_sensor_and_the_assets(tm
     for name, venv in venvs.items():
         venv.run("create", landing / f"so100-{name}", tmp_path / "source.npz", home=tmp_path)
     (home / "gates.yaml").write_text("min_duration: {params: {min_s: 0.2}}\n")  # its episodes: 20 and 14 frames
-    res = resources(home, target_bytes=1 << 40, partition_bytes=1 << 40)
-    registry = res["ingest"].stores().registry
-    with DagsterInstance.ephemeral() as instance:
-        (req,) = tick(instance, res).run_requests
-        assert materialize(ASSETS, instance=instance, partition_key=req.partition_key, resources=res).success
-    eps = {e["episode_id"]: e for e in registry.partition_episodes(req.partition_key)}
+    registry, partition = ingest_once(home)
+    eps = {e["episode_id"]: e for e in registry.partition_episodes(partition)}
     assert sorted(eps) == [f"so100-{name}-{k:06d}" for name in sorted(venvs) for k in range(len(LENGTHS))]
     for eid, e in eps.items():
         k = int(eid[-6:])
