@@ -99,6 +99,7 @@ def read_bag(path: str | Path, topics: TopicMap = DEFAULT) -> list[MemoryEpisode
 
 
 def plan_bag(path: str | Path, topics: TopicMap = DEFAULT) -> list[BagMember]:
+    """The episodes the map's split rule cuts the bag ``path`` into (:meth:`Bag.plan`)."""
     with Bag(path, topics) as bag:
         return bag.plan()
 
@@ -169,19 +170,22 @@ class Bag:
         series, _, markers = _read(self.path, self._reader, self.topics, frames=False)
         cuts = _cuts(series, self.topics, markers)
         base = _episode_id(self.path, self.info)
+        arrays = [
+            (s, np.asarray(s.times, np.int64), np.asarray(s.logs, np.int64), np.flatnonzero(s.keyframes))
+            for s in series.values()
+        ]
         members = []
         for k, (lo, hi) in enumerate(cuts):
             log_lo, log_hi, frames = 2**63 - 1, -1, 0
-            for s in series.values():
-                t, logs = np.asarray(s.times, np.int64), np.asarray(s.logs, np.int64)
+            for s, t, logs, keyframes in arrays:
                 keep = np.flatnonzero((t >= lo) & (t < hi))
                 if not len(keep):
                     continue
                 log_lo, log_hi = min(log_lo, int(logs[keep].min())), max(log_hi, int(logs[keep].max()) + 1)
                 frames += len(keep) if s.role.camera else 0
                 if s.keyframes and not s.keyframes[keep[0]]:  # the preroll: back to the keyframe before
-                    before = [i for i in range(int(keep[0]) - 1, -1, -1) if s.keyframes[i]]
-                    log_lo = min(log_lo, int(logs[before[0]])) if before else log_lo
+                    before = keyframes[: np.searchsorted(keyframes, keep[0])]
+                    log_lo = min(log_lo, int(logs[before[-1]])) if len(before) else log_lo
             eid = base if len(cuts) == 1 else f"{base}-{k:03d}"
             members.append(BagMember(eid, lo, hi, log_lo, max(log_hi, log_lo + 1), max(1, frames)))
         return members
