@@ -66,10 +66,12 @@ class RawSource:
         return ObjectLandingZone(self.root, endpoint_url=self.endpoint_url)
 
     @contextmanager
-    def local(self, key: str, size: int | None = None) -> Iterator[Path]:
+    def local(self, key: str, size: int | None = None, log_window: tuple[int, int] | None = None) -> Iterator[Path]:
         """A local path to the item at ``key`` for the block: the raw file, or a directory item's folder
         (``items.py``); ``FileNotFoundError`` if it is gone. ``size``: the registered bytes, checked when
-        staging from an object store."""
+        staging from an object store. ``log_window``: only one episode of a long bag is read, by its
+        log-time window: from an object store its MCAP files are staged as sparse copies of what that
+        window needs (``ObjectLandingZone.stage_window``); a local zone is read in place either way."""
         zone = self.zone()
         directory = item_root(key) is not None
         if isinstance(zone, LandingZone):
@@ -85,7 +87,7 @@ class RawSource:
             finally:
                 staged.unlink(missing_ok=True)
             return
-        folder = zone.stage_item(key, self.scratch, expect_size=size)
+        folder = zone.stage_item(key, self.scratch, expect_size=size, log_window=log_window)
         try:
             yield folder
         finally:

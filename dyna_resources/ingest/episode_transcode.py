@@ -103,7 +103,9 @@ def transcode_job(job: TranscodeJob) -> TranscodeOutcome:
     key, member = split_member(job.key)
     try:
         # a member's size is its share of the item's, not the item's: its staging checks no size
-        with job.raw.local(key, None if member else job.size) as src:
+        window = None if job.window is None else BagMember.parse(job.episode_id, job.window)
+        log_window = None if window is None else (window.log_lo, window.log_hi)
+        with job.raw.local(key, None if member else job.size, log_window) as src:
             out = _transcode_local(src, dst, job)
     except StoreUnavailableError as e:
         out = TranscodeOutcome(unavailable=(e.url, e.reason))

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ..catalog.registry import LandedFile
+from ..sources.mcap_window import window_ranges
 from ..storage.publish import PreconditionFailed
 from ..storage.stores import ObjectInfo, Store, StoreKeyError, StoreUnavailableError, check_key
 from .items import BAG_MARKER, bag_files_missing, is_landed_key, item_root
@@ -263,10 +264,20 @@ class ObjectLandingZone:
             tmp.unlink(missing_ok=True)
         return dest
 
-    def stage_item(self, key: str, scratch_dir: str | os.PathLike, *, expect_size: int | None = None) -> Path:
+    def stage_item(
+        self,
+        key: str,
+        scratch_dir: str | os.PathLike,
+        *,
+        expect_size: int | None = None,
+        log_window: tuple[int, int] | None = None,
+    ) -> Path:
         """Copy a directory item (``key``: its marker) to a folder of its own below ``scratch_dir``, named as
         the item's directory is (a bag's name can be its episode id), and return that folder. Each object
         is staged pinned to its version (:meth:`stage`); ``expect_size``: the item's registered bytes.
+        ``log_window``: one episode of a long bag, by its log-time window (``sources.ros2.BagMember``): its
+        MCAP storage files are staged as sparse copies holding what a reader of that window needs
+        (:meth:`stage_window`), not whole.
 
         :raises FileNotFoundError: the marker is gone.
         :raises PreconditionFailed: the item is not the expected size, or changed during the copy.
@@ -282,8 +293,42 @@ class ObjectLandingZone:
         # a folder per call: two workers staging one bag (two of its episodes) never share files
         dest = Path(scratch_dir) / f"item-{uuid.uuid4().hex}"
         for name, _, _ in objects:
-            self.stage(name[len(self._base) :], dest)
+            object_key = name[len(self._base) :]
+            if log_window is not None and object_key.endswith(".mcap"):
+                self.stage_window(object_key, dest, *log_window)
+            else:
+                self.stage(object_key, dest)
         return dest.joinpath(*root.split("/"))
+
+    def stage_window(self, key: str, scratch_dir: str | os.PathLike, start_ns: int, stop_ns: int) -> Path:
+        """Stage the MCAP object at ``key`` to ``<scratch_dir>/<key>`` as a sparse file of its size that holds,
+        at their offsets, the byte ranges a reader of its messages logged in ``[start_ns, stop_ns)`` needs
+        (``sources.mcap_window``); zeros (holes) elsewhere. A file with no chunk index is staged whole.
+
+        :raises FileNotFoundError: no object at ``key``.
+        :raises PreconditionFailed: the object changed during the copy.
+        """
+        check_key(key)
+        size, pin = self._stat(key)
+        ranges = window_ranges(lambda lo, hi: self._range(key, lo, hi, pin), size, start_ns, stop_ns)
+        if ranges is None:
+            return self.stage(key, scratch_dir)
+        dest = Path(scratch_dir).joinpath(*key.split("/"))
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f".{dest.name}.staging-{uuid.uuid4().hex}")
+        try:
+            with open(tmp, "xb") as f:
+                f.truncate(size)
+                for lo, hi in ranges:
+                    f.seek(lo)
+                    for at in range(lo, hi, self.stage_chunk):
+                        f.write(self._range(key, at, min(at + self.stage_chunk, hi), pin))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, dest)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return dest
 
     def _stat(self, key: str) -> tuple[int, dict]:
         """Size, and the request arguments that pin reads to this version of the object."""
@@ -297,26 +342,29 @@ class ObjectLandingZone:
             return int(head["ContentLength"]), {"IfMatch": head["ETag"]}
 
     def _ranges(self, key: str, size: int, pin: dict) -> Iterator[bytes]:
-        fs, name = self.store.filesystem, self._base + key
         for start in range(0, size, self.stage_chunk):
-            end = min(start + self.stage_chunk, size)
-            with self.store._guard(key):
-                try:
-                    if self.store.protocol == "gs":
-                        data = fs.cat_file(f"{self.bucket}/{name}", start=start, end=end, **pin)
-                    else:
-                        from fsspec.asyn import sync
+            yield self._range(key, start, min(start + self.stage_chunk, size), pin)
 
-                        data = sync(fs.loop, _s3_range, fs, self.bucket, name, start, end, pin)
-                except FileNotFoundError:  # the pinned generation is gone
-                    raise PreconditionFailed(key, "rewritten or deleted while it was staged") from None
-                except OSError as e:
-                    if _s3_code(e) == "PreconditionFailed":  # If-Match: another ETag now
-                        raise PreconditionFailed(key, "rewritten while it was staged") from None
-                    raise
-            if len(data) != end - start:
-                raise PreconditionFailed(key, f"bytes {start}-{end} came back {len(data)} long")
-            yield data
+    def _range(self, key: str, start: int, end: int, pin: dict) -> bytes:
+        """Bytes ``[start, end)`` of this version of the object (``pin``)."""
+        fs, name = self.store.filesystem, self._base + key
+        with self.store._guard(key):
+            try:
+                if self.store.protocol == "gs":
+                    data = fs.cat_file(f"{self.bucket}/{name}", start=start, end=end, **pin)
+                else:
+                    from fsspec.asyn import sync
+
+                    data = sync(fs.loop, _s3_range, fs, self.bucket, name, start, end, pin)
+            except FileNotFoundError:  # the pinned generation is gone
+                raise PreconditionFailed(key, "rewritten or deleted while it was staged") from None
+            except OSError as e:
+                if _s3_code(e) == "PreconditionFailed":  # If-Match: another ETag now
+                    raise PreconditionFailed(key, "rewritten while it was staged") from None
+                raise
+        if len(data) != end - start:
+            raise PreconditionFailed(key, f"bytes {start}-{end} came back {len(data)} long")
+        return data
 
 
 def _s3_code(e: BaseException) -> str | None:

@@ -354,3 +354,33 @@ def test_a_bag_uploaded_to_a_bucket_lands_whole_once_every_file_it_names_is_ther
             assert r.metadata()["source_sha256"] == e["source_sha256"]
     left = [p for p in (tmp_path / "scratch").rglob("*") if p.is_file()]
     assert left == [], left  # every staged copy of the bag removed
+
+
+def test_one_episode_of_a_long_bag_is_staged_as_the_chunks_of_its_window(bucket, tmp_path):
+    """A worker transcoding one episode of a long bag in a bucket copies what a reader of its log-time
+    window needs (a sparse file of the bag's size), not the bag: and reads that episode as from the bag."""
+    from mcap.reader import SeekingReader
+
+    from dyna_resources.sources.ros2 import plan_bag, read_member
+    from dyna_resources.sources.topic_map import parse
+    from tests.sources.bags import BagSpec, topic_map_yaml, write_bag
+
+    spec = BagSpec(width=320, height=240, duration_s=24.0, pauses=(8.0, 16.0))  # ~10 chunks of ~1 MB
+    write_bag(tmp_path / "long", spec)
+    raw = bucket.store(bucket.landing)
+    for p in sorted((tmp_path / "long").iterdir()):
+        raw.put_file(p, f"2026-12-07/long/{p.name}")
+    topics = parse(topic_map_yaml(spec, split={"rule": "gap", "gap_s": 2.0}), "t")
+    first, *_ = plan_bag(tmp_path / "long", topics)
+    zone = landing_zone(bucket.landing, bucket.endpoint)
+    staged = zone.stage_item("2026-12-07/long/metadata.yaml", tmp_path / "s", log_window=(first.log_lo, first.log_hi))
+    (whole,) = (tmp_path / "long").glob("*.mcap")
+    part = staged / whole.name
+    assert part.stat().st_size == whole.stat().st_size
+    with open(whole, "rb") as f:
+        chunks = SeekingReader(f).get_summary().chunk_indexes
+    ours = [c for c in chunks if c.message_start_time < first.log_hi and c.message_end_time >= first.log_lo]
+    assert len(ours) < len(chunks) / 2  # the first of three episodes
+    assert part.stat().st_blocks * 512 < whole.stat().st_size / 2  # holes where the other chunks are
+    a, b = read_member(tmp_path / "long", topics, first), read_member(staged, topics, first)
+    assert {n: list(c.frames) for n, c in b.cameras.items()} == {n: list(c.frames) for n, c in a.cameras.items()}
