@@ -13,9 +13,11 @@ from the page cache first (cold):
 - **whole** (before 1d8f83c): the pre gates read the whole bag with every episode's frames in memory, and
   each worker's transcode reads the whole bag again to take its episode from it.
 
-Per K: the read CPU of each phase (all K transcode reads summed) and the memory each phase held (its peak
-RSS over the process's own once imported). The reads' CPU is fitted (windowed linear, whole quadratic:
-each of K transcodes reads K episodes) and both are extrapolated to a 1 h bag (120 episodes).
+Per K: the read CPU of each phase (all K transcode reads summed), the memory each phase held (its peak
+RSS over the process's own once imported), and the bytes the K transcodes would stage from an object store
+(each its window's byte ranges of the bag's MCAP, against K whole bags). The reads' CPU and the staged
+bytes are fitted (windowed linear, whole quadratic: each of K transcodes reads K episodes) and both are
+extrapolated to a 1 h bag (120 episodes).
 
 Last line: one JSON object with every figure.
 """
@@ -128,6 +130,29 @@ def _transcode_reads(bag: str, topics_doc: dict) -> dict:
     }
 
 
+def _staged_bytes(bag: Path, topics_doc: dict) -> int:
+    """What the K transcodes stage from an object store, all together: each the byte ranges of its window
+    (``sources.mcap_window``, what ``ObjectLandingZone.stage_window`` fetches) and the bag's metadata.yaml;
+    the whole-bag way stages K whole bags."""
+    from dyna_resources.sources.mcap_window import window_ranges
+    from dyna_resources.sources.ros2 import plan_bag
+    from dyna_resources.sources.topic_map import parse
+
+    (storage,) = bag.glob("*.mcap")
+    size = storage.stat().st_size
+
+    def read(lo: int, hi: int) -> bytes:
+        with open(storage, "rb") as f:
+            f.seek(lo)
+            return f.read(hi - lo)
+
+    total = 0
+    for m in plan_bag(bag, parse(topics_doc, "bench")):
+        ranges = window_ranges(read, size, m.log_lo, m.log_hi) or [(0, size)]
+        total += sum(hi - lo for lo, hi in ranges) + (bag / "metadata.yaml").stat().st_size
+    return total
+
+
 def _imported() -> None:
     """What a worker has imported before it reads its first bag: not charged to the read."""
     import rosbags.highlevel  # noqa: F401
@@ -166,6 +191,7 @@ def run(size: str, workdir: str | None = None, seed: int = 29) -> dict:
                         r = _in_fresh_process(_phase, str(bag), doc, way, phase, k)
                     row[f"{way}_{phase}"] = r
             assert row["windowed_pre"]["frames"] == row["whole_pre"]["frames"]  # the same episodes both ways
+            row["staged_mb"] = _staged_bytes(bag, doc) / 2**20
             out["bags"].append(row)
             shutil.rmtree(bag)
     return out
@@ -182,6 +208,7 @@ def report(out: dict) -> dict:
     head = (
         f"{'episodes':>8} {'bag MB':>8}  {'windowed pre':>13} {'transcodes':>11}  "
         f"{'whole pre':>10} {'transcodes':>11}  {'read CPU ratio':>14}  {'held MB win/whole (pre)':>24}"
+        f"  {'staged MB win/whole':>20}"
     )
     print(head)
     ks, win, whole = [], [], []
@@ -196,6 +223,7 @@ def report(out: dict) -> dict:
             f"{r['episodes']:>8} {r['bag_mb']:>8.1f}  {wp['cpu_s']:>11.2f} s {wt['cpu_s']:>9.2f} s  "
             f"{hp['cpu_s']:>8.2f} s {ht['cpu_s']:>9.2f} s  {r['read_cpu_ratio'] or 0:>13.2f}x  "
             f"{wp['held_mb']:>11.0f} / {hp['held_mb']:<10.0f}"
+            f"  {r['staged_mb']:>9.0f} / {r['episodes'] * r['bag_mb']:<8.0f}"
         )
     hour = HOUR_EPISODES if out["size"] == "full" else None
     figures: dict = {
@@ -207,6 +235,8 @@ def report(out: dict) -> dict:
     if hour:
         w_hour, h_hour = _fit(ks, win, 1, hour), _fit(ks, whole, 2, hour)
         held = [r["whole_pre"]["held_mb"] for r in out["bags"]]
+        staged = [r["staged_mb"] for r in out["bags"]]
+        whole_staged = [r["episodes"] * r["bag_mb"] for r in out["bags"]]
         figures.update(
             {
                 "windowed_read_cpu_s_1h_bag": w_hour,
@@ -214,13 +244,16 @@ def report(out: dict) -> dict:
                 "read_cpu_ratio_1h_bag": h_hour / w_hour if w_hour and h_hour else None,
                 "whole_pre_held_mb_1h_bag": _fit(ks, held, 1, hour),
                 "windowed_pre_held_mb_max": max(r["windowed_pre"]["held_mb"] for r in out["bags"]),
+                "windowed_staged_gb_1h_bag": (_fit(ks, staged, 1, hour) or 0) / 1024,
+                "whole_staged_gb_1h_bag": (_fit(ks, whole_staged, 2, hour) or 0) / 1024,
             }
         )
         print(
             f"1 h bag ({hour} episodes), fitted: reads {w_hour:.0f} CPU s windowed (linear), {h_hour:.0f} whole "
             f"(quadratic): {figures['read_cpu_ratio_1h_bag']:.1f}x; the whole way's pre gates would hold "
             f"{figures['whole_pre_held_mb_1h_bag']:.0f} MB, the windowed way's at most "
-            f"{figures['windowed_pre_held_mb_max']:.0f} MB at any length"
+            f"{figures['windowed_pre_held_mb_max']:.0f} MB at any length; from an object store its transcodes would "
+            f"stage {figures['windowed_staged_gb_1h_bag']:.0f} GB windowed, {figures['whole_staged_gb_1h_bag']:.0f} GB whole"
         )
     return figures
 
