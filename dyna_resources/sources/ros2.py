@@ -271,7 +271,7 @@ def _read(
             if not frames and s and topics.timestamps == "log" and s.msgtype != COMPRESSED_VIDEO:
                 _add_time(s, b"", log_ns, log_ns)  # its time is its log time: not decoded at all
                 continue
-            msg = _deserialize(path, reader, raw, conn.msgtype, conn.topic, i)
+            msg = _deserialize(path, reader, raw, conn.msgtype, conn.topic, i, log_ns)
             stamp = _stamp(msg, log_ns) if topics.timestamps == "header" else log_ns
             if marker is not None and conn.topic == marker.topic:
                 markers.append(stamp)
@@ -287,18 +287,22 @@ def _read(
     for topic, (logs, raws) in numeric.items():
         if not _add_columns(path, reader, series[topic], logs, raws, topics.timestamps):
             for i, (log_ns, raw) in enumerate(zip(logs, raws, strict=True)):
-                msg = _deserialize(path, reader, raw, series[topic].msgtype, topic, i)
+                msg = _deserialize(path, reader, raw, series[topic].msgtype, topic, i, log_ns)
                 stamp = _stamp(msg, log_ns) if topics.timestamps == "header" else log_ns
                 _add(path, series[topic], msg, stamp, i, log_ns)
     return series, ignored, markers
 
 
-def _deserialize(path: Path, reader, raw: bytes, msgtype: str, topic: str, i: int):
+def _deserialize(path: Path, reader, raw: bytes, msgtype: str, topic: str, i: int, log_ns: int):
+    """``raw`` decoded; a failure names the message by its index on its topic (in a window: counted from
+    the window's start) and by its log time, which finds it in the bag whatever was read."""
     try:
         return reader.deserialize(raw, msgtype)
     except Exception as e:
         raise RawFormatError(
-            str(path), f"message {i} ({msgtype}) does not decode: {type(e).__name__}: {e}", stream=topic
+            str(path),
+            f"message {i} ({msgtype}) does not decode (logged at {int(log_ns)} ns): {type(e).__name__}: {e}",
+            stream=topic,
         ) from None
 
 
@@ -332,7 +336,7 @@ def _add_columns(path: Path, reader, s: _Series, logs: list[int], raws: list[byt
     fields = {k: np.asarray(v, np.float64) for k, v in fields.items()}
     for i in sorted({0, len(raws) // 2, len(raws) - 1}):  # rosbags' own decode, on a few: the columns agree
         one = _Series(role, s.msgtype)
-        msg = _deserialize(path, reader, raws[i], s.msgtype, role.topic, i)
+        msg = _deserialize(path, reader, raws[i], s.msgtype, role.topic, i, logs[i])
         _add(path, one, msg, _stamp(msg, logs[i]) if timestamps == "header" else logs[i], i, logs[i])
         if one.times[0] != times[i] or set(one.rows) != set(fields):
             return False

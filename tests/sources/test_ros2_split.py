@@ -15,7 +15,7 @@ from dyna_resources.sources.content import content_bytes
 from dyna_resources.sources.ros2 import BagMember, plan_bag, read_bag, read_member
 from dyna_resources.sources.topic_map import parse
 
-from .bags import BagSpec, topic_map_yaml, write_bag
+from .bags import T0, BagSpec, topic_map_yaml, write_bag
 
 GAP = {"rule": "gap", "gap_s": 2.0}
 
@@ -68,6 +68,7 @@ def test_a_message_that_does_not_decode_costs_only_its_episode(tmp_path):
     with pytest.raises(RawFormatError) as e:
         read_member(tmp_path / "bag", topics, members[1])
     assert e.value.stream == "/camera/wrist/image/compressed" and "message 5 " in e.value.reason  # 20th of the bag
+    assert f"logged at {T0 + 7_000_000_000} ns" in e.value.reason  # frame 20 at 2.0 s, after the 5 s pause
     inspections = inspect_item(tmp_path / "bag", "d/bag/metadata.yaml", GateConfig(), topics)
     assert [i.key for i in inspections] == [member_path("d/bag/metadata.yaml", m.episode_id) for m in members]
     assert sum(i.bytes for i in inspections) == content_bytes(tmp_path / "bag")
