@@ -155,7 +155,7 @@ def _staged_bytes(bag: Path, topics_doc: dict) -> int:
 
 def _imported() -> None:
     """What a worker has imported before it reads its first bag: not charged to the read."""
-    import rosbags.highlevel  # noqa: F401
+    import rosbags.highlevel  # noqa: F401 (imported before the timed read)
     from rosbags.typesys import Stores, get_typestore
 
     get_typestore(Stores.ROS2_HUMBLE)

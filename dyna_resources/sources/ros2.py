@@ -212,7 +212,7 @@ def _episode_id(path: Path, info: dict) -> str:
 def preload() -> None:
     """Import rosbags and build its ROS 2 type store in this process: what a worker forked from it would
     otherwise do for each bag it opens (~60 ms of CPU a worker)."""
-    from rosbags.highlevel import AnyReader  # noqa: F401
+    from rosbags.highlevel import AnyReader  # noqa: F401 (imported to be inherited by forks)
     from rosbags.typesys import Stores, get_typestore
 
     get_typestore(Stores.ROS2_HUMBLE)
