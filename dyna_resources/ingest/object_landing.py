@@ -27,6 +27,7 @@ import logging
 import os
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO
@@ -249,19 +250,10 @@ class ObjectLandingZone:
         size, pin = self._stat(key)
         if expect_size is not None and size != expect_size:
             raise PreconditionFailed(key, f"{size} bytes, {expect_size} were registered")
-        dest = Path(scratch_dir).joinpath(*key.split("/"))
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(f".{dest.name}.staging-{uuid.uuid4().hex}")
-        try:
-            with open(tmp, "xb") as f:
-                f.writelines(self._ranges(key, size, pin))
-                if f.tell() != size:
-                    raise PreconditionFailed(key, f"copied {f.tell()} bytes of {size}")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, dest)
-        finally:
-            tmp.unlink(missing_ok=True)
+        with _staging(scratch_dir, key) as (f, dest):
+            f.writelines(self._ranges(key, size, pin))
+            if f.tell() != size:
+                raise PreconditionFailed(key, f"copied {f.tell()} bytes of {size}")
         return dest
 
     def stage_item(
@@ -313,21 +305,12 @@ class ObjectLandingZone:
         ranges = window_ranges(lambda lo, hi: self._range(key, lo, hi, pin), size, start_ns, stop_ns)
         if ranges is None:
             return self.stage(key, scratch_dir)
-        dest = Path(scratch_dir).joinpath(*key.split("/"))
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(f".{dest.name}.staging-{uuid.uuid4().hex}")
-        try:
-            with open(tmp, "xb") as f:
-                f.truncate(size)
-                for lo, hi in ranges:
-                    f.seek(lo)
-                    for at in range(lo, hi, self.stage_chunk):
-                        f.write(self._range(key, at, min(at + self.stage_chunk, hi), pin))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, dest)
-        finally:
-            tmp.unlink(missing_ok=True)
+        with _staging(scratch_dir, key) as (f, dest):
+            f.truncate(size)
+            for lo, hi in ranges:
+                f.seek(lo)
+                for at in range(lo, hi, self.stage_chunk):
+                    f.write(self._range(key, at, min(at + self.stage_chunk, hi), pin))
         return dest
 
     def _stat(self, key: str) -> tuple[int, dict]:
@@ -365,6 +348,23 @@ class ObjectLandingZone:
         if len(data) != end - start:
             raise PreconditionFailed(key, f"bytes {start}-{end} came back {len(data)} long")
         return data
+
+
+@contextmanager
+def _staging(scratch_dir: str | os.PathLike, key: str) -> Iterator[tuple[BinaryIO, Path]]:
+    """A temporary file beside ``<scratch_dir>/<key>`` to write, then synced and renamed to it; removed if
+    the writing fails, so nothing partial is ever at the staged path."""
+    dest = Path(scratch_dir).joinpath(*key.split("/"))
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.staging-{uuid.uuid4().hex}")
+    try:
+        with open(tmp, "xb") as f:
+            yield f, dest
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _s3_code(e: BaseException) -> str | None:
