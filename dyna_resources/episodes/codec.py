@@ -23,6 +23,8 @@ import av
 import numpy as np
 import simplejpeg
 
+from . import av_fork  # noqa: F401 (imported for its after-fork hook: every PyAV user imports codec)
+
 NAL_IDR = 5
 NAL_SPS = 7
 NAL_PPS = 8
