@@ -201,6 +201,7 @@ class TranscodeResource(ConfigurableResource):
     x264_options: str = VideoSettings.x264_options  # extra x264-params after the preset's (benchmarks encode)
     workers: int = 0  # episode processes at once when units run in the step's process
     max_cpu_s: float = 0.0  # CPU seconds one episode may take before its worker is stopped (0: no limit)
+    stall_s: float = TranscodeSettings.stall_s  # seconds of no CPU at all after which a worker is killed as stuck
     # on Ray, what each work unit asks for: its CPUs (= its episode processes at once) and memory
     unit_cpus: int = 1
     unit_memory_gb: float = 4.0
@@ -214,6 +215,7 @@ class TranscodeResource(ConfigurableResource):
             profile=profile,
             crf_by_site=tuple(sorted(self.crf_by_site.items())),
             max_cpu_s=self.max_cpu_s,
+            stall_s=self.stall_s,
         )
 
     def pool_size(self) -> int:

@@ -79,6 +79,9 @@ class TranscodeSettings:
     # engine enforces it on each episode's worker process: a file that would hold a transcode slot
     # for hours is quarantined instead. Not part of the output, so not in as_dict().
     max_cpu_s: float = 0.0
+    # seconds an episode's worker may go using no CPU at all before it is killed as stuck (a deadlock in
+    # a native library, a read that never returns): a machine fault, tried again (0: never)
+    stall_s: float = 300.0
     # copy H.264 cameras whose layout meets the read profile instead of re-encoding them (False: always
     # re-encode, the way a benchmark measures what copying saves); not in as_dict(): the output's layout
     # is the same either way

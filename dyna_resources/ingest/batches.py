@@ -473,6 +473,7 @@ def transcode_batch(
                     [(jobs[i],) for i in attempt],
                     workers,
                     cpu_limit_s=settings.max_cpu_s,
+                    stall_s=settings.stall_s,
                     context=mp_context,
                     should_stop=None if lease is None else lambda: not lease.alive(),
                 )

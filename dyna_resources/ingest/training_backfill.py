@@ -161,9 +161,11 @@ def backfill_partition(
     specs: Sequence[TrainingStreamSpec],
     *,
     workers: int = 1,
+    stall_s: float = 300.0,
     log: Callable[[str], None] = lambda m: None,
 ) -> BackfillReport:
     """Add ``specs`` to every transcoded episode of ingest partition ``partition_key`` lacking them.
+    ``stall_s``: a rewrite whose worker uses no CPU for that many seconds is killed and tried again.
 
     :raises StoreUnavailableError: the MCAP store or the registry did not answer (what finished is recorded).
     """
@@ -187,7 +189,7 @@ def backfill_partition(
     while attempt and unavailable is None:
         again = []
         with closing(
-            run_each(rewrite_job, [(jobs[i],) for i in attempt], max(1, min(workers, len(attempt))))
+            run_each(rewrite_job, [(jobs[i],) for i in attempt], max(1, min(workers, len(attempt))), stall_s=stall_s)
         ) as results:
             for k, _slot, out in results:
                 i = attempt[k]

@@ -6,6 +6,10 @@ which is reported with how it died, and the other jobs go on. A ``ProcessPoolExe
 fails every job in flight with ``BrokenProcessPool`` and cannot say which one killed it.
 A fork costs milliseconds, an episode's transcode seconds.
 
+A job whose process uses no CPU for ``stall_s`` seconds is stuck (a deadlock in a native library,
+a read that never returns): it is killed and reported as a :class:`WorkerFailure` like any other
+death, so the caller retries it as a machine fault instead of waiting forever.
+
 No job outlives the process that started it: each asks the kernel to kill it when its parent dies
 (``PR_SET_PDEATHSIG``; a fork server's children when the fork server goes, which it does when its
 own parent does), and ``should_stop`` lets the caller end every job in flight at once.
@@ -19,6 +23,7 @@ import multiprocessing as mp
 import os
 import resource
 import signal
+import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
@@ -72,6 +77,7 @@ def run_each(
     context: str | None = None,
     should_stop: Callable[[], bool] | None = None,
     poll_s: float = 1.0,
+    stall_s: float = 0.0,
 ) -> Generator[tuple[int, int, R | WorkerFailure], None, None]:
     """Run ``fn(*job)`` for every job, each in a fresh process; yield ``(job index, worker slot,
     result or WorkerFailure)`` as each finishes. ``cpu_limit_s`` (> 0) caps each job's CPU time
@@ -79,11 +85,15 @@ def run_each(
     fork on Linux; ``"forkserver"`` where this process runs threads a fork must not copy, e.g. a
     Ray worker). ``should_stop`` is asked before each job starts and at least every ``poll_s``
     while jobs run: when it says so, the jobs in flight are killed and :class:`Stopped` is raised.
-    Closing the iterator early kills the jobs still running."""
+    ``stall_s`` (> 0): a job whose process used no CPU in that many seconds is killed and yields a
+    WorkerFailure (checked every ``poll_s``; Linux only). Closing the iterator early kills the jobs
+    still running."""
     ctx = mp.get_context(context)
     todo = list(enumerate(jobs))[::-1]
     free = list(range(max(1, workers)))[::-1]
     running: dict[Connection, tuple[int, int, BaseProcess]] = {}
+    progress: dict[Connection, tuple[int | None, float]] = {}  # its CPU ticks when last seen to change, and when
+    watch = should_stop is not None or stall_s > 0
     try:
         while todo or running:
             if should_stop is not None and should_stop():
@@ -100,9 +110,11 @@ def run_each(
                 p.start()
                 send.close()  # the child holds the only writer: its death reads as EOF here
                 running[recv] = (i, slot, p)
-            for ready in wait(list(running), timeout=poll_s if should_stop is not None else None):
+                progress[recv] = (None, time.monotonic())
+            for ready in wait(list(running), timeout=poll_s if watch else None):
                 conn = cast(Connection, ready)
                 i, slot, done = running.pop(conn)
+                progress.pop(conn, None)
                 try:
                     kind, value = conn.recv()
                 except (EOFError, OSError):
@@ -115,11 +127,50 @@ def run_each(
                 elif kind == "raised":
                     value = WorkerFailure(value, done.exitcode)
                 yield i, slot, value
+            if stall_s > 0:
+                for conn, (i, slot, stuck) in _stalled(running, progress, stall_s):
+                    running.pop(conn)
+                    progress.pop(conn)
+                    stuck.kill()
+                    stuck.join()
+                    conn.close()
+                    free.append(slot)
+                    how = f"the worker process died (SIGKILL: stalled, it used no CPU in {stall_s:g} s)"
+                    yield i, slot, WorkerFailure(how, stuck.exitcode)
     finally:
         for conn, (_, _, left) in running.items():
             left.kill()
             left.join()
             conn.close()
+
+
+def _stalled(
+    running: dict[Connection, tuple[int, int, BaseProcess]],
+    progress: dict[Connection, tuple[int | None, float]],
+    stall_s: float,
+) -> list[tuple[Connection, tuple[int, int, BaseProcess]]]:
+    """The running jobs whose CPU time has not moved in ``stall_s`` seconds (``progress`` updated)."""
+    now, out = time.monotonic(), []
+    for conn, job in running.items():
+        ticks = _cpu_ticks(job[2].pid)
+        if ticks is None:  # not Linux, or the process is gone (its pipe's EOF reports it)
+            continue
+        seen, since = progress[conn]
+        if ticks != seen:
+            progress[conn] = (ticks, now)
+        elif now - since >= stall_s:
+            out.append((conn, job))
+    return out
+
+
+def _cpu_ticks(pid: int | None) -> int | None:
+    """User plus system CPU time of process ``pid``, all its threads, in clock ticks (``/proc/PID/stat``)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()  # the command name, in parentheses, may hold spaces
+    except (OSError, IndexError):
+        return None
+    return int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15, counting from the pid
 
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>

@@ -6,9 +6,11 @@ The classification table (ingest/faults.py) is tested kind by kind below."""
 
 import errno
 import os
+import signal
 import subprocess
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -48,8 +50,8 @@ class Killer:
     fork of this one (its command line), as soon as it exists. (Waiting, as before, to see it with an
     ``.h5`` open let an episode finish unseen now and then on a loaded machine: 3 clean-clone runs in 5.)"""
 
-    def __init__(self, target: Path | None = None, times: int = 1):
-        self.target, self.times, self.killed = target, times, []
+    def __init__(self, target: Path | None = None, times: int = 1, sig: int = signal.SIGKILL):
+        self.target, self.times, self.sig, self.killed = target, times, sig, []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -82,7 +84,7 @@ class Killer:
                     and child.pid not in self._before
                     and self._is_victim(child, forked_from)
                 ):
-                    os.kill(child.pid, 9)
+                    os.kill(child.pid, self.sig)
                     self.killed.append(child.pid)
                     break
             time.sleep(0.002)
@@ -98,6 +100,26 @@ def test_an_episode_whose_worker_is_killed_is_tried_again_and_lands_with_nothing
     assert stores.registry.quarantined(batch) == [] and post.quarantined == []
     assert {e["source_path"]: e["status"] for e in stores.registry.episodes(batch)} == {n: TRANSCODED for n in names}
     assert sorted(post.processed) == [f"ep-kill-{i}" for i in range(3)]
+    assert_every_output_has_its_outcome(stores, batch)
+
+
+def test_an_episode_whose_worker_stalls_is_killed_as_stuck_tried_again_and_lands(episode_factory, stores):
+    """A worker that stops using CPU (SIGSTOP here; a deadlock in a native library in the wild) is
+    killed after ``stall_s`` and its episode tried again: a machine fault, not a verdict."""
+    names = _landed(stores, episode_factory, 3, "ep-stall", 930)
+    batch = one_batch(stores)
+    inventory_batch(batch, stores, GateConfig())
+    logged: list[str] = []
+    with Killer(times=1, sig=signal.SIGSTOP) as frozen:
+        post = transcode_batch(
+            batch, stores, GateConfig(), settings=replace(FAST, stall_s=2.0), workers=2, log=logged.append
+        )
+    assert len(frozen.killed) == 1
+    assert stores.registry.quarantined(batch) == [] and post.quarantined == []
+    assert {e["source_path"]: e["status"] for e in stores.registry.episodes(batch)} == {n: TRANSCODED for n in names}
+    (retry,) = [m for m in logged if "infrastructure fault" in m]
+    assert "attempt 1 of" in retry and "stalled, it used no CPU in 2 s" in retry
+    assert reason_kind("transcode", retry.split("fault: ", 1)[1]).name == "worker_died"
     assert_every_output_has_its_outcome(stores, batch)
 
 
