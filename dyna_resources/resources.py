@@ -313,6 +313,7 @@ class TrainerResource(ConfigurableResource):
     anchors: str = TrainerSettings.anchors
     anchor_every_s: float = TrainerSettings.anchor_every_s
     mix_units: float = TrainerSettings.mix_units
+    bad_samples: str = TrainerSettings.bad_samples
     shards: int = TrainerSettings.shards
     seed: int = TrainerSettings.seed
     dataset: str = TrainerSettings.dataset

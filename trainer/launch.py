@@ -25,6 +25,7 @@ from dyna_resources.episodes.read_profiles import EMBEDDED
 from dyna_resources.home import DynaHome
 
 from .dataset import SampleSpec
+from .gop_dataset import BAD_SAMPLES
 from .manifest_loader import local_copy
 from .model import ModelConfig
 from .train import LoaderConfig, TrainConfig
@@ -155,6 +156,9 @@ class TrainerSettings:
     anchors: str = "end"
     anchor_every_s: float = 0.1
     mix_units: float = 3.0
+    # a sample whose frame or stream does not read: "raise" stops the run naming the episode (a fault no
+    # restart mends, so torchrun does not retry it); "skip" leaves it out of its batch, counted
+    bad_samples: str = "raise"
     # Slices of the one global sample order (trainer/elastic.py): fixed per run, so a requeue onto another
     # number of ranks resumes exactly; ranks x workers dividing it decode each unit once.
     shards: int = 64
@@ -166,6 +170,8 @@ class TrainerSettings:
     def __post_init__(self):
         if self.launcher not in get_args(Launcher):
             raise ValueError(f"launcher {self.launcher!r}: expected one of {', '.join(map(repr, get_args(Launcher)))}")
+        if self.bad_samples not in BAD_SAMPLES:
+            raise ValueError(f"bad_samples {self.bad_samples!r}: expected one of {', '.join(map(repr, BAD_SAMPLES))}")
 
 
 @dataclass(frozen=True)
@@ -267,6 +273,7 @@ def plan_run(
             kind=settings.loader,  # type: ignore[arg-type]  # checked by LoaderConfig
             mix_units=settings.mix_units,
             shards=settings.shards,
+            bad_samples=settings.bad_samples,
         ),
         lineage={
             "curation_spec": spec,

@@ -41,6 +41,8 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.utils.data import DataLoader
 
+from dyna_resources.episodes.errors import EpisodeError
+
 from .checkpoint import (
     AppState,
     CheckpointError,
@@ -564,6 +566,13 @@ class FatalDataFault(RuntimeError):
     """An earlier attempt of this launch met a fault that will not go away (``FATAL_FILE``)."""
 
 
+def _record_fatal(fatal: Path, fault: str, obj: str | None, message: str) -> None:
+    tmp = fatal.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"fault": fault, "object": obj, "message": message}))
+    tmp.replace(fatal)
+    log.error(message)
+
+
 @record
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m trainer.train", description=__doc__.split("\n")[0])
@@ -577,11 +586,19 @@ def main(argv: list[str] | None = None) -> int:
         summary = run(cfg)
     except MissingDataError as e:
         gone = gone_object(e)
-        message = f"{gone} is gone from its store: the manifest names an object that no longer exists"
-        tmp = fatal.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"fault": "missing_object", "object": gone, "message": message}))
-        tmp.replace(fatal)
-        log.error(message)
+        _record_fatal(
+            fatal,
+            "missing_object",
+            gone,
+            f"{gone} is gone from its store: the manifest names an object that no longer exists",
+        )
+        raise
+    except EpisodeError as e:  # bytes that do not read (bad_samples="raise"): every restart would meet them again
+        what = str(e).strip().splitlines()[-1]  # a DataLoader worker's error arrives as its whole traceback
+        what = what.split(": ", 1)[1] if what.startswith(type(e).__name__ + ": ") else what
+        _record_fatal(
+            fatal, "damaged_episode", e.path or None, f"{what} (the manifest names an episode that does not read)"
+        )
         raise
     if int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps({k: v for k, v in summary.as_record().items() if k != "losses"}, default=str))

@@ -26,6 +26,12 @@ from .. import k8s
 from ..curation.assets import per_spec
 from ..partitions import partition_key
 
+# what mends each fault the trainer records as one no restart mends (trainer.train.FATAL_FILE)
+_MENDS = {
+    "missing_object": "Rebuild the manifest once the object is marked (mcap_episodes.mcaps_present) or restored.",
+    "damaged_episode": "Re-ingest the episode and rebuild the manifest, or set the trainer's bad_samples to 'skip'.",
+}
+
 
 @asset(
     **per_spec("train", "training", k8s.TRAIN),
@@ -60,9 +66,12 @@ def checkpoints(context: AssetExecutionContext, home: HomeResource, cache: Cache
             raise
         fault = json.loads(fatal.read_text())  # a fault the trainer says no retry mends: named, not retried
         raise Failure(
-            description=f"training stopped: {fault['message']}. Rebuild the manifest once the object "
-            "is marked (mcap_episodes.mcaps_present) or restored.",
-            metadata={"object": fault["object"], "run_dir": MetadataValue.path(str(run.run_dir))},
+            description=f"training stopped: {fault['message']}. {_MENDS[fault['fault']]}",
+            metadata={
+                "fault": fault["fault"],
+                **({"object": fault["object"]} if fault["object"] else {}),
+                "run_dir": MetadataValue.path(str(run.run_dir)),
+            },
             allow_retries=False,
         ) from None
     progress = [m for m in invocation.get_custom_messages() if isinstance(m, dict) and "step" in m]

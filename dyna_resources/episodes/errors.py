@@ -12,12 +12,17 @@ class EpisodeError(Exception):
 
     kind = "episode"
 
-    def __init__(self, path: str, reason: str, stream: str | None = None):
+    def __init__(self, path: str, reason: str | None = None, stream: str | None = None):
+        if reason is None:  # one message, as PyTorch's DataLoader rebuilds a worker's error in the main process
+            path, reason = "", str(path)
         self.path = str(path)
         self.stream = stream
         self.reason = reason
         where = f"{self.path}" + (f" [{stream}]" if stream else "")
-        super().__init__(f"{where}: {reason}")
+        super().__init__(f"{where}: {reason}" if where else reason)
+
+    def __reduce__(self):  # pickled (a worker's result) as it was made, not from its message alone
+        return _rebuild, (type(self), self.args, self.__dict__)
 
     def as_record(self) -> dict:
         """A flat record for quarantine tables and asset metadata."""
@@ -55,9 +60,12 @@ class CorruptFrameError(EpisodeError):
 
     kind = "corrupt_frame"
 
-    def __init__(self, path: str, stream: str, frame_index: int, reason: str):
+    def __init__(self, path: str, stream: str | None = None, frame_index: int = -1, reason: str | None = None):
+        if reason is None:  # one message (DataLoader's rebuild)
+            super().__init__(path)
+        else:
+            super().__init__(path, f"frame {frame_index}: {reason}", stream=stream)
         self.frame_index = frame_index
-        super().__init__(path, f"frame {frame_index}: {reason}", stream=stream)
 
 
 class McapFormatError(EpisodeError):
@@ -70,3 +78,10 @@ class WindowError(EpisodeError):
     """A requested time window or frame is outside what the episode holds."""
 
     kind = "window"
+
+
+def _rebuild(cls: type[EpisodeError], args: tuple, state: dict) -> EpisodeError:
+    e = Exception.__new__(cls)
+    e.args = args
+    e.__dict__.update(state)
+    return e

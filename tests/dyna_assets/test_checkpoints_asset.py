@@ -130,3 +130,54 @@ def test_an_object_gone_from_the_store_fails_training_by_name_and_torchrun_does_
     (run_dir,) = [p.parent for p in (home / "runs" / "spec-gone").glob("*/" + FATAL_FILE)]
     # torchrun restarted it twice, and neither restart read anything: only the first attempt ran
     assert sorted(p.name for p in (run_dir / "attempts").iterdir()) == ["0"]
+
+
+def test_a_damaged_episode_fails_training_by_name_through_a_dataloader_worker_and_is_not_retried(tmp_path, mcap_fleet):
+    """An MCAP the manifest names is cut short after the manifest was written: the DataLoader worker that
+    reads it fails, the rank records a fault no restart mends (bad_samples="raise"), torchrun's restarts
+    stop at once, and the Dagster run fails naming the file and what mends it (no run retry)."""
+    import shutil
+
+    import pytest
+    from dagster import Failure
+
+    from tests.conftest import segment_rows
+    from trainer.train import FATAL_FILE
+
+    paths, _ = mcap_fleet
+    copies = []
+    for p in paths:
+        copies.append(tmp_path / "mcap" / p.name)
+        copies[-1].parent.mkdir(exist_ok=True)
+        shutil.copyfile(p, copies[-1])
+    home = tmp_path / "home"
+    write_manifest(segment_rows(copies), home / "manifests", "spec-cut")
+    with open(copies[1], "r+b") as f:
+        f.truncate(copies[1].stat().st_size // 2)
+    res = {
+        "home": small_frames(home),
+        "cache": CacheResource(home=small_frames(home)),
+        "trainer": TrainerResource(
+            nproc_per_node=1, max_restarts=2, steps=6, batch_size=2, workers=1, checkpoint_every=3
+        ),
+    }
+    with DagsterInstance.ephemeral() as instance:
+        instance.add_dynamic_partitions("curation_specs", ["spec-cut"])
+        with pytest.raises(Failure) as failed:
+            materialize(
+                [defs.get_assets_def("checkpoints")], instance=instance, partition_key="spec-cut", resources=res
+            )
+    description = failed.value.description
+    assert description.startswith("training stopped: ") and copies[1].name in description, description
+    assert "(the manifest names an episode that does not read). Re-ingest the episode" in description
+    assert "bad_samples to 'skip'" in description and "Traceback" not in description
+    assert failed.value.metadata["fault"].value == "damaged_episode" and failed.value.allow_retries is False
+    (run_dir,) = [p.parent for p in (home / "runs" / "spec-cut").glob("*/" + FATAL_FILE)]
+    assert sorted(p.name for p in (run_dir / "attempts").iterdir()) == ["0"]  # the restarts read nothing
+
+
+def test_the_trainer_refuses_an_unknown_bad_samples_policy_by_name():
+    import pytest
+
+    with pytest.raises(ValueError, match="bad_samples 'ignore': expected one of 'raise', 'skip'"):
+        TrainerResource(bad_samples="ignore").settings()

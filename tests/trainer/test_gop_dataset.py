@@ -229,6 +229,11 @@ def test_a_damaged_gop_fails_only_its_own_samples_naming_episode_camera_and_time
             pass
     msg = str(e.value)
     assert str(bad) in msg and "/camera/wrist" in msg and "decode failed in the GOP starting at" in msg
+    with pytest.raises(WindowError) as e:  # from a DataLoader worker: the same type, its message kept
+        for _ in loader(strict, 1):
+            pass
+    assert str(e.value).startswith("Caught WindowError in DataLoader worker process 0")
+    assert str(bad) in str(e.value) and "decode failed in the GOP starting at" in str(e.value)
 
 
 def test_sample_plan_clamps_to_the_episode_and_marks_padding(mcap_fleet):
