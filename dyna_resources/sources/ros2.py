@@ -39,6 +39,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -257,7 +258,12 @@ def _read(
         raise MissingStreamError(str(path), f"split marker topic {topics.split.topic} is not in the bag")
     markers: list[int] = []
     counts: dict[str, int] = {}
-    numeric: dict[str, tuple[list[int], list[bytes]]] = {t: ([], []) for t, s in series.items() if s.role.stream}
+    # a plan keeps times only: a numeric topic's too, and a header stamp read from the CDR bytes where the
+    # message starts with it (an H.264 topic is still decoded: its plan needs each unit's keyframe flag)
+    numeric: dict[str, tuple[list[int], list[bytes]]] = {
+        t: ([], []) for t, s in series.items() if s.role.stream and frames
+    }
+    stamped = {c.topic: _stamp_source(reader.typestore, c.msgtype) for c in wanted + ([marker] if marker else [])}
     try:
         start, stop = window or (None, None)
         chosen = wanted + ([marker] if marker else [])
@@ -268,9 +274,17 @@ def _read(
                 continue
             i = counts[conn.topic] = counts.get(conn.topic, -1) + 1
             s = series.get(conn.topic)
-            if not frames and s and topics.timestamps == "log" and s.msgtype != COMPRESSED_VIDEO:
-                _add_time(s, b"", log_ns, log_ns)  # its time is its log time: not decoded at all
-                continue
+            if not frames and conn.msgtype != COMPRESSED_VIDEO:
+                # its time is its log time, or the stamp its bytes begin with: not decoded here (its
+                # episode's read decodes it, and a message that does not decode costs that episode only)
+                how = "log" if topics.timestamps == "log" else stamped[conn.topic]
+                stamp = log_ns if how == "log" else _leading_stamp(raw) if how == "lead" else None
+                if stamp is not None:
+                    if s is None:
+                        markers.append(stamp)
+                    else:
+                        _add_time(s, b"", stamp, log_ns)
+                    continue
             msg = _deserialize(path, reader, raw, conn.msgtype, conn.topic, i, log_ns)
             stamp = _stamp(msg, log_ns) if topics.timestamps == "header" else log_ns
             if marker is not None and conn.topic == marker.topic:
@@ -366,6 +380,40 @@ def _check_type(path: Path, role: TopicRole, msgtype: str) -> None:
             f"mapped as depth {role.depth!r} but its type is {msgtype} (expected {IMAGE})",
             stream=role.topic,
         )
+
+
+_TIME = "builtin_interfaces/msg/Time"
+
+
+def _stamp_source(typestore, msgtype: str) -> str:
+    """Where a plan finds a ``msgtype`` message's stamp (what :func:`_stamp` takes) without decoding it:
+    ``"log"``, a type with neither a ``header`` nor a ``timestamp`` field (its log time); ``"lead"``, a
+    type whose first field is the stamp (a ``std_msgs/msg/Header header`` that starts with it, or a
+    ``builtin_interfaces/msg/Time timestamp``), so its CDR bytes start with it after the 4-byte
+    encapsulation header; ``"decode"``, any other."""
+    defs = typestore.fielddefs
+    fields = defs[msgtype][1] if msgtype in defs else []
+    names = [f for f, _ in fields]
+    if fields and "header" not in names and "timestamp" not in names:
+        return "log"
+    if not fields or _TIME not in defs or [f for f, _ in defs[_TIME][1]] != ["sec", "nanosec"]:
+        return "decode"
+    name, (_, kind) = fields[0]
+    if name == "timestamp":
+        return "lead" if kind == _TIME else "decode"
+    if name != "header" or kind != "std_msgs/msg/Header" or kind not in defs:
+        return "decode"
+    first, (_, first_kind) = defs[kind][1][0]
+    return "lead" if first == "stamp" and first_kind == _TIME else "decode"
+
+
+def _leading_stamp(raw) -> int | None:
+    """The stamp a message's CDR bytes begin with (int32 sec, uint32 nanosec after the encapsulation
+    header, in its byte order); None when they are too short or not plain CDR: the caller decodes it."""
+    if len(raw) < 12 or raw[0] != 0 or raw[1] > 1:
+        return None
+    sec, nanosec = struct.unpack_from("<iI" if raw[1] else ">iI", raw, 4)
+    return sec * 1_000_000_000 + nanosec
 
 
 def _stamp(msg, log_ns: int) -> int:

@@ -44,6 +44,7 @@ class BagSpec:
     pauses: tuple[float, ...] = ()  # seconds into the bag where 5 s of silence is inserted (split by gap)
     markers: tuple[float, ...] = ()  # times (s) of /episode/start messages
     garble: tuple[str, int] | None = None  # (topic, message index) written as garbage bytes
+    garble_after_stamp: bool = False  # the garbled message keeps its header stamp: cut short after it
     extra_topics: tuple[str, ...] = ()  # std_msgs/String topics the map may not name
     backwards_at: int | None = None  # /joint_states message index stamped 25 ms early: before the one ahead
     custom_data: dict = field(default_factory=dict)
@@ -221,7 +222,8 @@ def write_bag(path: Path, spec: BagSpec | None = None) -> dict:
                 msg = text(data=f"{kind} {i}")
             blob = ts.serialize_cdr(msg, conn.msgtype)
             if spec.garble == (conn.topic, index):
-                blob = b"\x00\x01\x00\x00" + b"\xff" * 3  # a CDR header and three bytes: cut short
+                # a CDR header and three bytes (or the header stamp and three bytes): cut short
+                blob = (bytes(blob[:12]) if spec.garble_after_stamp else b"\x00\x01\x00\x00") + b"\xff" * 3
             w.write(conn, t, blob)
     if spec.custom_data:
         import yaml

@@ -82,9 +82,27 @@ def test_a_message_that_does_not_decode_costs_only_its_episode(tmp_path):
         )
 
 
-def test_with_header_stamps_a_garbled_camera_message_holds_the_whole_bag_back(tmp_path):
-    """Header stamps are in the messages: the plan decodes every one, and a bag it cannot plan is one
-    inspection held back, naming the bag's topic."""
+def test_with_header_stamps_a_message_cut_short_after_its_stamp_costs_only_its_episode(tmp_path):
+    """The plan reads a header stamp from the bytes a message starts with, decoding nothing: a message
+    whose stamp is whole but whose rest does not decode fails only its own episode's read."""
+    spec = BagSpec(
+        duration_s=4.5, pauses=(1.5, 3.0), garble=("/camera/wrist/image/compressed", 20), garble_after_stamp=True
+    )
+    write_bag(tmp_path / "bag", spec)
+    topics = parse(topic_map_yaml(spec, split=GAP), "t")
+    members = plan_bag(tmp_path / "bag", topics)
+    assert [m.frames for m in members] == [30, 30, 30]
+    inspections = inspect_item(tmp_path / "bag", "d/bag/metadata.yaml", GateConfig(), topics)
+    assert [i.key for i in inspections] == [member_path("d/bag/metadata.yaml", m.episode_id) for m in members]
+    held = inspections[1]
+    assert held.episode is None and held.quarantine["stream"] == "/camera/wrist/image/compressed"
+    assert "message 5 " in held.quarantine["reason"] and "does not decode" in held.quarantine["reason"]
+    assert all(i.quarantine is None and i.episode is not None for i in inspections[::2])
+
+
+def test_with_header_stamps_a_message_cut_short_before_its_stamp_holds_the_whole_bag_back(tmp_path):
+    """A message too short to hold its stamp is decoded by the plan, which fails: a bag it cannot plan
+    is one inspection held back, naming the bag's topic."""
     spec = BagSpec(duration_s=4.5, pauses=(1.5, 3.0), garble=("/camera/wrist/image/compressed", 20))
     write_bag(tmp_path / "bag", spec)
     topics = parse(topic_map_yaml(spec, split=GAP), "t")
