@@ -91,58 +91,12 @@ def test_checkpoints_asset_trains_through_pipes_and_records_lineage(tmp_path, mc
         assert status == "STALE" and [(k, p) for k, p, _ in causes] == [(AssetKey("manifests"), "spec-t")], causes
 
 
-def test_an_object_gone_from_the_store_fails_training_by_name_and_torchrun_does_not_read_again(tmp_path, mcap_fleet):
-    """An MCAP the manifest names is deleted: the rank that opens it records the fault, torchrun's restarts
-    stop at once without reading again, and the Dagster run fails naming the object (no run retry)."""
+def _manifest_of_copies(tmp_path: Path, mcap_fleet, spec: str) -> tuple[list[Path], Path]:
+    """The session's MCAPs copied (they stay whole: a test damages its own copies) and a manifest of the
+    copies written under ``spec`` in a new home: (the copies, the home)."""
     import shutil
 
-    import pytest
-    from dagster import Failure
-
     from tests.conftest import segment_rows
-    from trainer.train import FATAL_FILE
-
-    paths, _ = mcap_fleet
-    copies = []
-    for p in paths:  # the session's MCAPs stay whole: this test deletes one of its own copies
-        copies.append(tmp_path / "mcap" / p.name)
-        copies[-1].parent.mkdir(exist_ok=True)
-        shutil.copyfile(p, copies[-1])
-    home = tmp_path / "home"
-    write_manifest(segment_rows(copies), home / "manifests", "spec-gone")
-    copies[1].unlink()
-    res = {
-        "home": small_frames(home),
-        "cache": CacheResource(home=small_frames(home)),
-        "trainer": TrainerResource(
-            nproc_per_node=1, max_restarts=2, steps=6, batch_size=2, workers=0, checkpoint_every=3
-        ),
-    }
-    with DagsterInstance.ephemeral() as instance:
-        instance.add_dynamic_partitions("curation_specs", ["spec-gone"])
-        with pytest.raises(Failure) as failed:
-            materialize(
-                [defs.get_assets_def("checkpoints")], instance=instance, partition_key="spec-gone", resources=res
-            )
-    gone = copies[1].resolve().as_uri()
-    assert failed.value.description.startswith(f"training stopped: {gone} is gone from its store")
-    assert failed.value.metadata["object"].value == gone and failed.value.allow_retries is False
-    (run_dir,) = [p.parent for p in (home / "runs" / "spec-gone").glob("*/" + FATAL_FILE)]
-    # torchrun restarted it twice, and neither restart read anything: only the first attempt ran
-    assert sorted(p.name for p in (run_dir / "attempts").iterdir()) == ["0"]
-
-
-def test_a_damaged_episode_fails_training_by_name_through_a_dataloader_worker_and_is_not_retried(tmp_path, mcap_fleet):
-    """An MCAP the manifest names is cut short after the manifest was written: the DataLoader worker that
-    reads it fails, the rank records a fault no restart mends (bad_samples="raise"), torchrun's restarts
-    stop at once, and the Dagster run fails naming the file and what mends it (no run retry)."""
-    import shutil
-
-    import pytest
-    from dagster import Failure
-
-    from tests.conftest import segment_rows
-    from trainer.train import FATAL_FILE
 
     paths, _ = mcap_fleet
     copies = []
@@ -151,29 +105,63 @@ def test_a_damaged_episode_fails_training_by_name_through_a_dataloader_worker_an
         copies[-1].parent.mkdir(exist_ok=True)
         shutil.copyfile(p, copies[-1])
     home = tmp_path / "home"
-    write_manifest(segment_rows(copies), home / "manifests", "spec-cut")
-    with open(copies[1], "r+b") as f:
-        f.truncate(copies[1].stat().st_size // 2)
+    write_manifest(segment_rows(copies), home / "manifests", spec)
+    return copies, home
+
+
+def _train_until_it_fails(home: Path, spec: str, workers: int):
+    """The checkpoints partition ``spec`` materialized (torchrun with 2 restarts): the Failure it raises."""
+    import pytest
+    from dagster import Failure
+
     res = {
         "home": small_frames(home),
         "cache": CacheResource(home=small_frames(home)),
         "trainer": TrainerResource(
-            nproc_per_node=1, max_restarts=2, steps=6, batch_size=2, workers=1, checkpoint_every=3
+            nproc_per_node=1, max_restarts=2, steps=6, batch_size=2, workers=workers, checkpoint_every=3
         ),
     }
     with DagsterInstance.ephemeral() as instance:
-        instance.add_dynamic_partitions("curation_specs", ["spec-cut"])
+        instance.add_dynamic_partitions("curation_specs", [spec])
         with pytest.raises(Failure) as failed:
-            materialize(
-                [defs.get_assets_def("checkpoints")], instance=instance, partition_key="spec-cut", resources=res
-            )
-    description = failed.value.description
-    assert description.startswith("training stopped: ") and copies[1].name in description, description
-    assert "(the manifest names an episode that does not read). Re-ingest the episode" in description
-    assert "bad_samples to 'skip'" in description and "Traceback" not in description
-    assert failed.value.metadata["fault"].value == "damaged_episode" and failed.value.allow_retries is False
-    (run_dir,) = [p.parent for p in (home / "runs" / "spec-cut").glob("*/" + FATAL_FILE)]
-    assert sorted(p.name for p in (run_dir / "attempts").iterdir()) == ["0"]  # the restarts read nothing
+            materialize([defs.get_assets_def("checkpoints")], instance=instance, partition_key=spec, resources=res)
+    return failed.value
+
+
+def _attempts(home: Path, spec: str) -> list[str]:
+    """The attempts torchrun made of the run that recorded a fatal fault: ["0"] when no restart read."""
+    from trainer.train import FATAL_FILE
+
+    (run_dir,) = [p.parent for p in (home / "runs" / spec).glob("*/" + FATAL_FILE)]
+    return sorted(p.name for p in (run_dir / "attempts").iterdir())
+
+
+def test_an_object_gone_from_the_store_fails_training_by_name_and_torchrun_does_not_read_again(tmp_path, mcap_fleet):
+    """An MCAP the manifest names is deleted: the rank that opens it records the fault, torchrun's restarts
+    stop at once without reading again, and the Dagster run fails naming the object (no run retry)."""
+    copies, home = _manifest_of_copies(tmp_path, mcap_fleet, "spec-gone")
+    copies[1].unlink()
+    failed = _train_until_it_fails(home, "spec-gone", workers=0)
+    gone = copies[1].resolve().as_uri()
+    assert failed.description.startswith(f"training stopped: {gone} is gone from its store")
+    assert failed.metadata["object"].value == gone and failed.allow_retries is False
+    # torchrun restarted it twice, and neither restart read anything: only the first attempt ran
+    assert _attempts(home, "spec-gone") == ["0"]
+
+
+def test_a_damaged_episode_fails_training_by_name_through_a_dataloader_worker_and_is_not_retried(tmp_path, mcap_fleet):
+    """An MCAP the manifest names is cut short after the manifest was written: the DataLoader worker that
+    reads it fails, the rank records a fault no restart mends (bad_samples="raise"), torchrun's restarts
+    stop at once, and the Dagster run fails naming the file and what mends it (no run retry)."""
+    copies, home = _manifest_of_copies(tmp_path, mcap_fleet, "spec-cut")
+    with open(copies[1], "r+b") as f:
+        f.truncate(copies[1].stat().st_size // 2)
+    failed = _train_until_it_fails(home, "spec-cut", workers=1)
+    assert failed.description.startswith("training stopped: ") and copies[1].name in failed.description
+    assert "(the manifest names an episode that does not read). Re-ingest the episode" in failed.description
+    assert "bad_samples to 'skip'" in failed.description and "Traceback" not in failed.description
+    assert failed.metadata["fault"].value == "damaged_episode" and failed.allow_retries is False
+    assert _attempts(home, "spec-cut") == ["0"]  # the restarts read nothing
 
 
 def test_the_trainer_refuses_an_unknown_bad_samples_policy_by_name():
