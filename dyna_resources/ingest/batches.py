@@ -19,7 +19,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Sequence
-from contextlib import closing, suppress
+from contextlib import ExitStack, closing, suppress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -42,7 +42,7 @@ from .faults import (
     reason_class,
 )
 from .gates import GateConfig, GateResult
-from .items import item_root
+from .items import item_root, split_member
 from .landing import LandingZone
 from .object_landing import ObjectLandingZone
 from .outcomes import OutcomeBuffer
@@ -463,6 +463,9 @@ def transcode_batch(
             on_episode(len(done) + finished, len(done) + len(todo), finished_bytes)
 
     progress()
+    shared = ExitStack()  # items the unit stages once for all their episodes' workers (RawSource.staged_once)
+    staged = shared.enter_context(raw.staged_once(_items_read_by_several(todo)))
+    jobs = [replace(j, staged=str(staged[item])) if (item := split_member(j.key)[0]) in staged else j for j in jobs]
     attempt = list(range(len(jobs)))
     try:
         while attempt:  # a first pass, then rounds of the episodes a machine fault interrupted
@@ -532,6 +535,8 @@ def transcode_batch(
         if isinstance(e, Stopped) and lease is not None:
             raise RunEnded(lease.key, batch_key, len(todo) - finished) from None
         raise
+    finally:
+        shared.close()
     outcomes.flush()
     # this process, plus what each episode's process measured of itself: a fork server's children are
     # not this process's children, so getrusage(RUSAGE_CHILDREN) would miss them
@@ -539,6 +544,17 @@ def transcode_batch(
     if pending:
         raise InfrastructureFault(batch_key, pending)
     return rep
+
+
+def _items_read_by_several(todo: Sequence[dict]) -> list[str]:
+    """The directory items (their keys) of which ``todo`` holds two or more episodes: a long bag cut
+    into episodes, each transcoded by its own worker."""
+    counts: dict[str, int] = {}
+    for r in todo:
+        item, member = split_member(r["source_path"])
+        if member is not None:
+            counts[item] = counts.get(item, 0) + 1
+    return sorted(k for k, n in counts.items() if n > 1)
 
 
 def _leave_pending(outcomes: OutcomeBuffer, rep: StageReport, row: dict) -> None:

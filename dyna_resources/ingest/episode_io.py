@@ -20,7 +20,7 @@ import hashlib
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,7 +91,33 @@ class RawSource:
         try:
             yield folder
         finally:
-            shutil.rmtree(Path(self.scratch) / folder.relative_to(self.scratch).parts[0], ignore_errors=True)
+            shutil.rmtree(self._staged_top(folder), ignore_errors=True)
+
+    @contextmanager
+    def staged_once(self, keys: Iterable[str]) -> Iterator[dict[str, Path]]:
+        """The directory items at ``keys`` whose episodes several workers read (a long bag cut into
+        episodes), staged once for all of them where a worker could not stage only its episode's window
+        (a SQLite 3 bag in an object store: K episodes would stage the bag K times), and removed after the
+        block: ``{key: local folder}``. A local zone's items, MCAP bags (each worker stages its window)
+        and an item that fails to stage here (its workers stage it and report why) are left out."""
+        zone = self.zone()
+        staged: dict[str, Path] = {}
+        try:
+            if isinstance(zone, ObjectLandingZone):
+                for key in keys:
+                    try:
+                        if not zone.windowable(key):
+                            staged[key] = zone.stage_item(key, self.scratch)
+                    except Exception:  # each worker then stages the item itself, and reports the fault
+                        continue
+            yield staged
+        finally:
+            for folder in staged.values():
+                shutil.rmtree(self._staged_top(folder), ignore_errors=True)
+
+    def _staged_top(self, folder: Path) -> Path:
+        """The folder below the scratch directory that :meth:`ObjectLandingZone.stage_item` made for ``folder``."""
+        return Path(self.scratch) / folder.relative_to(self.scratch).parts[0]
 
 
 @dataclass(frozen=True)

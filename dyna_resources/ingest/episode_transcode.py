@@ -9,6 +9,7 @@ import json
 import signal
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -81,6 +82,7 @@ class TranscodeJob:
     lease: RunLease | None = None
     topics: TopicMap = DEFAULT  # how a ROS 2 bag's topics are read
     window: str | None = None  # an episode of a split bag: what of the bag holds it (sources.ros2.BagMember)
+    staged: str | None = None  # the item's folder, already staged by the unit for all its episodes (staged_once)
 
 
 def quality_row(src: str | Path, cameras: dict, gates: GateConfig, episode: MemoryEpisode | None = None) -> dict:
@@ -105,7 +107,12 @@ def transcode_job(job: TranscodeJob) -> TranscodeOutcome:
         # a member's size is its share of the item's, not the item's: its staging checks no size
         window = None if job.window is None else BagMember.parse(job.episode_id, job.window)
         log_window = None if window is None else (window.log_lo, window.log_hi)
-        with job.raw.local(key, None if member else job.size, log_window) as src:
+        local = (
+            nullcontext(Path(job.staged))
+            if job.staged
+            else job.raw.local(key, None if member else job.size, log_window)
+        )
+        with local as src:
             out = _transcode_local(src, dst, job)
     except StoreUnavailableError as e:
         out = TranscodeOutcome(unavailable=(e.url, e.reason))

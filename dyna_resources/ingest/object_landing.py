@@ -292,6 +292,15 @@ class ObjectLandingZone:
                 self.stage(object_key, dest)
         return dest.joinpath(*root.split("/"))
 
+    def windowable(self, key: str) -> bool:
+        """Whether a worker can stage one episode of the directory item at ``key`` (its marker) by its
+        log-time window (:meth:`stage_item`): every storage file of the bag is MCAP. A SQLite 3 bag is
+        staged whole, whatever is read of it."""
+        root = item_root(key)
+        assert root is not None, key
+        names = [name[len(self._base) :] for name, _, _ in self._prefix(root + "/")]
+        return all(n == key or n.endswith(".mcap") for n in names)
+
     def stage_window(self, key: str, scratch_dir: str | os.PathLike, start_ns: int, stop_ns: int) -> Path:
         """Stage the MCAP object at ``key`` to ``<scratch_dir>/<key>`` as a sparse file of its size that holds,
         at their offsets, the byte ranges a reader of its messages logged in ``[start_ns, stop_ns)`` needs

@@ -384,3 +384,55 @@ def test_one_episode_of_a_long_bag_is_staged_as_the_chunks_of_its_window(bucket,
     assert part.stat().st_blocks * 512 < whole.stat().st_size / 2  # holes where the other chunks are
     a, b = read_member(tmp_path / "long", topics, first), read_member(staged, topics, first)
     assert {n: list(c.frames) for n, c in b.cameras.items()} == {n: list(c.frames) for n, c in a.cameras.items()}
+
+
+def test_a_long_sqlite_bag_in_a_bucket_is_staged_once_for_all_its_episodes_workers(bucket, tmp_path, monkeypatch):
+    """A SQLite 3 bag cut into episodes cannot be staged by window: the unit stages it once, before its
+    workers fork, and each worker reads its episode from that copy (K episodes once staged K times)."""
+    import dataclasses
+
+    from dyna_resources.sources.topic_map import parse
+    from tests.sources.bags import BagSpec, topic_map_yaml, write_bag
+
+    staged_log = tmp_path / "staged.log"  # appended to by this process and by its forked workers alike
+    real_stage = ObjectLandingZone.stage
+
+    def counting_stage(self, key, scratch_dir, **kwargs):
+        with open(staged_log, "a") as f:
+            f.write(key + "\n")
+        return real_stage(self, key, scratch_dir, **kwargs)
+
+    monkeypatch.setattr(ObjectLandingZone, "stage", counting_stage)
+    spec = BagSpec(duration_s=4.5, pauses=(1.5, 3.0), storage="sqlite3")  # split by its pauses: 3 episodes
+    write_bag(tmp_path / "bag-db", spec)
+    raw = bucket.store(bucket.landing)
+    for p in sorted((tmp_path / "bag-db").iterdir()):
+        raw.put_file(p, f"2026-12-08/bag-db/{p.name}")
+    (db,) = (tmp_path / "bag-db").glob("*.db3")
+    registry = Registry.sqlite(tmp_path / "registry.sqlite")
+    zone = landing_zone(bucket.landing, bucket.endpoint)
+    assert not zone.windowable("2026-12-08/bag-db/metadata.yaml")
+    tick = landing_tick(LandingCursor(), zone, registry, dataclasses.replace(ALL_IN_ONE, settle_s=0.0), now=1e12)
+    (sealed,) = tick.sealed
+    topics = parse(topic_map_yaml(spec, split={"rule": "gap", "gap_s": 2.0}), "t")
+    stores = IngestStores(
+        registry,
+        zone,
+        tmp_path / "scratch" / "mcap",
+        tmp_path / "scratch" / "quarantine",
+        mcap_store=bucket.mcap,
+        endpoint_url=bucket.endpoint,
+        topics=topics,
+    )
+    gates = GateConfig()
+    ingest_partition(sealed.key, UnitJob("pre", stores, gates))
+    pre = staged_log.read_text().splitlines()
+    assert pre.count(f"2026-12-08/bag-db/{db.name}") == 1  # the pre gates plan and read it from one copy
+    ingest_partition(sealed.key, UnitJob("post", stores, gates, settings=FAST, workers=2))
+    post = staged_log.read_text().splitlines()[len(pre) :]
+    assert post.count(f"2026-12-08/bag-db/{db.name}") == 1  # once for the 3 episodes' workers, not 3 times
+    eps = registry.episodes()
+    assert sorted(e["episode_id"] for e in eps) == [f"bag-db-{k:03d}" for k in range(3)]
+    assert {e["status"] for e in eps} == {TRANSCODED}
+    left = [p for p in (tmp_path / "scratch").rglob("*") if p.is_file()]
+    assert left == [], left  # the unit's copy removed once its episodes are done
