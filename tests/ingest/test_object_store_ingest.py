@@ -63,6 +63,20 @@ def _ingest(stores: IngestStores, partition: str) -> None:
     ingest_partition(partition, UnitJob("post", stores, gates, settings=FAST, workers=2))
 
 
+def _bag_stores(registry: Registry, zone, bucket: Bucket, tmp_path, topics) -> IngestStores:
+    """Stores that read bags from the bucket's landing zone by ``topics`` and publish MCAPs to its bucket."""
+    scratch = tmp_path / "scratch"
+    return IngestStores(
+        registry,
+        zone,
+        scratch / "mcap",
+        scratch / "quarantine",
+        mcap_store=bucket.mcap,
+        endpoint_url=bucket.endpoint,
+        topics=topics,
+    )
+
+
 def test_a_bucket_landing_zone_is_listed_incrementally_and_its_mcaps_published_in_a_bucket(
     bucket, episode_factory, tmp_path
 ):
@@ -334,15 +348,7 @@ def test_a_bag_uploaded_to_a_bucket_lands_whole_once_every_file_it_names_is_ther
     assert landed.bytes == sum(p.stat().st_size for p in (tmp_path / "bag-os").iterdir())
 
     topics = parse(yaml.safe_load(yaml.safe_dump(topic_map_yaml(spec, split={"rule": "gap", "gap_s": 2.0}))), "t")
-    stores = IngestStores(
-        registry,
-        zone,
-        tmp_path / "scratch" / "mcap",
-        tmp_path / "scratch" / "quarantine",
-        mcap_store=bucket.mcap,
-        endpoint_url=bucket.endpoint,
-        topics=topics,
-    )
+    stores = _bag_stores(registry, zone, bucket, tmp_path, topics)
     _ingest(stores, second.sealed[0].key)
     eps = {e["episode_id"]: e for e in registry.episodes()}
     assert sorted(eps) == [f"bag-os-{k:03d}" for k in range(3)]
@@ -415,15 +421,7 @@ def test_a_long_sqlite_bag_in_a_bucket_is_staged_once_for_all_its_episodes_worke
     tick = landing_tick(LandingCursor(), zone, registry, dataclasses.replace(ALL_IN_ONE, settle_s=0.0), now=1e12)
     (sealed,) = tick.sealed
     topics = parse(topic_map_yaml(spec, split={"rule": "gap", "gap_s": 2.0}), "t")
-    stores = IngestStores(
-        registry,
-        zone,
-        tmp_path / "scratch" / "mcap",
-        tmp_path / "scratch" / "quarantine",
-        mcap_store=bucket.mcap,
-        endpoint_url=bucket.endpoint,
-        topics=topics,
-    )
+    stores = _bag_stores(registry, zone, bucket, tmp_path, topics)
     gates = GateConfig()
     ingest_partition(sealed.key, UnitJob("pre", stores, gates))
     pre = staged_log.read_text().splitlines()
